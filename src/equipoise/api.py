@@ -1,0 +1,83 @@
+"""The public Python API: `train(config)` runs a job and returns its summary."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from .config import Config, ConfigError, to_toml
+from .data import load_dataset
+from .runtime.checkpoint import load_checkpoint
+from .runtime.launch.local import run_local
+
+ConfigLike = Config | Mapping[str, Any] | str | Path | None
+
+
+def resolve_config(config: ConfigLike = None, **overrides: Any) -> Config:
+    """A Config from a Config, a mapping of keys, or a TOML path, plus keyword overrides."""
+    if isinstance(config, Config):
+        return config.replace(**overrides) if overrides else config
+    if isinstance(config, (str, Path)):
+        return Config.load(config, overrides)
+    return Config.from_dict({**(config or {}), **overrides})
+
+
+def train(config: ConfigLike = None, *, out: str | Path | None = None,
+          resume: str | Path | None = None, **overrides: Any) -> dict:
+    """Run a training job on this machine and return its summary (also in summary.json).
+
+    `config` is a `Config`, a dict of config keys, or a TOML path; keyword arguments
+    override single keys (``train(protocol="asp", workers=2)``). With `resume`, the job
+    continues from that run directory's checkpoint, using its config.toml plus overrides.
+    """
+    if resume is not None:
+        run_dir = Path(resume)
+        if not (run_dir / "config.toml").exists():
+            raise ConfigError(f"--resume {str(run_dir)!r} is not a run directory (no config.toml)")
+        cfg = Config.load(run_dir / "config.toml", _as_dict(config, overrides))
+        ckpt = load_checkpoint(run_dir)
+    else:
+        cfg = resolve_config(config, **overrides)
+        run_dir = _new_run_dir(out, cfg)
+        ckpt = None
+    data = load_dataset(cfg.dataset, cfg.data_dir or None, seed=cfg.seed)
+    if cfg.global_batch > len(data):
+        raise ConfigError(f"global_batch = {cfg.global_batch} is more than the {len(data)} "
+                          f"training samples of dataset {cfg.dataset!r}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.toml").write_text(to_toml(cfg.to_dict()), encoding="utf-8")
+    try:
+        summary = run_local(cfg, run_dir, data, resume=ckpt)
+    except BaseException as exc:
+        _write_summary(run_dir, {"status": "failed", "error": f"{type(exc).__name__}: {exc}",
+                                 "protocol": cfg.protocol})
+        raise
+    summary["run_dir"] = str(run_dir)
+    _write_summary(run_dir, summary)
+    return summary
+
+
+def _as_dict(config: ConfigLike, overrides: Mapping[str, Any]) -> dict:
+    if isinstance(config, Config):
+        raise ConfigError("with resume, pass overrides as a dict, not a Config")
+    if isinstance(config, (str, Path)):
+        from .config import read_toml
+        return {**read_toml(config), **overrides}
+    return {**(config or {}), **overrides}
+
+
+def _new_run_dir(out: str | Path | None, cfg: Config) -> Path:
+    if out is None:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        out = Path("runs") / f"{stamp}-{cfg.protocol}"
+    path = Path(out)
+    if (path / "metrics.jsonl").exists():
+        raise ConfigError(f"--out {str(path)!r} already holds a run: use --resume {path} or another folder")
+    return path
+
+
+def _write_summary(run_dir: Path, summary: dict) -> None:
+    from .telemetry.metrics import _finite
+    (run_dir / "summary.json").write_text(json.dumps(_finite(summary), indent=2) + "\n", encoding="utf-8")

@@ -1,0 +1,255 @@
+"""Every setting of a training job, in one frozen dataclass.
+
+A `Config` is built from defaults, a TOML file and ``--set KEY=VALUE`` overrides, in that
+order. Validation happens once, in `Config.validate`, and every error is a `ConfigError`
+whose message is one line naming the key and the bad value, so the CLI can print it and
+exit with status 2.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+PROTOCOLS = ("bsp", "asp", "lbbsp")
+OPTIMIZERS = ("sgd", "adam")
+SCHEDULES = ("constant", "step", "cosine")
+BUILTIN_MODELS = ("mlp", "cnn", "resnet20")
+DATASETS = ("fashion-mnist", "mnist", "digits", "cifar10", "synthetic")
+BATCH_POLICIES = ("proportional", "step")
+PREDICTORS = ("last", "ewma", "narx")
+
+
+class ConfigError(ValueError):
+    """A configuration value is wrong; the message names the key and the value."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """The resolved configuration of one job. Field docs live in docs/configuration.md."""
+
+    protocol: str = "bsp"
+    workers: int = 4
+    servers: int = 2
+    global_batch: int = 128
+    iterations: int = 0  # 0: derived from `epochs`
+    epochs: float = 1.0
+    lr: float = 0.05
+    optimizer: str = "sgd"
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    lr_schedule: str = "constant"
+    lr_step_size: int = 100
+    lr_gamma: float = 0.1
+    model: str = "cnn"
+    dataset: str = "fashion-mnist"
+    data_dir: str = ""
+    seed: int = 0
+    eval_every: int = 100
+    checkpoint_every: int = 200
+    batch_split: tuple[int, ...] = ()
+    batch_policy: str = "proportional"
+    predictor: str = "ewma"
+    min_batch: int = 1
+    max_batch: int = 0  # 0: no per-worker cap
+    slowdown: tuple[float, ...] = ()
+    block_size: int = 262144
+    threads: int = 1
+    timeout: float = 120.0
+    host: str = "127.0.0.1"
+    max_message_mb: int = 1024
+    progress: bool = True
+
+    # -- construction -----------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> "Config":
+        """Build and validate a Config; unknown keys and wrongly typed values raise."""
+        known = {f.name: f for f in fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for key, value in values.items():
+            if key not in known:
+                raise ConfigError(f"unknown config key {key!r} (known keys: {', '.join(known)})")
+            kwargs[key] = _coerce(key, value, known[key].default)
+        cfg = cls(**kwargs)
+        cfg.validate()
+        return cfg
+
+    @classmethod
+    def load(cls, path: str | Path | None = None, overrides: Mapping[str, Any] | None = None) -> "Config":
+        """Defaults, then the TOML file at `path` (if any), then `overrides`."""
+        values: dict[str, Any] = {}
+        if path is not None:
+            values.update(read_toml(path))
+        values.update(overrides or {})
+        return cls.from_dict(values)
+
+    def replace(self, **changes: Any) -> "Config":
+        return Config.from_dict({**self.to_dict(), **changes})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
+
+    # -- derived values ---------------------------------------------------------------
+    def total_iterations(self, train_size: int) -> int:
+        """Updates of global batch X the job runs: `iterations`, else epochs·N/X (≥ 1)."""
+        if self.iterations > 0:
+            return self.iterations
+        return max(1, math.ceil(self.epochs * train_size / self.global_batch))
+
+    # -- validation -------------------------------------------------------------------
+    def validate(self) -> None:
+        _choice("protocol", self.protocol, PROTOCOLS)
+        _choice("optimizer", self.optimizer, OPTIMIZERS)
+        _choice("lr_schedule", self.lr_schedule, SCHEDULES)
+        _choice("dataset", self.dataset, DATASETS)
+        _choice("batch_policy", self.batch_policy, BATCH_POLICIES)
+        _choice("predictor", self.predictor, PREDICTORS)
+        if self.model not in BUILTIN_MODELS and ":" not in self.model:
+            raise ConfigError(
+                f"model = {self.model!r} is neither one of {', '.join(BUILTIN_MODELS)} "
+                "nor a 'package.module:function' spec"
+            )
+        for key in ("workers", "servers", "global_batch", "block_size", "threads", "min_batch",
+                    "max_message_mb"):
+            _at_least(key, getattr(self, key), 1)
+        for key in ("iterations", "seed", "eval_every", "checkpoint_every", "lr_step_size",
+                    "max_batch"):
+            _at_least(key, getattr(self, key), 0)
+        for key in ("lr", "epochs", "timeout"):
+            _positive(key, getattr(self, key))
+        for key in ("momentum", "weight_decay", "lr_gamma"):
+            _at_least(key, getattr(self, key), 0.0)
+        if self.workers > self.global_batch:
+            raise ConfigError(
+                f"workers = {self.workers} is more than global_batch = {self.global_batch}: "
+                "every worker needs at least one sample per iteration"
+            )
+        self._validate_lists()
+
+    def _validate_lists(self) -> None:
+        if self.batch_split:
+            if len(self.batch_split) != self.workers:
+                raise ConfigError(
+                    f"batch_split = {list(self.batch_split)} has {len(self.batch_split)} entries "
+                    f"but workers = {self.workers}"
+                )
+            if any(x < 1 for x in self.batch_split) or sum(self.batch_split) != self.global_batch:
+                raise ConfigError(
+                    f"batch_split = {list(self.batch_split)} must be positive and sum to "
+                    f"global_batch = {self.global_batch}"
+                )
+        if self.slowdown:
+            if len(self.slowdown) != self.workers:
+                raise ConfigError(
+                    f"slowdown = {list(self.slowdown)} has {len(self.slowdown)} entries "
+                    f"but workers = {self.workers}"
+                )
+            if any(not (math.isfinite(f) and f >= 1.0) for f in self.slowdown):
+                raise ConfigError(f"slowdown = {list(self.slowdown)}: every factor must be ≥ 1")
+        if self.max_batch and self.max_batch * self.workers < self.global_batch:
+            raise ConfigError(
+                f"max_batch = {self.max_batch} × workers = {self.workers} cannot hold "
+                f"global_batch = {self.global_batch}"
+            )
+
+
+# -- helpers ---------------------------------------------------------------------------
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    try:
+        with p.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(p)!r} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {str(p)!r} is not valid TOML: {exc}") from None
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """Parse one ``KEY=VALUE``; VALUE is read as TOML (``lr=0.1``, ``slowdown=[1,2]``),
+    falling back to a bare string (``protocol=asp``)."""
+    if "=" not in item:
+        raise ConfigError(f"--set {item!r} is not of the form KEY=VALUE")
+    key, raw = (s.strip() for s in item.split("=", 1))
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key, value
+
+
+def to_toml(values: Mapping[str, Any]) -> str:
+    """Write a flat mapping of scalars and lists of scalars as TOML."""
+    return "".join(f"{k} = {_toml_value(v)}\n" for k, v in values.items())
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {type(v).__name__} as TOML")
+
+
+def _coerce(key: str, value: Any, default: Any) -> Any:
+    """Check `value` has the type of the field's default, converting where lossless."""
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+    elif isinstance(default, int):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif isinstance(default, float):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif isinstance(default, str):
+        if isinstance(value, str):
+            return value
+    elif isinstance(default, tuple):
+        if isinstance(value, (list, tuple)):
+            return _coerce_list(key, value, default)
+    raise ConfigError(f"{key} = {value!r} should be of type {_type_name(default)}")
+
+
+def _coerce_list(key: str, value: Any, default: tuple) -> tuple:
+    elem = {"batch_split": 1, "slowdown": 1.0}.get(key, 1.0)
+    try:
+        return tuple(_coerce(key, v, elem) for v in value)
+    except ConfigError:
+        raise ConfigError(f"{key} = {list(value)!r} should be a list of {_type_name(elem)}") from None
+
+
+def _type_name(default: Any) -> str:
+    return {bool: "bool", int: "int", float: "float", str: "string", tuple: "list"}[type(default)]
+
+
+def _plain(v: Any) -> Any:
+    return list(v) if isinstance(v, tuple) else v
+
+
+def _choice(key: str, value: str, options: tuple[str, ...]) -> None:
+    if value not in options:
+        raise ConfigError(f"{key} = {value!r} is not one of {', '.join(options)}")
+
+
+def _at_least(key: str, value: float, low: float) -> None:
+    if not (value >= low):
+        raise ConfigError(f"{key} = {value!r} must be ≥ {low}")
+
+
+def _positive(key: str, value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"{key} = {value!r} must be a positive number")
+
+
+__all__ = ["Config", "ConfigError", "parse_override", "read_toml", "to_toml", "PROTOCOLS"]

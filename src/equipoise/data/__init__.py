@@ -1,0 +1,11 @@
+"""Datasets held in memory, and the global sample order shared by workers.
+
+``load_dataset(name)`` returns a :class:`Dataset`; :class:`SliceSampler` turns
+(iteration, offset, size) into the sample indices a worker trains on.
+"""
+
+from equipoise.data.dataset import DataError, Dataset
+from equipoise.data.registry import DATASETS, DEFAULT_DIRS, load_dataset
+from equipoise.data.sampler import SliceSampler
+
+__all__ = ["DATASETS", "DEFAULT_DIRS", "DataError", "Dataset", "SliceSampler", "load_dataset"]

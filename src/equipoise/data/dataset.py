@@ -1,0 +1,101 @@
+"""The in-memory dataset container shared by every loader, and the data error type.
+
+Images are stored compactly -- ``uint8`` for real image datasets, ``float32`` for
+the synthetic and digits sets -- and are scaled and normalised per batch, so a
+loaded dataset costs what its raw pixels cost and not four times that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+
+class DataError(ValueError):
+    """A dataset could not be loaded. The message is one line naming the file or
+    setting and what is wrong with it."""
+
+
+def one_line(text: object) -> str:
+    """``str(text)`` with line breaks collapsed, for embedding in one-line messages."""
+    return " ".join(str(text).split())
+
+
+@dataclass(frozen=True, eq=False)
+class Dataset:
+    """A classification dataset held in memory, with a fixed train/test split.
+
+    ``train_x``/``test_x`` are ``(N, C, H, W)`` tensors of raw pixel values
+    (``uint8`` or ``float32``); ``train_y``/``test_y`` are ``int64`` labels in
+    ``[0, num_classes)``. A batch is returned as
+    ``(x * pixel_scale - mean[c]) / std[c]`` in ``float32``, computed the same way
+    for every caller so that any process extracting the same indices gets
+    bit-identical inputs.
+    """
+
+    name: str
+    num_classes: int
+    input_shape: tuple[int, int, int]
+    train_x: torch.Tensor = field(repr=False)
+    train_y: torch.Tensor = field(repr=False)
+    test_x: torch.Tensor = field(repr=False)
+    test_y: torch.Tensor = field(repr=False)
+    mean: tuple[float, ...] = (0.0,)
+    std: tuple[float, ...] = (1.0,)
+    pixel_scale: float = 1.0
+    _shift: torch.Tensor = field(init=False, repr=False)
+    _scale: torch.Tensor = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        """Check shapes and dtypes agree; precompute the normalisation constants."""
+        self._check()
+        channels = self.input_shape[0]
+        mean = torch.tensor(self.mean, dtype=torch.float64).reshape(1, channels, 1, 1)
+        std = torch.tensor(self.std, dtype=torch.float64).reshape(1, channels, 1, 1)
+        object.__setattr__(self, "_scale", (self.pixel_scale / std).float())
+        object.__setattr__(self, "_shift", (-mean / std).float())
+
+    def _check(self) -> None:
+        shape = tuple(self.input_shape)
+        if len(shape) != 3 or min(shape) <= 0:
+            raise DataError(f"dataset {self.name!r}: bad input_shape {shape}")
+        for split, x, y in (("train", self.train_x, self.train_y), ("test", self.test_x, self.test_y)):
+            if tuple(x.shape[1:]) != shape or x.shape[0] != y.shape[0] or y.dim() != 1:
+                raise DataError(
+                    f"dataset {self.name!r}: {split} images {tuple(x.shape)} and labels "
+                    f"{tuple(y.shape)} do not match input_shape {shape}"
+                )
+            if x.dtype not in (torch.uint8, torch.float32) or y.dtype != torch.int64:
+                raise DataError(f"dataset {self.name!r}: {split} dtypes {x.dtype}/{y.dtype} unsupported")
+        if len(self.mean) != shape[0] or len(self.std) != shape[0]:
+            raise DataError(f"dataset {self.name!r}: mean/std need {shape[0]} channel values")
+
+    def __len__(self) -> int:
+        """Number of training samples."""
+        return int(self.train_x.shape[0])
+
+    @property
+    def num_test(self) -> int:
+        """Number of test samples."""
+        return int(self.test_x.shape[0])
+
+    def _normalise(self, raw: torch.Tensor) -> torch.Tensor:
+        # Out of place: ``raw`` may be a view of the stored float32 images.
+        return torch.addcmul(self._shift, raw.to(torch.float32), self._scale)
+
+    def train_batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Training samples at indices ``idx`` (1-D int64): ``x`` float32 ``(B, C, H, W)``
+        normalised, ``y`` int64 ``(B,)``. Out-of-range indices raise IndexError."""
+        idx = torch.as_tensor(idx, dtype=torch.int64)
+        return self._normalise(self.train_x[idx]), self.train_y[idx]
+
+    def test_batches(self, batch_size: int = 1000) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The whole test set in order, as normalised ``(x, y)`` batches of at most
+        ``batch_size`` samples (the last one may be smaller)."""
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        for start in range(0, self.num_test, batch_size):
+            stop = start + batch_size
+            yield self._normalise(self.test_x[start:stop]), self.test_y[start:stop]

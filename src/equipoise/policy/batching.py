@@ -1,0 +1,354 @@
+"""Per-worker batch sizing for load-balanced BSP (LB-BSP, Chen et al. SoCC 2018/2020).
+
+Pure policy code: plain numbers in, plain numbers out; no clocks, sockets or threads,
+so the runtime and the discrete-event simulator share it.  Workers are identified by
+int ids.  Every policy keeps Σ batch sizes == the global batch X exactly, because the
+aggregation g = Σ (x_i/X)·g_i is only equivalent to SGD with batch X under that sum.
+
+* ``allocate``: x_i ∝ predicted speed (CPU clusters [paper]); per-iteration constant
+  costs, largest-remainder rounding, minimum and memory caps are [ours].
+* ``ProportionalPolicy``: ``allocate`` plus hysteresis and changing membership [ours].
+* ``StepTuner``: move samples from the slowest to the fastest worker, halving the step
+  and growing the window when moves oscillate (GPU clusters [paper]; sizes [ours]).
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from typing import Mapping, Sequence
+
+__all__ = ["equal_split", "allocate", "ideal_allocation", "iteration_time",
+           "EqualPolicy", "ProportionalPolicy", "StepTuner", "make_batch_policy"]
+
+
+def equal_split(total: int, workers: int) -> list[int]:
+    """Split ``total`` into ``workers`` near-equal ints; the remainder goes to the first."""
+    _check_int("total", total, 0)
+    _check_int("workers", workers, 1)
+    q, r = divmod(total, workers)
+    return [q + 1 if i < r else q for i in range(workers)]
+
+
+def ideal_allocation(total: int, speeds: Sequence[float], *, minimum: int = 1,
+                     caps: Sequence[int | None] | None = None,
+                     const_costs: Sequence[float] | None = None) -> tuple[list[float], float]:
+    """Continuous solution of c_i + x_i/v_i = T, Σ x_i = total, minimum <= x_i <= cap_i.
+
+    Returns (x, T).  Workers strictly between their bounds finish exactly at T; a worker
+    at its minimum finishes no later than T, one at its cap no earlier.  Raises
+    ValueError for bad speeds/costs/caps or an infeasible total.
+    """
+    lo, hi, costs = _validate(total, speeds, minimum, caps, const_costs)
+
+    def f(t: float) -> float:
+        return sum(_clip(v * (t - c), lo, h) for v, c, h in zip(speeds, costs, hi))
+
+    # f(T) is piecewise linear and non-decreasing with kinks where a worker leaves its
+    # minimum or reaches its cap: bisect the kinks, then interpolate inside one piece.
+    kinks = sorted({c + lo / v for v, c in zip(speeds, costs)}
+                   | {c + h / v for v, c, h in zip(speeds, costs, hi) if h != math.inf})
+    k = bisect.bisect_left(kinks, total, key=f)
+    if k == 0:                      # total == n * minimum: everyone at the minimum
+        t = kinks[0]
+    elif k == len(kinks):           # past every kink only uncapped workers still grow
+        slope = sum(v for v, h in zip(speeds, hi) if h == math.inf)
+        t = kinks[-1] + (total - f(kinks[-1])) / slope
+    else:
+        left, right = kinks[k - 1], kinks[k]
+        f_left = f(left)
+        t = left + (total - f_left) * (right - left) / (f(right) - f_left)
+    return [_clip(v * (t - c), lo, h) for v, c, h in zip(speeds, costs, hi)], t
+
+
+def allocate(total: int, speeds: Sequence[float], *, minimum: int = 1,
+             caps: Sequence[int | None] | None = None,
+             const_costs: Sequence[float] | None = None) -> list[int]:
+    """Integer batch sizes so all workers finish together (see ``ideal_allocation``).
+
+    Guarantees: Σ x_i == total; minimum <= x_i <= caps[i]; |x_i - ideal_i| < 1.
+    Rounding is largest remainder, ties to the lower index (deterministic).
+    speeds are samples/s (finite > 0), const_costs seconds per iteration (finite >= 0).
+    """
+    ideal, _ = ideal_allocation(total, speeds, minimum=minimum, caps=caps,
+                                const_costs=const_costs)
+    hi = [math.inf if c is None else c for c in (caps or [None] * len(speeds))]
+    sizes = [int(math.floor(x)) for x in ideal]
+    spare = total - sum(sizes)
+    # A worker at its cap has no fractional part, so it never receives a remainder.
+    order = sorted((i for i in range(len(sizes)) if sizes[i] < hi[i]),
+                   key=lambda i: (-(ideal[i] - sizes[i]), i))
+    if spare < 0 or spare > len(order):
+        raise AssertionError(f"rounding failed: {spare} samples for {len(order)} workers")
+    for i in order[:spare]:
+        sizes[i] += 1
+    return sizes
+
+
+def iteration_time(sizes: Sequence[int], speeds: Sequence[float],
+                   const_costs: Sequence[float] | None = None) -> float:
+    """Predicted BSP iteration time max_i c_i + x_i/v_i (the barrier waits for the last)."""
+    costs = const_costs or [0.0] * len(sizes)
+    return max(c + x / v for x, v, c in zip(sizes, speeds, costs))
+
+
+class EqualPolicy:
+    """Baseline BSP: the same batch for every present worker (within caps)."""
+
+    def __init__(self, global_batch: int, *, minimum: int = 1,
+                 caps: Mapping[int, int] | None = None):
+        self.global_batch, self.minimum, self.caps = _check_config(global_batch, minimum, caps)
+
+    def decide(self, measurements: Mapping[int, float],
+               const_costs: Mapping[int, float] | None = None) -> dict[int, int]:
+        """Equal split over the ids in ``measurements`` (values and costs are ignored)."""
+        ids = _ids(measurements)
+        sizes = allocate(self.global_batch, [1.0] * len(ids), minimum=self.minimum,
+                         caps=[self.caps.get(w) for w in ids])
+        return dict(zip(ids, sizes))
+
+    def state_dict(self) -> dict:
+        return {"global_batch": self.global_batch}
+
+    def load_state_dict(self, d: dict) -> None:
+        _check_same("global_batch", self.global_batch, d["global_batch"])
+
+
+class ProportionalPolicy:
+    """LB-BSP CPU policy: x_i ∝ predicted speed, with hysteresis against noise.
+
+    ``decide`` keeps the previous allocation (same worker set) unless the new one's
+    predicted iteration time is lower than the old one's by more than ``hysteresis``
+    (a fraction).  When the worker set changes, X is redistributed among those present.
+    """
+
+    def __init__(self, global_batch: int, *, minimum: int = 1,
+                 caps: Mapping[int, int] | None = None, hysteresis: float = 0.05):
+        self.global_batch, self.minimum, self.caps = _check_config(global_batch, minimum, caps)
+        if not (isinstance(hysteresis, (int, float)) and 0.0 <= hysteresis < 1.0):
+            raise ValueError(f"hysteresis must be in [0, 1), got {hysteresis!r}")
+        self.hysteresis = float(hysteresis)
+        self._last: dict[int, int] | None = None
+
+    def decide(self, speeds: Mapping[int, float],
+               const_costs: Mapping[int, float] | None = None) -> dict[int, int]:
+        """Batch size per worker id for the next iteration; Σ == global_batch."""
+        ids = _ids(speeds)
+        v = [speeds[w] for w in ids]
+        c = _costs_for(ids, const_costs)
+        new = allocate(self.global_batch, v, minimum=self.minimum,
+                       caps=[self.caps.get(w) for w in ids], const_costs=c)
+        if self._last is not None and set(self._last) == set(ids):
+            old = [self._last[w] for w in ids]
+            # Only switch for a real gain: re-sizing on noise costs cache/pipeline churn.
+            if iteration_time(new, v, c) >= iteration_time(old, v, c) * (1 - self.hysteresis):
+                new = old
+        self._last = dict(zip(ids, new))
+        return dict(self._last)
+
+    def state_dict(self) -> dict:
+        last = None if self._last is None else [[w, x] for w, x in sorted(self._last.items())]
+        return {"global_batch": self.global_batch, "last": last}
+
+    def load_state_dict(self, d: dict) -> None:
+        _check_same("global_batch", self.global_batch, d["global_batch"])
+        self._last = None if d["last"] is None else {int(w): int(x) for w, x in d["last"]}
+
+
+class StepTuner:
+    """LB-BSP GPU-style policy: shift ``step`` samples slowest -> fastest every window.
+
+    Fed each worker's measured compute time of the iteration that ran with the sizes
+    this tuner last returned.  Every ``window`` iterations it moves ``step`` samples
+    from the worker with the highest mean time to the one with the lowest mean time that
+    is below its cap.  Oscillation [ours: a move takes from the previous move's
+    recipient or gives to its donor, which includes the pair reversing] halves the step
+    (>= 1) and doubles the window (<= max_window, default 8 x window).  Three moves in a
+    row between the same pair grow them back towards the initial values [ours], so the
+    tuner can follow a new straggler after having settled.  On a change of the worker
+    set the sizes are rescaled and tuning restarts; times from that call are dropped.
+    """
+
+    def __init__(self, global_batch: int, *, step_fraction: float = 0.05, window: int = 5,
+                 minimum: int = 1, caps: Mapping[int, int] | None = None,
+                 max_window: int | None = None):
+        self.global_batch, self.minimum, self.caps = _check_config(global_batch, minimum, caps)
+        if not (isinstance(step_fraction, (int, float)) and 0.0 < step_fraction <= 1.0):
+            raise ValueError(f"step_fraction must be in (0, 1], got {step_fraction!r}")
+        _check_int("window", window, 1)
+        self.step_fraction, self.base_window = float(step_fraction), window
+        self.max_window = 8 * window if max_window is None else max_window
+        _check_int("max_window", self.max_window, window)
+        self._alloc: dict[int, int] = {}
+        self.step, self.window = 1, window
+        self._reset_window()
+        self._last_move: tuple[int, int] | None = None
+        self._run = 0                      # consecutive moves between the same pair
+
+    @property
+    def allocation(self) -> dict[int, int]:
+        """The sizes last returned by ``decide`` (empty before the first call)."""
+        return dict(self._alloc)
+
+    def decide(self, iteration_times: Mapping[int, float]) -> dict[int, int]:
+        """Record one iteration's compute times (seconds); return the next sizes."""
+        ids = _ids(iteration_times)
+        for w in ids:
+            t = iteration_times[w]
+            if not (isinstance(t, (int, float)) and math.isfinite(t) and t >= 0):
+                raise ValueError(f"iteration_times[{w}] must be finite >= 0, got {t!r}")
+        if set(ids) != set(self._alloc):
+            self._restart(ids)
+            return dict(self._alloc)
+        for w in ids:
+            self._sums[w] = self._sums.get(w, 0.0) + float(iteration_times[w])
+        self._count += 1
+        if self._count >= self.window:
+            self._move({w: s / self._count for w, s in self._sums.items()})
+            self._reset_window()
+        return dict(self._alloc)
+
+    def _restart(self, ids: list[int]) -> None:
+        # Keep the learned relative sizes of the survivors; newcomers get their mean.
+        known = [self._alloc[w] for w in ids if w in self._alloc]
+        fill = sum(known) / len(known) if known else 1.0
+        weights = [float(max(self._alloc.get(w, fill), 1e-9)) for w in ids]
+        sizes = allocate(self.global_batch, weights, minimum=self.minimum,
+                         caps=[self.caps.get(w) for w in ids])
+        self._alloc = dict(zip(ids, sizes))
+        self._initial_step = max(1, round(self.step_fraction * self.global_batch / len(ids)))
+        self.step, self.window = self._initial_step, self.base_window
+        self._last_move, self._run = None, 0
+        self._reset_window()
+
+    def _reset_window(self) -> None:
+        self._sums: dict[int, float] = {}
+        self._count = 0
+
+    def _move(self, means: dict[int, float]) -> None:
+        donor = max(means, key=lambda w: (means[w], -w))
+        open_ = [w for w in means if w != donor and self._alloc[w] < self.caps.get(w, math.inf)]
+        if not open_:
+            return
+        recipient = min(open_, key=lambda w: (means[w], w))
+        if means[recipient] >= means[donor]:
+            return                                  # already balanced
+        self._adapt(donor, recipient)
+        amount = min(self.step, self._alloc[donor] - self.minimum,
+                     self.caps.get(recipient, math.inf) - self._alloc[recipient])
+        if amount > 0:
+            self._alloc[donor] -= amount
+            self._alloc[recipient] += amount
+
+    def _adapt(self, donor: int, recipient: int) -> None:
+        last = self._last_move
+        if last is not None and (donor == last[1] or recipient == last[0]):
+            self.step = max(1, self.step // 2)      # overshot: finer moves, more evidence
+            self.window = min(self.max_window, self.window * 2)
+            self._run = 0
+        elif last == (donor, recipient):
+            self._run += 1
+            if self._run >= 2:                      # third same move: load has shifted
+                self.step = min(self._initial_step, self.step * 2)
+                self.window = max(self.base_window, self.window // 2)
+                self._run = 0
+        else:
+            self._run = 0
+        self._last_move = (donor, recipient)
+
+    def state_dict(self) -> dict:
+        return {"global_batch": self.global_batch,
+                "alloc": [[w, x] for w, x in sorted(self._alloc.items())],
+                "step": self.step, "window": self.window,
+                "initial_step": getattr(self, "_initial_step", 1),
+                "sums": [[w, s] for w, s in sorted(self._sums.items())], "count": self._count,
+                "last_move": None if self._last_move is None else list(self._last_move),
+                "run": self._run}
+
+    def load_state_dict(self, d: dict) -> None:
+        _check_same("global_batch", self.global_batch, d["global_batch"])
+        self._alloc = {int(w): int(x) for w, x in d["alloc"]}
+        self.step, self.window = int(d["step"]), int(d["window"])
+        self._initial_step = int(d["initial_step"])
+        self._sums = {int(w): float(s) for w, s in d["sums"]}
+        self._count, self._run = int(d["count"]), int(d["run"])
+        self._last_move = None if d["last_move"] is None else tuple(d["last_move"])
+
+
+def make_batch_policy(name: str, global_batch: int, **kw):
+    """Build a batch policy by name: "equal", "proportional" or "step"."""
+    classes = {"equal": EqualPolicy, "proportional": ProportionalPolicy, "step": StepTuner}
+    if name not in classes:
+        raise ValueError(f"batch policy name must be one of {sorted(classes)}, got {name!r}")
+    return classes[name](global_batch, **kw)
+
+
+# ---------------------------------------------------------------- validation helpers
+
+def _clip(x: float, lo: float, hi: float) -> float:
+    return min(max(x, lo), hi)
+
+
+def _check_int(name: str, value, lowest: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
+        raise ValueError(f"{name} must be an int >= {lowest}, got {value!r}")
+
+
+def _check_same(name: str, mine, theirs) -> None:
+    if mine != theirs:
+        raise ValueError(f"state_dict {name} is {theirs!r} but this policy has {mine!r}")
+
+
+def _check_config(global_batch, minimum, caps) -> tuple[int, int, dict[int, int]]:
+    _check_int("global_batch", global_batch, 1)
+    _check_int("minimum", minimum, 0)
+    caps = dict(caps or {})
+    for w, cap in caps.items():
+        _check_int(f"caps[{w}]", cap, minimum)
+    return global_batch, minimum, caps
+
+
+def _ids(mapping: Mapping[int, float]) -> list[int]:
+    if not mapping:
+        raise ValueError("no workers: the mapping of worker id -> value is empty")
+    return sorted(mapping)
+
+
+def _costs_for(ids: list[int], const_costs: Mapping[int, float] | None) -> list[float]:
+    if const_costs is None:
+        return [0.0] * len(ids)
+    missing = [w for w in ids if w not in const_costs]
+    if missing:
+        raise ValueError(f"const_costs has no entry for worker {missing[0]}")
+    return [const_costs[w] for w in ids]
+
+
+def _validate(total, speeds, minimum, caps, const_costs):
+    """Check allocate's inputs; return (minimum, caps as floats with inf, costs)."""
+    _check_int("total", total, 0)
+    _check_int("minimum", minimum, 0)
+    n = len(speeds)
+    if n == 0:
+        raise ValueError("speeds is empty: need at least one worker")
+    for i, v in enumerate(speeds):
+        if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+            raise ValueError(f"speeds[{i}] must be finite > 0, got {v!r}")
+    costs = [0.0] * n if const_costs is None else list(const_costs)
+    _check_len("const_costs", costs, n)
+    for i, c in enumerate(costs):
+        if not (isinstance(c, (int, float)) and math.isfinite(c) and c >= 0):
+            raise ValueError(f"const_costs[{i}] must be finite >= 0, got {c!r}")
+    hi = [None] * n if caps is None else list(caps)
+    _check_len("caps", hi, n)
+    for i, h in enumerate(hi):
+        if h is not None:
+            _check_int(f"caps[{i}]", h, minimum)
+    hi = [math.inf if h is None else h for h in hi]
+    if total < minimum * n or total > sum(hi):
+        raise ValueError(f"total={total} infeasible for {n} workers with minimum={minimum}"
+                         f" (needs >= {minimum * n}) and caps summing to {sum(hi)}")
+    return minimum, hi, costs
+
+
+def _check_len(name: str, seq: list, n: int) -> None:
+    if len(seq) != n:
+        raise ValueError(f"{name} has {len(seq)} entries but speeds has {n}")

@@ -1,0 +1,330 @@
+"""The coordinator's main loop: it owns the plan of the job.
+
+It registers servers and workers, cuts the model into blocks and places them, hands each
+worker its slice of every iteration, collects worker reports into metrics.jsonl, takes
+consistent snapshots for evaluation and checkpoints, and finally stops everyone.
+
+Under a barrier protocol the coordinator answers the plan requests of iteration t only
+once every worker has asked, i.e. once all pushes of t−1 are acknowledged. That costs
+nothing extra (the servers' barrier waits for the same last push), lets the batching
+policy decide iteration t from all reports of t−1, and gives the snapshot of version t a
+quiet moment in which no update is in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ..config import Config
+from ..models import build_model
+from ..policy.placement import Block, greedy_placement
+from ..policy.sync import make_sync_policy
+from ..telemetry.metrics import MetricsWriter
+from ..telemetry.progress import ProgressDisplay
+from ..wire import Listener, Message, Transport
+from .blocks import model_blocks, read_values, write_values
+from .checkpoint import Checkpoint, save_checkpoint
+from .evaluate import evaluate
+from .planner import Planner
+from .stats import RunStats
+from .store import OptimizerSpec
+
+log = logging.getLogger("equipoise.coordinator")
+
+
+class JobError(RuntimeError):
+    """The job cannot go on (a peer died, timed out or refused); the message names it."""
+
+
+class Coordinator:
+    def __init__(self, cfg: Config, run_dir: Path, transport: Transport, listener: Listener, data,
+                 *, check_peers: Callable[[], None] = lambda: None, resume: Checkpoint | None = None):
+        self.cfg, self.run_dir, self.transport, self.listener = cfg, Path(run_dir), transport, listener
+        self.data, self.check_peers, self.resume = data, check_peers, resume
+        self.total = cfg.total_iterations(len(data))
+        self.sync = make_sync_policy(cfg.protocol)
+        self.iteration = resume.iteration if resume else 0
+        self.cursor = resume.cursor if resume else self.iteration * cfg.global_batch
+        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl")
+        self.stats = RunStats(cfg.global_batch)
+        self.display = ProgressDisplay(self.total, cfg.progress, start=self.iteration)
+        self.evals: ThreadPoolExecutor = ThreadPoolExecutor(1, thread_name_prefix="eval")
+        self.pending_eval: list[Future] = []
+        self.stopped: set[int] = set()
+        self.workers: dict[int, bytes] = {}
+
+    # -- the job ------------------------------------------------------------------------
+    def run(self) -> dict:
+        start = time.time()
+        try:
+            servers, held_hellos = self._register()
+            self._init_servers(servers)
+            for rank, peer in sorted(held_hellos.items()):
+                self.listener.send(peer, Message("welcome", {
+                    "rank": rank, "servers": servers, "table": self.table,
+                    "blocks": [b.to_list() for b in self.blocks]}))
+            self.metrics.write({"type": "event", "event": "started", "time": start,
+                                "iteration": self.iteration, "resumed": self.resume is not None})
+            self._train()
+            return self._finish(start)
+        finally:
+            self.display.close()
+            self.evals.shutdown(wait=True)
+            for conn in getattr(self, "server_conns", []):
+                conn.close()
+            self.metrics.close()
+
+    def _register(self) -> tuple[list[str], dict[int, bytes]]:
+        """Wait until every server and worker has said hello (worker replies are held)."""
+        servers: dict[int, str] = {}
+        workers: dict[int, bytes] = {}
+        deadline = time.monotonic() + self.cfg.timeout
+        while len(servers) < self.cfg.servers or len(workers) < self.cfg.workers:
+            self._tick(deadline, "waiting for servers and workers to register "
+                       f"({len(servers)}/{self.cfg.servers} servers, {len(workers)}/{self.cfg.workers} workers)")
+            got = self.listener.recv(timeout=0.2)
+            if got is None:
+                continue
+            peer, msg = got
+            if msg.type != "hello":
+                self.listener.send(peer, Message("error", {"message": f"unexpected {msg.type!r} before start"}))
+            elif msg.fields["role"] == "server":
+                servers[msg.fields["rank"]] = msg.fields["address"]
+            elif msg.fields["role"] == "worker":
+                workers[msg.fields["rank"]] = peer
+        self.workers = workers
+        return [servers[r] for r in range(self.cfg.servers)], workers
+
+    def _init_servers(self, addresses: list[str]) -> None:
+        cfg = self.cfg
+        torch.manual_seed(cfg.seed)
+        self.model = build_model(cfg.model, self.data.input_shape, self.data.num_classes)
+        self.blocks = model_blocks(self.model, cfg.block_size)
+        self.table = greedy_placement([b.nbytes for b in self.blocks], cfg.servers)
+        values, optim, version, samples = read_values(self.model, self.blocks), {}, 0, 0
+        if self.resume is not None:
+            self._check_resume_blocks()
+            values, optim = self.resume.values, self.resume.optim
+            version, samples = self.resume.version, self.resume.samples
+        spec = OptimizerSpec(cfg.optimizer, cfg.lr, cfg.momentum, cfg.weight_decay, cfg.lr_schedule,
+                             self.total, cfg.lr_step_size, cfg.lr_gamma, cfg.global_batch)
+        self.server_conns = [self.transport.connect(a) for a in addresses]
+        for s, conn in enumerate(self.server_conns):
+            mine = [b for b in self.blocks if self.table[b.key] == s]
+            keys = {b.key for b in mine}
+            tensors = {f"b{b.key}": values[b.key] for b in mine}
+            tensors.update({f"s{n}": t for n, t in optim.items() if int(n.split(".")[0]) in keys})
+            conn.send(Message("init", {
+                "blocks": [b.to_list() for b in mine], "optimizer": spec.to_dict(),
+                "version": version, "samples": samples, "protocol": cfg.protocol,
+                "workers": cfg.workers}, tensors))
+        for s, conn in enumerate(self.server_conns):
+            self._expect(conn, "ready", f"server {s}")
+
+    def _check_resume_blocks(self) -> None:
+        if [Block.from_list(r) for r in self.resume.blocks] != self.blocks:
+            raise JobError("checkpoint blocks do not match this model and block_size: "
+                           "resume with the configuration the checkpoint was written with")
+
+    # -- training -----------------------------------------------------------------------
+    def _train(self) -> None:
+        self.planner = Planner(self.cfg, sorted(self.workers))
+        self.waiting: dict[int, tuple[bytes, float]] = {}
+        self.reports: dict[int, list[dict]] = {}
+        while len(self.stopped) < len(self.workers):
+            self._tick(None, "")
+            got = self.listener.recv(timeout=0.1)
+            if got is None:
+                self._check_stalled()
+                continue
+            peer, msg = got
+            if msg.type != "plan_req":
+                self.listener.send(peer, Message("error", {"message": f"coordinator does not accept {msg.type!r} now"}))
+                continue
+            self._on_plan_req(peer, msg.fields)
+
+    def _on_plan_req(self, peer: bytes, f: dict) -> None:
+        worker = int(f["worker"])
+        if worker not in self.workers:
+            self.listener.send(peer, Message("error", {"message": f"unknown worker {worker}"}))
+            return
+        if f["step"] > 0:
+            self._collect(worker, f["report"])
+        self.waiting[worker] = (peer, time.monotonic())
+        if self.sync.barrier():
+            if len(self.waiting) == len(self.workers) - len(self.stopped):
+                self._advance_barrier()
+        else:
+            self._advance_async(worker)
+
+    def _advance_barrier(self) -> None:
+        """Every worker waits for iteration t: snapshot if due, then hand out slices."""
+        t = self.iteration
+        if t > 0:
+            self._end_iteration(t - 1)
+        self._maybe_snapshot(t)
+        if t >= self.total:
+            return self._stop_all()
+        sizes = self.planner.sizes()
+        for w, (offset, size) in self.planner.slices(sizes).items():
+            self._reply_plan(w, t, t * self.cfg.global_batch + offset, size, version=t)
+        self.iteration += 1
+
+    def _advance_async(self, worker: int) -> None:
+        """ASP: the asking worker gets the next μ positions of the global stream."""
+        end = self.total * self.cfg.global_batch
+        if self.cursor >= end:
+            return self._stop(worker)
+        size = min(self.planner.sizes()[worker], end - self.cursor)
+        before = self.cursor // self.cfg.global_batch
+        self._reply_plan(worker, before, self.cursor, size, version=0)
+        self.cursor += size
+        self.iteration = self.cursor // self.cfg.global_batch
+        if self.iteration > before:
+            self._maybe_snapshot(self.iteration)
+
+    def _reply_plan(self, worker: int, iteration: int, start: int, size: int, version: int) -> None:
+        peer, since = self.waiting.pop(worker)
+        self.stats.begin()
+        self.listener.send(peer, Message("plan", {
+            "step": 0, "iteration": iteration, "start": start, "size": size, "stop": False,
+            "version": version, "held_s": time.monotonic() - since}))
+
+    def _stop(self, worker: int) -> None:
+        peer, since = self.waiting.pop(worker)
+        self.listener.send(peer, Message("plan", {"step": 0, "iteration": self.iteration, "start": 0, "size": 0,
+                                                  "stop": True, "version": 0, "held_s": 0.0}))
+        self.stopped.add(worker)
+
+    def _stop_all(self) -> None:
+        for w in sorted(self.waiting):
+            self._stop(w)
+
+    # -- reports and metrics ------------------------------------------------------------
+    def _collect(self, worker: int, report: dict) -> None:
+        report["worker"] = worker
+        self.stats.add(report)
+        t = int(report["iteration"])
+        bucket = self.reports.setdefault(t, [])
+        bucket.append(report)
+        if not self.sync.barrier() and sum(r["samples"] for r in bucket) >= self.cfg.global_batch:
+            self._end_iteration(t)
+
+    def _end_iteration(self, t: int) -> None:
+        reports = self.reports.pop(t, [])
+        if not reports:
+            return
+        self.planner.observe({r["worker"]: r for r in reports})
+        record = self.stats.iteration_record(t, reports)
+        record["predictor_mape"] = self.planner.mape()
+        self.metrics.write(record)
+        self.display.update(t + 1, sps=record["samples_per_s"], loss=record["loss"])
+
+    # -- snapshots: evaluation and checkpoints ------------------------------------------
+    def _maybe_snapshot(self, t: int) -> None:
+        cfg = self.cfg
+        final = t >= self.total
+        want_eval = final or (cfg.eval_every and t % cfg.eval_every == 0 and t > 0)
+        want_ckpt = final or (cfg.checkpoint_every and t % cfg.checkpoint_every == 0 and t > 0)
+        if not (want_eval or want_ckpt) or (final and not self.sync.barrier()):
+            return
+        values, optim, version, samples = self._fetch_state(t if self.sync.barrier() else 0)
+        if want_ckpt:
+            self._checkpoint(t, values, optim, version, samples)
+        if final:
+            self._save_model(values)
+        if want_eval:
+            self.pending_eval.append(self.evals.submit(self._evaluate, t, values))
+
+    def _fetch_state(self, version: int):
+        for conn in self.server_conns:
+            conn.send(Message("state_req", {"version": version}))
+        values, optim, versions, samples = {}, {}, [], []
+        for s, conn in enumerate(self.server_conns):
+            reply = self._expect(conn, "state", f"server {s}")
+            for name, t in reply.tensors.items():
+                if name[0] == "b":
+                    values[int(name[1:])] = t
+                elif name[0] == "s":
+                    optim[name[1:]] = t
+            versions.append(reply.fields["version"])
+            samples.append(reply.fields["samples"])
+        return values, optim, min(versions), min(samples)
+
+    def _checkpoint(self, t, values, optim, version, samples) -> None:
+        path = save_checkpoint(self.run_dir, Checkpoint(
+            t, self.cursor if not self.sync.barrier() else t * self.cfg.global_batch, version, samples,
+            [b.to_list() for b in self.blocks], self.table, values, optim))
+        self.metrics.write({"type": "event", "event": "checkpoint", "iteration": t,
+                            "time": time.time(), "path": str(path)})
+
+    def _save_model(self, values) -> None:
+        """model.pt: the final weights as a plain state_dict (load with weights_only=True)."""
+        write_values(self.model, self.blocks, values)
+        torch.save(self.model.state_dict(), self.run_dir / "model.pt")
+
+    def _evaluate(self, t: int, values) -> dict:
+        torch.set_num_threads(1)
+        model = build_model(self.cfg.model, self.data.input_shape, self.data.num_classes)
+        write_values(model, self.blocks, values)
+        loss, acc = evaluate(model, self.data)
+        record = {"type": "eval", "iteration": t, "time": time.time(), "test_loss": loss,
+                  "test_accuracy": acc}
+        self.metrics.write(record)
+        self.display.update(min(t, self.total), acc=acc)
+        return record
+
+    def _finish(self, start: float) -> dict:
+        for t in sorted(self.reports):  # ASP: partial last iterations
+            self._end_iteration(t)
+        if not self.sync.barrier():  # ASP: the final snapshot once every worker stopped
+            values, optim, version, samples = self._fetch_state(0)
+            self._checkpoint(self.total, values, optim, version, samples)
+            self._save_model(values)
+            self.pending_eval.append(self.evals.submit(self._evaluate, self.total, values))
+        evals = [f.result() for f in self.pending_eval]
+        final = evals[-1] if evals else {}
+        for s, conn in enumerate(self.server_conns):
+            conn.send(Message("stop", {"reason": "job finished"}))
+            self._expect(conn, "ack", f"server {s}")
+        summary = self.stats.summary(self.cfg, self.total, final, wall_s=time.time() - start)
+        summary["resumed_from"] = self.resume.iteration if self.resume else None
+        return summary
+
+    # -- helpers ------------------------------------------------------------------------
+    def _expect(self, conn, kind: str, who: str) -> Message:
+        deadline = time.monotonic() + self.cfg.timeout
+        while True:
+            self.check_peers()
+            try:
+                reply = conn.recv(timeout=min(1.0, max(0.01, deadline - time.monotonic())))
+                break
+            except TimeoutError:
+                if time.monotonic() > deadline:
+                    raise JobError(f"{who} did not answer within {self.cfg.timeout:.0f} s") from None
+        if reply.type == "error":
+            raise JobError(f"{who} refused: {reply.fields['message']}")
+        if reply.type != kind:
+            raise JobError(f"{who} sent {reply.type!r}, expected {kind!r}")
+        return reply
+
+    def _tick(self, deadline: float | None, what: str) -> None:
+        self.check_peers()
+        if deadline is not None and time.monotonic() > deadline:
+            raise JobError(f"timed out after {self.cfg.timeout:.0f} s {what}")
+
+    def _check_stalled(self) -> None:
+        """Fail, naming the laggards, if some workers wait and others are silent too long."""
+        if not self.waiting:
+            return
+        oldest = min(since for _, since in self.waiting.values())
+        if time.monotonic() - oldest > self.cfg.timeout:
+            silent = sorted(set(self.workers) - set(self.waiting) - self.stopped)
+            raise JobError(f"workers {silent} sent nothing for {self.cfg.timeout:.0f} s")
+

@@ -1,0 +1,156 @@
+"""The parameter server's main loop.
+
+A server binds one listener and answers everyone on it: the coordinator (init, state,
+stop) and the workers (pull, push). Replies to pulls and state requests that ask for a
+version the server does not hold yet are deferred until an update produces it. A bad
+message is answered with an error and logged; it never stops the server.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+from ..policy.placement import Block
+from ..policy.sync import make_sync_policy
+from ..wire import Message, Transport
+from .store import OptimizerSpec, ParameterStore, Push, PushError
+
+log = logging.getLogger("equipoise.server")
+
+
+@dataclass
+class _Held:
+    peer: bytes
+    kind: str          # "pull" or "state"
+    min_version: int
+    since: float
+
+
+class Server:
+    """One server's message handling; `serve` runs it until told to stop."""
+
+    def __init__(self, rank: int, transport: Transport, coordinator: str, *, host: str = "127.0.0.1",
+                 timeout: float = 120.0):
+        self.rank, self.timeout = rank, timeout
+        self.transport = transport
+        self.listener = transport.listen(host)
+        self.coordinator = coordinator
+        self.store: ParameterStore | None = None
+        self.pending: list[Push] = []
+        self.held: list[_Held] = []
+        self.workers = 0
+        self.done = False
+
+    def serve(self) -> None:
+        """Register with the coordinator, then handle messages until `stop`. Raises
+        TimeoutError if nobody talks to this server for `timeout` seconds."""
+        # Kept open while serving: closing at once (linger 0) could drop the hello unsent.
+        conn = self.transport.connect(self.coordinator)
+        conn.send(Message("hello", {"role": "server", "rank": self.rank,
+                                    "address": self.listener.address, "pid": os.getpid()}))
+        try:
+            self._loop()
+        finally:
+            conn.close()
+            self.listener.close()
+
+    def _loop(self) -> None:
+        last = time.monotonic()
+        while not self.done:
+            got = self.listener.recv(timeout=0.5)
+            if got is None:
+                if time.monotonic() - last > self.timeout:
+                    raise TimeoutError(f"server {self.rank}: no message from the coordinator or any "
+                                       f"worker for {self.timeout:.0f} s")
+                continue
+            last = time.monotonic()
+            self.handle(*got)
+
+    # -- dispatch ---------------------------------------------------------------------
+    def handle(self, peer: bytes, msg: Message) -> None:
+        handler = getattr(self, f"_on_{msg.type}", None)
+        if handler is None:
+            return self._refuse(peer, f"server {self.rank} does not accept {msg.type!r} messages")
+        if self.store is None and msg.type not in ("init", "stop", "ping"):
+            return self._refuse(peer, f"server {self.rank} is not initialised yet")
+        try:
+            handler(peer, msg)
+        except (PushError, ValueError, KeyError) as exc:
+            self._refuse(peer, str(exc))
+
+    def _refuse(self, peer: bytes, reason: str) -> None:
+        log.warning("refused a message from %s: %s", peer.hex(), reason)
+        self.listener.send(peer, Message("error", {"message": reason}))
+
+    def _on_ping(self, peer: bytes, msg: Message) -> None:
+        self.listener.send(peer, Message("pong", {}))
+
+    def _on_init(self, peer: bytes, msg: Message) -> None:
+        f = msg.fields
+        blocks = [Block.from_list(row) for row in f["blocks"]]
+        values = {b.key: msg.tensors[f"b{b.key}"] for b in blocks}
+        optim = {name[1:]: t for name, t in msg.tensors.items() if name.startswith("s")}
+        self.workers = int(f["workers"])
+        self.store = ParameterStore(blocks, values, OptimizerSpec.from_dict(f["optimizer"]),
+                                    make_sync_policy(f["protocol"]), version=f["version"],
+                                    samples=f["samples"], optim_state=optim)
+        self.pending, self.held = [], []
+        self.listener.send(peer, Message("ready", {"rank": self.rank}))
+
+    def _on_stop(self, peer: bytes, msg: Message) -> None:
+        self.done = True
+        self.listener.send(peer, Message("ack", {"version": self.store.version if self.store else 0}))
+
+    def _on_pull(self, peer: bytes, msg: Message) -> None:
+        self._hold(_Held(peer, "pull", int(msg.fields["min_version"]), time.monotonic()))
+
+    def _on_state_req(self, peer: bytes, msg: Message) -> None:
+        self._hold(_Held(peer, "state", int(msg.fields["version"]), time.monotonic()))
+
+    def _on_push(self, peer: bytes, msg: Message) -> None:
+        store = self.store
+        f = msg.fields
+        tensors = {int(name[1:]): t for name, t in msg.tensors.items() if name[:1] == "g" and name[1:].isdigit()}
+        push = Push(int(f["worker"]), int(f["version"]), int(f["samples"]), tensors)
+        store.check(push)
+        if store.policy.barrier() and push.version != store.version:
+            raise PushError(f"push from worker {push.worker} computed on version {push.version}, "
+                            f"but server {self.rank} is at version {store.version} under {store.policy.name}")
+        if any(p.worker == push.worker for p in self.pending) and store.policy.barrier():
+            raise PushError(f"worker {push.worker} pushed twice for version {store.version}")
+        self.pending.append(push)
+        group = store.policy.group_size(self.workers)
+        while len(self.pending) >= group:
+            store.apply(self.pending[:group])
+            self.pending = self.pending[group:]
+        self.listener.send(peer, Message("ack", {"version": store.version}))
+        self._release()
+
+    # -- deferred replies -------------------------------------------------------------
+    def _hold(self, held: _Held) -> None:
+        self.held.append(held)
+        self._release()
+
+    def _release(self) -> None:
+        store = self.store
+        keep: list[_Held] = []
+        for h in self.held:
+            if store.policy.pull_ready(h.min_version, store.version):
+                self.listener.send(h.peer, self._reply(h))
+            else:
+                keep.append(h)
+        self.held = keep
+
+    def _reply(self, h: _Held) -> Message:
+        store = self.store
+        # Clone: the transport may send without copying, and the next update must not
+        # change bytes still on their way.
+        tensors = {f"b{k}": v.clone() for k, v in store.values.items()}
+        if h.kind == "pull":
+            return Message("params", {"version": store.version,
+                                      "held_s": time.monotonic() - h.since}, tensors)
+        tensors.update({f"s{name}": t for name, t in store.optim_state().items()})
+        return Message("state", {"version": store.version, "samples": store.samples}, tensors)

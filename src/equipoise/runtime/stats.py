@@ -1,0 +1,73 @@
+"""Aggregates worker reports into metrics records and the run summary."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+from ..config import Config
+
+
+class RunStats:
+    def __init__(self, global_batch: int):
+        self.global_batch = global_batch
+        self.t_start: float | None = None
+        self.t_last = 0.0
+        self.samples = 0
+        self.busy = {"compute_s": 0.0, "wait_s": 0.0, "comm_s": 0.0}
+        self.staleness: Counter[int] = Counter()
+        self.last_loss = float("nan")
+        self._t_prev_record: float | None = None
+
+    def begin(self) -> None:
+        if self.t_start is None:
+            self.t_start = self._t_prev_record = time.perf_counter()
+
+    def add(self, report: dict) -> None:
+        self.t_last = time.perf_counter()
+        self.samples += int(report["samples"])
+        for k in self.busy:
+            self.busy[k] += float(report[k])
+        self.staleness[int(report["staleness"])] += 1
+
+    def iteration_record(self, t: int, reports: list[dict]) -> dict:
+        """One metrics.jsonl record for iteration t from its workers' reports."""
+        now = time.perf_counter()
+        elapsed = now - (self._t_prev_record or now)
+        self._t_prev_record = now
+        reports = sorted(reports, key=lambda r: r["worker"])
+        samples = sum(r["samples"] for r in reports)
+        loss = sum(r["loss"] * r["samples"] for r in reports) / max(samples, 1)
+        self.last_loss = loss
+        stale = [r["staleness"] for r in reports]
+        record = {"type": "iteration", "iteration": t, "time": time.time(),
+                  "workers": [r["worker"] for r in reports],
+                  "batch": [r["samples"] for r in reports], "loss": loss,
+                  "samples_per_s": samples / elapsed if elapsed > 0 else None,
+                  "staleness_mean": sum(stale) / len(stale), "staleness_max": max(stale)}
+        for key in ("compute_s", "wait_s", "comm_s", "cpu", "mem", "version"):
+            record[key] = [r.get(key) for r in reports]
+        return record
+
+    def summary(self, cfg: Config, iterations: int, final_eval: dict, *, wall_s: float) -> dict:
+        train_s = max(self.t_last - (self.t_start or self.t_last), 1e-9)
+        total = sum(self.busy.values())
+        n = sum(self.staleness.values())
+        return {
+            "status": "completed",
+            "protocol": cfg.protocol, "workers": cfg.workers, "servers": cfg.servers,
+            "iterations": iterations, "global_batch": cfg.global_batch,
+            "samples": self.samples,
+            "final_accuracy": final_eval.get("test_accuracy"),
+            "final_test_loss": final_eval.get("test_loss"),
+            "final_train_loss": self.last_loss,
+            "samples_per_s": self.samples / train_s,
+            "train_s": train_s, "wall_s": wall_s,
+            "barrier_wait_fraction": self.busy["wait_s"] / total if total > 0 else 0.0,
+            "compute_s": self.busy["compute_s"], "wait_s": self.busy["wait_s"],
+            "comm_s": self.busy["comm_s"],
+            "staleness_mean": sum(k * v for k, v in self.staleness.items()) / n if n else 0.0,
+            "staleness_max": max(self.staleness, default=0),
+            "staleness_histogram": {str(k): v for k, v in sorted(self.staleness.items())},
+            "lost_updates": 0, "recovered": [],
+        }

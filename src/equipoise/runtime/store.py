@@ -1,0 +1,139 @@
+"""The state machine of one parameter server: its blocks, their optimizer and version.
+
+`ParameterStore` is transport-free: the server loop feeds it pushes and asks it for
+values and state. An update is *apply then publish*: grouped gradients are combined by
+sample count, the learning rate is set from training progress, a real `torch.optim`
+optimizer steps, and the version increments — a shape that later lets a server forward
+each applied update to a replica.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+
+from ..policy.placement import Block
+from ..policy.schedule import learning_rate
+from ..policy.sync import SyncPolicy
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    name: str
+    lr: float
+    momentum: float
+    weight_decay: float
+    schedule: str
+    total: int
+    step_size: int
+    gamma: float
+    global_batch: int
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "OptimizerSpec":
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__})
+
+
+@dataclass
+class Push:
+    worker: int
+    version: int
+    samples: int
+    tensors: dict[int, torch.Tensor]
+
+
+class PushError(ValueError):
+    """A push the store refuses; the message names the worker and the fault."""
+
+
+class ParameterStore:
+    def __init__(self, blocks: list[Block], values: Mapping[int, torch.Tensor], spec: OptimizerSpec,
+                 policy: SyncPolicy, *, version: int = 0, samples: int = 0,
+                 optim_state: Mapping[str, torch.Tensor] | None = None):
+        self.blocks = {b.key: b for b in blocks}
+        self.spec, self.policy = spec, policy
+        self.version, self.samples = version, samples
+        self.values = {k: values[k].detach().clone().contiguous() for k in self.blocks}
+        self._params = [torch.nn.Parameter(self.values[k], requires_grad=False)
+                        for k, b in self.blocks.items() if b.kind == "param"]
+        self._param_keys = [k for k, b in self.blocks.items() if b.kind == "param"]
+        self.optimizer = _make_optimizer(spec, self._params)
+        if optim_state:
+            self._load_optim_state(optim_state)
+
+    # -- updates ----------------------------------------------------------------------
+    def check(self, push: Push) -> None:
+        """Raise PushError unless the push holds exactly this server's blocks, finite."""
+        if set(push.tensors) != set(self.blocks):
+            missing = sorted(set(self.blocks) - set(push.tensors))[:5]
+            extra = sorted(set(push.tensors) - set(self.blocks))[:5]
+            raise PushError(f"push from worker {push.worker} has wrong blocks "
+                            f"(missing {missing}, unexpected {extra})")
+        if push.samples < 1:
+            raise PushError(f"push from worker {push.worker} has samples = {push.samples}")
+        for key, t in push.tensors.items():
+            if t.shape != self.values[key].shape or t.dtype != self.values[key].dtype:
+                raise PushError(f"push from worker {push.worker}: block {key} has shape "
+                                f"{tuple(t.shape)} {t.dtype}, expected {tuple(self.values[key].shape)}")
+            if not bool(torch.isfinite(t).all()):
+                raise PushError(f"push from worker {push.worker}: block {key} holds a non-finite "
+                                "gradient (NaN or inf)")
+
+    def apply(self, group: list[Push]) -> None:
+        """Combine a group of pushes (sorted by worker, for determinism) and step once."""
+        group = sorted(group, key=lambda p: p.worker)
+        weights = self.policy.weights([p.samples for p in group])
+        combined = {k: _weighted_sum([p.tensors[k] for p in group], weights) for k in self.blocks}
+        for key, param in zip(self._param_keys, self._params):
+            param.grad = combined[key]
+        for key, b in self.blocks.items():
+            if b.kind == "buffer":
+                self.values[key].copy_(combined[key])
+        lr = learning_rate(self.spec.lr, self.spec.schedule, self.samples / self.spec.global_batch,
+                           total=self.spec.total, step_size=self.spec.step_size, gamma=self.spec.gamma)
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        if self._params:
+            self.optimizer.step()
+        self.version += 1
+        self.samples += sum(p.samples for p in group)
+
+    # -- state ------------------------------------------------------------------------
+    def optim_state(self) -> dict[str, torch.Tensor]:
+        """Optimizer state as flat tensors named '<block key>.<state name>'."""
+        out: dict[str, torch.Tensor] = {}
+        for key, param in zip(self._param_keys, self._params):
+            for name, value in self.optimizer.state.get(param, {}).items():
+                if isinstance(value, torch.Tensor):
+                    out[f"{key}.{name}"] = value.detach().clone()
+        return out
+
+    def _load_optim_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        for key, param in zip(self._param_keys, self._params):
+            prefix = f"{key}."
+            entry = {n[len(prefix):]: t.clone() for n, t in state.items() if n.startswith(prefix)}
+            if entry:
+                self.optimizer.state[param] = entry
+
+
+def _weighted_sum(tensors: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
+    out = tensors[0] * weights[0]
+    for t, w in zip(tensors[1:], weights[1:]):
+        out.add_(t, alpha=w)
+    return out
+
+
+def _make_optimizer(spec: OptimizerSpec, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    if not params:  # a server may hold only buffers; optimizers refuse an empty list
+        params = [torch.nn.Parameter(torch.zeros(0))]
+    if spec.name == "sgd":
+        return torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum,
+                               weight_decay=spec.weight_decay)
+    if spec.name == "adam":
+        return torch.optim.Adam(params, lr=spec.lr, weight_decay=spec.weight_decay)
+    raise ValueError(f"optimizer = {spec.name!r} is not one of sgd, adam")

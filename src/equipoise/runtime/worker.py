@@ -1,0 +1,151 @@
+"""The worker's main loop (Rudra's learner loop, PAPERS.md §1).
+
+Each step: ask the coordinator for a plan (a slice of the global sample order), pull the
+weights the plan names from every server, compute the gradient of the mean loss over the
+slice, push each server its blocks' gradients tagged with (worker, version, samples), and
+report what the step cost. The loop takes its endpoints and config as arguments and
+returns, so the same function runs in a local process or a Ray actor.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import psutil
+import torch
+import torch.nn.functional as F
+
+from ..config import Config
+from ..data import SliceSampler, load_dataset
+from ..models import build_model
+from ..policy.placement import Block
+from ..wire import Connection, Message, Transport
+from .blocks import read_pushes, write_values
+
+
+class WorkerError(RuntimeError):
+    """A fault of this worker's step (non-finite loss, refused push); names the worker."""
+
+
+class Worker:
+    def __init__(self, cfg: Config, rank: int, transport: Transport, coordinator: str):
+        self.cfg, self.rank, self.transport = cfg, rank, transport
+        self.coord = transport.connect(coordinator)
+        self.proc = psutil.Process()
+        self.servers: list[Connection] = []
+
+    def run(self) -> None:
+        cfg = self.cfg
+        torch.set_num_threads(cfg.threads)
+        data = load_dataset(cfg.dataset, cfg.data_dir or None, seed=cfg.seed)
+        welcome = self._request(self.coord, Message("hello", {
+            "role": "worker", "rank": self.rank, "address": "", "pid": os.getpid()}), "welcome")
+        self.blocks = [Block.from_list(r) for r in welcome.fields["blocks"]]
+        table = welcome.fields["table"]
+        self.servers = [self.transport.connect(a) for a in welcome.fields["servers"]]
+        self.by_server = [[b for b in self.blocks if table[b.key] == s] for s in range(len(self.servers))]
+        self.model = build_model(cfg.model, data.input_shape, data.num_classes)
+        self.model.train()
+        sampler = SliceSampler(len(data), cfg.global_batch, cfg.seed)
+        step, report = 0, {}
+        try:
+            while True:
+                plan, plan_wait = self._plan(step, report)
+                if plan.fields["stop"]:
+                    return
+                report = self._step(plan.fields, data, sampler)
+                report["wait_s"] += plan_wait
+                step += 1
+        finally:
+            for c in self.servers + [self.coord]:
+                c.close()
+
+    # -- one step -----------------------------------------------------------------------
+    def _plan(self, step: int, report: dict) -> tuple[Message, float]:
+        t0 = time.perf_counter()
+        plan = self._request(self.coord, Message("plan_req", {
+            "worker": self.rank, "step": step, "report": report}), "plan")
+        held = float(plan.fields.get("held_s", 0.0))
+        return plan, min(held, time.perf_counter() - t0)
+
+    def _step(self, plan: dict, data, sampler: SliceSampler) -> dict:
+        cpu0, t0 = self.proc.cpu_times(), time.perf_counter()
+        versions, pull_wait = self._pull(plan["version"])
+        t1 = time.perf_counter()
+        loss = self._compute(data, sampler, plan)
+        t2 = time.perf_counter()
+        self._slow_down(t2 - t1)
+        t3 = time.perf_counter()
+        staleness = self._push(versions, plan["size"])
+        t4 = time.perf_counter()
+        cpu1 = self.proc.cpu_times()
+        busy = (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / max(t4 - t0, 1e-9)
+        return {
+            "iteration": plan["iteration"], "samples": plan["size"], "loss": loss,
+            "version": min(versions), "staleness": staleness,
+            "compute_s": t3 - t1, "wait_s": pull_wait,
+            "comm_s": max(0.0, (t1 - t0) + (t4 - t3) - pull_wait),
+            "cpu": min(1.0, busy), "mem": self.proc.memory_percent() / 100.0,
+            "sys_cpu": psutil.cpu_percent(interval=None) / 100.0,
+        }
+
+    def _pull(self, min_version: int) -> tuple[list[int], float]:
+        """Pull every server's blocks into the model; returns each server's version and
+        the longest time a server held the pull back (time spent waiting, not moving)."""
+        for conn in self.servers:
+            conn.send(Message("pull", {"worker": self.rank, "min_version": min_version}))
+        versions, held = [], 0.0
+        for s, conn in enumerate(self.servers):
+            reply = self._recv(conn, "params")
+            values = {b.key: reply.tensors[f"b{b.key}"] for b in self.by_server[s]}
+            write_values(self.model, self.by_server[s], values)
+            versions.append(int(reply.fields["version"]))
+            held = max(held, float(reply.fields["held_s"]))
+        return versions, held
+
+    def _compute(self, data, sampler: SliceSampler, plan: dict) -> float:
+        idx = sampler.positions(plan["start"], plan["size"])
+        x, y = data.train_batch(idx)
+        # Seeded by the slice, so dropout-like randomness is the same on any split or resume.
+        torch.manual_seed(self.cfg.seed * 1_000_003 + plan["start"])
+        self.model.zero_grad(set_to_none=False)
+        loss = F.cross_entropy(self.model(x), y)
+        if not math.isfinite(loss.item()):
+            raise WorkerError(f"worker {self.rank}: loss is {loss.item()} at iteration "
+                              f"{plan['iteration']} (diverged: try a smaller lr)")
+        loss.backward()
+        return float(loss.item())
+
+    def _slow_down(self, compute_s: float) -> None:
+        """Emulate a slower machine: stretch compute time by this worker's factor."""
+        if self.cfg.slowdown:
+            time.sleep(max(0.0, (self.cfg.slowdown[self.rank] - 1.0) * compute_s))
+
+    def _push(self, versions: list[int], samples: int) -> int:
+        """Push gradients tagged with the version they were computed on; returns the
+        largest staleness σ among the servers."""
+        pushes = read_pushes(self.model, self.blocks)
+        for s, conn in enumerate(self.servers):
+            tensors = {f"g{b.key}": pushes[b.key] for b in self.by_server[s]}
+            conn.send(Message("push", {"worker": self.rank, "version": versions[s],
+                                       "samples": samples}, tensors))
+        # An ack carries the version after our push was handled. If the push completed an
+        # update, that update made version v_ack, so σ = (v_ack − 1) − v; under a barrier a
+        # push that only joined the group is acked at v itself, i.e. σ = 0.
+        acks = [int(self._recv(c, "ack").fields["version"]) for c in self.servers]
+        return max(max(0, a - 1 - v) for a, v in zip(acks, versions))
+
+    # -- messaging ----------------------------------------------------------------------
+    def _request(self, conn: Connection, msg: Message, expect: str) -> Message:
+        conn.send(msg)
+        return self._recv(conn, expect)
+
+    def _recv(self, conn: Connection, expect: str) -> Message:
+        reply = conn.recv(timeout=self.cfg.timeout)
+        if reply.type == "error":
+            raise WorkerError(f"worker {self.rank}: {conn.address} refused: {reply.fields['message']}")
+        if reply.type != expect:
+            raise WorkerError(f"worker {self.rank}: expected {expect!r} from {conn.address}, got {reply.type!r}")
+        return reply

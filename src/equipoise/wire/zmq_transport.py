@@ -1,0 +1,223 @@
+"""ZeroMQ transport: ROUTER listeners, DEALER connections, optional CURVE.
+
+Each :class:`ZmqTransport` owns its own ``zmq.Context`` (never the global
+instance); create transports in the process that uses them, i.e. after any
+fork or spawn. Sockets close with LINGER 0, so ``close()`` never hangs and
+unsent messages are discarded.
+
+Frames of at least ``copy_threshold`` bytes are sent zero-copy: ZeroMQ reads
+the tensor memory after ``send()`` returns, so a sent tensor must not be
+modified in place. Pass ``copy_threshold=float("inf")`` to copy every frame
+at send time instead (one memcpy per frame; then mutation is safe).
+
+Received frames are not copied: decoded tensors share memory with them.
+
+``MAXMSGSIZE`` is set to ``max_bytes`` on every socket: a peer sending a
+single frame larger than that is disconnected by ZeroMQ itself (not logged).
+Multi-frame messages whose total exceeds ``max_bytes`` are logged and dropped.
+"""
+
+from __future__ import annotations
+
+import math
+import socket as _socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from .message import DEFAULT_MAX_BYTES, Message, WireError, decode, encode
+from .transport import (
+    Connection,
+    Listener,
+    PeerTimeout,
+    Transport,
+    check_size,
+    check_timeout,
+    log_dropped,
+)
+
+COPY_THRESHOLD = 64 * 1024
+_WILDCARDS = ("*", "0.0.0.0", "")
+_INT_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class CurveKeys:
+    """CURVE key pairs (Z85 bytes from ``zmq.curve_keypair()``).
+
+    Listeners become CURVE servers with the server pair; connections become
+    CURVE clients that only talk to a server holding ``server_secret``.
+    Traffic is encrypted. Clients are not authenticated (no ZAP handler):
+    anyone who knows ``server_public`` can connect.
+    """
+
+    server_public: bytes
+    server_secret: bytes = field(repr=False)
+    client_public: bytes
+    client_secret: bytes = field(repr=False)
+
+    @classmethod
+    def generate(cls) -> "CurveKeys":
+        """Fresh random key pairs; RuntimeError if libzmq lacks CURVE support."""
+        if not zmq.has("curve"):
+            raise RuntimeError("this libzmq build has no CURVE support")
+        server_public, server_secret = zmq.curve_keypair()
+        client_public, client_secret = zmq.curve_keypair()
+        return cls(server_public, server_secret, client_public, client_secret)
+
+
+class ZmqTransport(Transport):
+    """TCP transport over ZeroMQ; see the module docstring for copy semantics.
+
+    ``max_bytes`` bounds every message both ways; ``curve`` enables CURVE;
+    ``send_timeout`` bounds how long a connection's ``send`` may block when it
+    cannot queue (no handshaken peer, or high-water mark) before PeerTimeout;
+    ``copy_threshold``: frames at least this large are sent zero-copy.
+    """
+
+    def __init__(
+        self,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        curve: CurveKeys | None = None,
+        *,
+        send_timeout: float = 30.0,
+        copy_threshold: float = COPY_THRESHOLD,
+    ) -> None:
+        self.max_bytes = int(max_bytes)
+        self.curve = curve
+        self.send_timeout = check_timeout(send_timeout)
+        self.copy_threshold = copy_threshold
+        self._zero_copy = copy_threshold < _INT_MAX
+        self._ctx = zmq.Context()
+        self._open: set[_ZmqEndpoint] = set()  # keeps sockets alive until closed
+
+    def _socket(self, kind: int) -> zmq.Socket:
+        sock = self._ctx.socket(kind)
+        sock.linger = 0
+        sock.sndtimeo = -1 if math.isinf(self.send_timeout) else int(self.send_timeout * 1000)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.max_bytes)
+        sock.copy_threshold = int(min(self.copy_threshold, _INT_MAX))
+        return sock
+
+    def listen(self, host: str = "127.0.0.1") -> Listener:
+        """Bind a ROUTER on ``tcp://host:<free port>``.
+
+        ``address`` is ``tcp://host:port``; for a wildcard host it advertises
+        this machine's hostname instead.
+        """
+        sock = self._socket(zmq.ROUTER)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        if self.curve is not None:
+            sock.curve_secretkey = self.curve.server_secret
+            sock.curve_publickey = self.curve.server_public
+            sock.curve_server = True
+        try:
+            port = sock.bind_to_random_port(f"tcp://{host or '*'}")
+        except zmq.ZMQError as exc:
+            sock.close(linger=0)
+            raise OSError(f"cannot listen on {host!r}: {exc}") from None
+        shown = _socket.gethostname() if host in _WILDCARDS else host
+        return self._track(_ZmqListener(sock, f"tcp://{shown}:{port}", self))
+
+    def connect(self, address: str) -> Connection:
+        """Connect a DEALER to ``address`` (e.g. ``tcp://127.0.0.1:5555``)."""
+        sock = self._socket(zmq.DEALER)
+        if self.curve is not None:
+            sock.curve_serverkey = self.curve.server_public
+            sock.curve_publickey = self.curve.client_public
+            sock.curve_secretkey = self.curve.client_secret
+        try:
+            sock.connect(address)
+        except zmq.ZMQError as exc:
+            sock.close(linger=0)
+            raise ValueError(f"cannot connect to {address!r}: {exc}") from None
+        return self._track(_ZmqConnection(sock, address, self))
+
+    def _track(self, endpoint: "_ZmqEndpoint") -> Any:
+        self._open.add(endpoint)
+        return endpoint
+
+    def close(self) -> None:
+        """Close all sockets of this transport (LINGER 0) and terminate the context."""
+        for endpoint in list(self._open):
+            endpoint.close()
+        if not self._ctx.closed:
+            self._ctx.destroy(linger=0)
+
+
+def _poll(sock: zmq.Socket, deadline: float) -> bool:
+    """Wait until ``sock`` is readable or ``deadline`` (monotonic) passes."""
+    while True:
+        remaining = deadline - time.monotonic()
+        if sock.poll(max(0, math.ceil(remaining * 1000)), zmq.POLLIN):
+            return True
+        if remaining <= 0 or time.monotonic() >= deadline:
+            return False
+
+
+class _ZmqEndpoint:
+    """Socket ownership shared by listeners and connections."""
+
+    def __init__(self, sock: zmq.Socket, address: str, transport: ZmqTransport) -> None:
+        self._sock = sock
+        self._transport = transport
+        self.address = address
+        self.max_bytes = transport.max_bytes
+        self._zero_copy = transport._zero_copy
+
+    def _send(self, frames: list) -> None:
+        self._sock.send_multipart(frames, copy=not self._zero_copy)
+
+    def close(self) -> None:
+        self._sock.close(linger=0)
+        self._transport._open.discard(self)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.address}>"
+
+
+class _ZmqListener(_ZmqEndpoint, Listener):
+    """ROUTER socket; see :class:`Listener` for the contract."""
+
+    def recv(self, timeout: float) -> tuple[bytes, Message] | None:
+        deadline = time.monotonic() + check_timeout(timeout)
+        while _poll(self._sock, deadline):
+            frames = self._sock.recv_multipart(copy=False)
+            peer = frames[0].bytes
+            try:
+                return peer, decode(frames[1:], max_bytes=self.max_bytes)
+            except WireError as exc:
+                log_dropped(self.address, peer, exc)
+            if time.monotonic() >= deadline:
+                break
+        return None
+
+    def send(self, peer: bytes, msg: Message) -> None:
+        frames = encode(msg)
+        check_size(frames, self.max_bytes)
+        self._send([peer, *frames])
+
+
+class _ZmqConnection(_ZmqEndpoint, Connection):
+    """DEALER socket; see :class:`Connection` for the contract."""
+
+    def send(self, msg: Message) -> None:
+        frames = encode(msg)
+        check_size(frames, self.max_bytes)
+        try:
+            self._send(frames)
+        except zmq.Again:
+            timeout = self._sock.sndtimeo / 1000
+            raise PeerTimeout(f"cannot queue message for {self.address} within {timeout}s") from None
+
+    def recv(self, timeout: float) -> Message:
+        seconds = check_timeout(timeout)
+        if not _poll(self._sock, time.monotonic() + seconds):
+            raise PeerTimeout(f"no message from {self.address} within {seconds:g}s")
+        frames = self._sock.recv_multipart(copy=False)
+        try:
+            return decode(frames, max_bytes=self.max_bytes)
+        except WireError as exc:
+            raise WireError(f"from {self.address}: {exc}") from None

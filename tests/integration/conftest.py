@@ -1,0 +1,28 @@
+"""Integration tests run real jobs: a coordinator in the test process, servers and
+workers as child processes talking ZeroMQ on loopback. The launcher stops every child
+before a job returns or raises; the fixture below checks none is left behind."""
+
+from __future__ import annotations
+
+import os
+
+import psutil
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def no_orphans():
+    before = {p.pid for p in psutil.Process(os.getpid()).children(recursive=True)}
+    yield
+    left = [p for p in psutil.Process(os.getpid()).children(recursive=True) if p.pid not in before]
+    for p in left:
+        p.kill()
+    assert not left, f"processes left running: {[p.cmdline()[-4:] for p in left]}"
+
+
+@pytest.fixture
+def small(tmp_path):
+    """A small, fast job: the digits data set and an MLP."""
+    return dict(dataset="digits", model="mlp", global_batch=64, workers=4, servers=2,
+                iterations=20, eval_every=10, checkpoint_every=10, lr=0.05, progress=False,
+                timeout=60.0)

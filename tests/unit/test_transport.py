@@ -1,0 +1,239 @@
+"""Transport tests, run against both ZmqTransport and InMemoryTransport."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import msgpack
+import pytest
+import torch
+import zmq
+
+from equipoise.wire import (
+    CurveKeys,
+    InMemoryTransport,
+    Message,
+    PeerTimeout,
+    WireError,
+    ZmqTransport,
+    encode,
+    make_transport,
+)
+
+pytestmark = pytest.mark.timeout(30)
+
+PING = Message("ping")
+PONG = Message("pong")
+
+
+@pytest.fixture(params=["zmq", "memory"])
+def transport(request):
+    t = make_transport(request.param)
+    yield t
+    t.close()
+
+
+def serve(listener, handler, count=1, timeout=5.0):
+    """Answer ``count`` requests in a background thread with ``handler(msg)``."""
+
+    def run():
+        for _ in range(count):
+            got = listener.recv(timeout)
+            if got is None:
+                return
+            listener.send(got[0], handler(got[1]))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_request_reply(transport):
+    listener = transport.listen()
+    conn = transport.connect(listener.address)
+    thread = serve(listener, lambda m: Message("ack", {"version": m.fields["version"] + 1}), count=2)
+    for version in (1, 5):
+        reply = conn.request(Message("state_req", {"version": version}), timeout=5)
+        assert reply == Message("ack", {"version": version + 1})
+    thread.join(5)
+
+
+def test_deferred_replies_to_two_peers(transport):
+    listener = transport.listen()
+    first, second = transport.connect(listener.address), transport.connect(listener.address)
+    first.send(Message("pull", {"worker": 1, "min_version": 0}))
+    second.send(Message("pull", {"worker": 2, "min_version": 0}))
+    held = {}
+    for _ in range(2):
+        peer, msg = listener.recv(5)
+        held[msg.fields["worker"]] = peer
+    assert held[1] != held[2]
+    with pytest.raises(PeerTimeout):
+        first.recv(0.05)  # nothing answered yet
+    for worker in (2, 1):  # answer in the opposite order, later
+        params = Message("params", {"version": worker, "held_s": 0.1}, {"b0": torch.full((3,), float(worker))})
+        listener.send(held[worker], params)
+    assert second.recv(5).fields["version"] == 2
+    got = first.recv(5)
+    assert got.fields["version"] == 1 and torch.equal(got.tensors["b0"], torch.ones(3))
+
+
+def test_recv_timeouts(transport):
+    listener = transport.listen()
+    conn = transport.connect(listener.address)
+    start = time.monotonic()
+    assert listener.recv(0.2) is None
+    assert 0.19 <= time.monotonic() - start < 1.0
+    start = time.monotonic()
+    with pytest.raises(PeerTimeout) as info:
+        conn.recv(0.2)
+    assert 0.19 <= time.monotonic() - start < 1.0
+    assert listener.address in str(info.value) and "0.2" in str(info.value)
+    assert listener.recv(0) is None
+    with pytest.raises(TypeError):
+        listener.recv(None)
+
+
+class RawPeer:
+    """Sends raw, unencoded frames to a listener as peer ``identity``."""
+
+    def __init__(self, transport, address, identity):
+        self.transport, self.address, self.identity = transport, address, identity
+        self.ctx = None
+        if not isinstance(transport, InMemoryTransport):
+            self.ctx = zmq.Context()
+            self.sock = self.ctx.socket(zmq.DEALER)
+            self.sock.linger = 0
+            self.sock.identity = identity
+            self.sock.connect(address)
+
+    def send(self, frames):
+        if self.ctx is None:
+            assert self.transport.inject(self.address, frames, peer=self.identity)
+        else:
+            self.sock.send_multipart(frames)
+
+    def close(self):
+        if self.ctx is not None:
+            self.ctx.destroy(linger=0)
+
+
+BAD_FRAMES = [
+    [b"\xc1garbage"],
+    [msgpack.packb({"v": 99, "t": "ping", "f": {}, "x": []})],
+    [msgpack.packb({"v": 1, "t": "nope", "f": {}, "x": []})],
+    [msgpack.packb({"v": 1, "t": "ack", "f": {}, "x": []})],
+    [msgpack.packb({"v": 1, "t": "ping", "f": {}, "x": [["a", "float32", [4]]]}), b"\0" * 3],
+]
+
+
+def test_malformed_messages_are_logged_and_dropped(transport, caplog):
+    caplog.set_level(logging.WARNING, logger="equipoise.wire")
+    listener = transport.listen()
+    raw = RawPeer(transport, listener.address, b"evil")
+    for frames in BAD_FRAMES:
+        raw.send(frames)
+    conn = transport.connect(listener.address)
+    thread = serve(listener, lambda m: PONG)
+    time.sleep(0.1)  # let the bad frames arrive first
+    assert conn.request(PING, timeout=5) == PONG
+    thread.join(5)
+    records = [r for r in caplog.records if r.name == "equipoise.wire"]
+    assert len(records) == len(BAD_FRAMES)
+    assert all(r.levelno == logging.WARNING and b"evil".hex() in r.getMessage() for r in records)
+    reasons = " ".join(r.getMessage() for r in records)
+    for needle in ("msgpack", "version", "unknown message type", "lacks field", "expected 16"):
+        assert needle in reasons
+    raw.close()
+
+
+def test_oversized_send_is_refused(transport):
+    small = type(transport)(max_bytes=1000)
+    try:
+        listener = small.listen()
+        conn = small.connect(listener.address)
+        big = Message("push", {"worker": 0, "version": 0, "samples": 1}, {"g0": torch.zeros(1000)})
+        with pytest.raises(WireError, match="exceeds max_bytes"):
+            conn.send(big)
+        conn.send(PING)
+        assert listener.recv(5)[1] == PING
+    finally:
+        small.close()
+
+
+def test_reply_to_closed_peer_is_dropped(transport):
+    listener = transport.listen()
+    conn = transport.connect(listener.address)
+    conn.send(PING)
+    peer, _ = listener.recv(5)
+    conn.close()
+    listener.send(peer, PONG)  # must not raise or block
+    listener.send(b"\x00nobody", PONG)
+
+
+@pytest.mark.parametrize("kind", ["zmq", "memory"])
+def test_40mb_tensor_round_trips(kind):
+    with make_transport(kind) as transport:
+        listener = transport.listen()
+        conn = transport.connect(listener.address)
+        thread = serve(listener, lambda m: Message("params", {"version": 1, "held_s": 0.0}, m.tensors))
+        g0 = torch.randn(10_000_000)
+        reply = conn.request(Message("push", {"worker": 0, "version": 0, "samples": 1}, {"g0": g0}), 10)
+        thread.join(5)
+        assert reply.tensors["g0"].dtype == torch.float32 and torch.equal(reply.tensors["g0"], g0)
+
+
+def test_zmq_malformed_reply_raises_wire_error():
+    with ZmqTransport() as transport:
+        ctx = zmq.Context()
+        router = ctx.socket(zmq.ROUTER)
+        router.linger = 0
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        conn = transport.connect(f"tcp://127.0.0.1:{port}")
+        conn.send(PING)
+        assert router.poll(5000)
+        peer = router.recv_multipart()[0]
+        router.send_multipart([peer, b"\xc1"])
+        with pytest.raises(WireError, match="msgpack"):
+            conn.recv(5)
+        router.send_multipart([peer, *encode(PONG)])
+        assert conn.recv(5) == PONG
+        ctx.destroy(linger=0)
+
+
+def test_zmq_curve():
+    keys = CurveKeys.generate()
+    assert b"secret" not in repr(keys).encode() and keys.server_secret.decode() not in repr(keys)
+    with ZmqTransport(curve=keys) as transport:
+        listener = transport.listen()
+        thread = serve(listener, lambda m: PONG, timeout=3)
+        assert transport.connect(listener.address).request(PING, timeout=5) == PONG
+        thread.join(5)
+        impostor = CurveKeys.generate()
+        wrong = CurveKeys(impostor.server_public, b"", keys.client_public, keys.client_secret)
+        with ZmqTransport(curve=wrong, send_timeout=0.3) as other, ZmqTransport(send_timeout=0.3) as plain:
+            for bad in (other.connect(listener.address), plain.connect(listener.address)):
+                with pytest.raises(PeerTimeout):  # either send cannot queue or no reply
+                    bad.request(PING, timeout=0.3)
+            assert listener.recv(0.2) is None
+
+
+def test_make_transport_rejects_unknown_kind():
+    with pytest.raises(ValueError, match="unknown transport"):
+        make_transport("carrier-pigeon")
+    with InMemoryTransport() as t, pytest.raises(ValueError):
+        t.connect("tcp://127.0.0.1:1")
+
+
+def test_copy_mode_allows_mutation_after_send():
+    """With copy_threshold=inf, send copies, so in-place changes afterwards are safe."""
+    with ZmqTransport(copy_threshold=float("inf")) as transport:
+        listener = transport.listen()
+        conn = transport.connect(listener.address)
+        g0 = torch.ones(1_000_000)
+        conn.send(Message("push", {"worker": 0, "version": 0, "samples": 1}, {"g0": g0}))
+        g0.zero_()
+        _, got = listener.recv(5)
+        assert torch.equal(got.tensors["g0"], torch.ones(1_000_000))
