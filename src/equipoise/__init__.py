@@ -4,8 +4,16 @@
     summary = equipoise.train({"protocol": "bsp", "workers": 4, "servers": 2})
 """
 
-from .api import resolve_config, train
 from .config import Config, ConfigError
 
 __version__ = "0.1.0"
 __all__ = ["Config", "ConfigError", "resolve_config", "train", "__version__"]
+
+
+def __getattr__(name: str):
+    # The API pulls in the runtime, data and models; server and worker processes import
+    # `equipoise.config` without paying for all of that.
+    if name in ("train", "resolve_config"):
+        from . import api
+        return getattr(api, name)
+    raise AttributeError(f"module 'equipoise' has no attribute {name!r}")

@@ -4,7 +4,9 @@ Runtime helper behind ``scenario.NoisyNeighbour`` (not a policy).  The burner is
 child ``python -c`` process (no equipoise import, so it starts in tens of ms) pinned to
 the CPUs the target may run on, so the kernel has to share those CPUs between the two.
 It busy-loops ``share`` of every 10 ms period and sleeps the rest, and exits on its own
-when the process that started it dies (it polls ``os.getppid()``).
+when the process that started it dies (it polls ``os.getppid()``).  One burner is one
+single-threaded competitor: on a target pinned to one CPU it takes about half of it
+(fair scheduling); for a target spread over k CPUs start k burners for the same effect.
 """
 from __future__ import annotations
 

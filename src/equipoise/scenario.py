@@ -12,6 +12,7 @@ import bisect
 import csv
 import math
 from dataclasses import dataclass, field
+from numbers import Integral, Real
 from pathlib import Path
 from typing import Mapping
 
@@ -20,9 +21,16 @@ __all__ = ["Slowdown", "Trace", "ServerSlowdown", "NoisyNeighbour", "Scenario"]
 _UNITS = ("time", "iteration")
 
 
+def _is_real(value) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
 def _check_factor(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not math.isfinite(value) or value <= 0:
+    if not _is_real(value) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
     return float(value)
 
@@ -88,12 +96,11 @@ class Trace:
             at, worker, factor = row
         except (TypeError, ValueError):
             raise ValueError(f"trace row {i} must be (at, worker, factor), got {row!r}")
-        if isinstance(at, bool) or not isinstance(at, (int, float)) \
-                or not math.isfinite(at) or at < 0:
+        if not _is_real(at) or not math.isfinite(at) or at < 0:
             raise ValueError(f"trace row {i}: at must be finite >= 0, got {at!r}")
-        if isinstance(worker, bool) or not isinstance(worker, int) or worker < 0:
+        if not _is_int(worker) or worker < 0:
             raise ValueError(f"trace row {i}: worker must be an int >= 0, got {worker!r}")
-        return float(at), worker, _check_factor(f"trace row {i}: factor", factor)
+        return float(at), int(worker), _check_factor(f"trace row {i}: factor", factor)
 
     def factor(self, worker: int, at: float) -> float:
         """The worker's factor at ``at`` (in this trace's unit); 1.0 before its first row."""
@@ -121,9 +128,8 @@ class Trace:
         if len(cols) != 3 or cols[0] not in _UNITS or cols[1:] != ["worker", "factor"]:
             raise ValueError(f"{path}:{n}: header must be 'time,worker,factor' or "
                              f"'iteration,worker,factor', got {header.strip()!r}")
-        rows = [_parse_row(path, n, cells, cols[0])
-                for n, cells in zip((n for n, _ in lines[1:]),
-                                    csv.reader(line for _, line in lines[1:]))]
+        rows = [_parse_row(path, n, next(csv.reader([line])), cols[0])
+                for n, line in lines[1:]]
         return cls(tuple(rows), cols[0])
 
 
@@ -163,16 +169,14 @@ class NoisyNeighbour:
     share: float = 1.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.worker, bool) or not isinstance(self.worker, int) or self.worker < 0:
+        if not _is_int(self.worker) or self.worker < 0:
             raise ValueError(f"neighbour worker must be an int >= 0, got {self.worker!r}")
-        if not isinstance(self.start, (int, float)) or not math.isfinite(self.start) \
-                or self.start < 0:
+        if not _is_real(self.start) or not math.isfinite(self.start) or self.start < 0:
             raise ValueError(f"neighbour start must be finite >= 0, got {self.start!r}")
-        if self.stop is not None and (not isinstance(self.stop, (int, float))
-                                      or not self.stop > self.start):
+        if self.stop is not None and not (_is_real(self.stop) and self.stop > self.start):
             raise ValueError(f"neighbour stop must be None or > start={self.start},"
                              f" got {self.stop!r}")
-        if not isinstance(self.share, (int, float)) or not 0 < self.share <= 1:
+        if not _is_real(self.share) or not 0 < self.share <= 1:
             raise ValueError(f"neighbour share must be in (0, 1], got {self.share!r}")
 
     def active(self, elapsed: float) -> bool:

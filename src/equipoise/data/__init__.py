@@ -5,7 +5,7 @@
 """
 
 from equipoise.data.dataset import DataError, Dataset
-from equipoise.data.registry import DATASETS, DEFAULT_DIRS, load_dataset
+from equipoise.data.load import DATASETS, DEFAULT_DIRS, load_dataset
 from equipoise.data.sampler import SliceSampler
 
 __all__ = ["DATASETS", "DEFAULT_DIRS", "DataError", "Dataset", "SliceSampler", "load_dataset"]

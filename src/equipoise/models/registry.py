@@ -9,8 +9,7 @@ from collections.abc import Callable
 
 from torch import nn
 
-from equipoise.models.resnet import build_resnet20
-from equipoise.models.simple import build_cnn, build_mlp
+from equipoise.models.zoo import build_cnn, build_mlp, build_resnet20
 
 MODELS = ("mlp", "cnn", "resnet20")
 BUILDERS: dict[str, Callable[[tuple[int, int, int], int], nn.Module]] = {

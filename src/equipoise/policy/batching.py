@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from numbers import Integral, Real
 from typing import Mapping, Sequence
 
 __all__ = ["equal_split", "allocate", "ideal_allocation", "iteration_time",
@@ -52,7 +53,8 @@ def ideal_allocation(total: int, speeds: Sequence[float], *, minimum: int = 1,
         t = kinks[0]
     elif k == len(kinks):           # past every kink only uncapped workers still grow
         slope = sum(v for v, h in zip(speeds, hi) if h == math.inf)
-        t = kinks[-1] + (total - f(kinks[-1])) / slope
+        # slope == 0: all capped and total == Σcaps; f fell short only by rounding.
+        t = kinks[-1] + ((total - f(kinks[-1])) / slope if slope else 0.0)
     else:
         left, right = kinks[k - 1], kinks[k]
         f_left = f(left)
@@ -91,29 +93,43 @@ def iteration_time(sizes: Sequence[int], speeds: Sequence[float],
     return max(c + x / v for x, v, c in zip(sizes, speeds, costs))
 
 
-class EqualPolicy:
-    """Baseline BSP: the same batch for every present worker (within caps)."""
+class _BatchPolicy:
+    """Shared config of the batch policies: X, the minimum and per-worker-id caps."""
 
     def __init__(self, global_batch: int, *, minimum: int = 1,
                  caps: Mapping[int, int] | None = None):
-        self.global_batch, self.minimum, self.caps = _check_config(global_batch, minimum, caps)
+        _check_int("global_batch", global_batch, 1)
+        _check_int("minimum", minimum, 0)
+        self.global_batch, self.minimum, self.caps = global_batch, minimum, dict(caps or {})
+        for w, c in self.caps.items():
+            _check_int(f"caps[{w}]", c, minimum)
 
-    def decide(self, measurements: Mapping[int, float],
-               const_costs: Mapping[int, float] | None = None) -> dict[int, int]:
-        """Equal split over the ids in ``measurements`` (values and costs are ignored)."""
-        ids = _ids(measurements)
-        sizes = allocate(self.global_batch, [1.0] * len(ids), minimum=self.minimum,
-                         caps=[self.caps.get(w) for w in ids])
+    def _split(self, ids: list[int], weights: list[float],
+               costs: list[float] | None = None) -> dict[int, int]:
+        sizes = allocate(self.global_batch, weights, minimum=self.minimum,
+                         caps=[self.caps.get(w) for w in ids], const_costs=costs)
         return dict(zip(ids, sizes))
 
     def state_dict(self) -> dict:
         return {"global_batch": self.global_batch}
 
     def load_state_dict(self, d: dict) -> None:
-        _check_same("global_batch", self.global_batch, d["global_batch"])
+        if d["global_batch"] != self.global_batch:
+            raise ValueError(f"state_dict global_batch is {d['global_batch']!r} but this"
+                             f" policy has {self.global_batch!r}")
 
 
-class ProportionalPolicy:
+class EqualPolicy(_BatchPolicy):
+    """Baseline BSP: the same batch for every present worker (within caps)."""
+
+    def decide(self, measurements: Mapping[int, float],
+               const_costs: Mapping[int, float] | None = None) -> dict[int, int]:
+        """Equal split over the ids in ``measurements`` (values and costs are ignored)."""
+        ids = _ids(measurements)
+        return self._split(ids, [1.0] * len(ids))
+
+
+class ProportionalPolicy(_BatchPolicy):
     """LB-BSP CPU policy: x_i ∝ predicted speed, with hysteresis against noise.
 
     ``decide`` keeps the previous allocation (same worker set) unless the new one's
@@ -123,8 +139,8 @@ class ProportionalPolicy:
 
     def __init__(self, global_batch: int, *, minimum: int = 1,
                  caps: Mapping[int, int] | None = None, hysteresis: float = 0.05):
-        self.global_batch, self.minimum, self.caps = _check_config(global_batch, minimum, caps)
-        if not (isinstance(hysteresis, (int, float)) and 0.0 <= hysteresis < 1.0):
+        super().__init__(global_batch, minimum=minimum, caps=caps)
+        if not (_is_real(hysteresis) and 0.0 <= hysteresis < 1.0):
             raise ValueError(f"hysteresis must be in [0, 1), got {hysteresis!r}")
         self.hysteresis = float(hysteresis)
         self._last: dict[int, int] | None = None
@@ -133,28 +149,28 @@ class ProportionalPolicy:
                const_costs: Mapping[int, float] | None = None) -> dict[int, int]:
         """Batch size per worker id for the next iteration; Σ == global_batch."""
         ids = _ids(speeds)
-        v = [speeds[w] for w in ids]
-        c = _costs_for(ids, const_costs)
-        new = allocate(self.global_batch, v, minimum=self.minimum,
-                       caps=[self.caps.get(w) for w in ids], const_costs=c)
+        for w in ids:                # name the worker id, not its position in the list
+            _check_real(f"speeds[{w}]", speeds[w], positive=True)
+        v, c = [float(speeds[w]) for w in ids], _costs_for(ids, const_costs)
+        new = self._split(ids, v, c)
         if self._last is not None and set(self._last) == set(ids):
-            old = [self._last[w] for w in ids]
             # Only switch for a real gain: re-sizing on noise costs cache/pipeline churn.
-            if iteration_time(new, v, c) >= iteration_time(old, v, c) * (1 - self.hysteresis):
-                new = old
-        self._last = dict(zip(ids, new))
-        return dict(self._last)
+            old_t = iteration_time([self._last[w] for w in ids], v, c)
+            if iteration_time([new[w] for w in ids], v, c) >= old_t * (1 - self.hysteresis):
+                new = self._last
+        self._last = dict(new)
+        return dict(new)
 
     def state_dict(self) -> dict:
         last = None if self._last is None else [[w, x] for w, x in sorted(self._last.items())]
-        return {"global_batch": self.global_batch, "last": last}
+        return {**super().state_dict(), "last": last}
 
     def load_state_dict(self, d: dict) -> None:
-        _check_same("global_batch", self.global_batch, d["global_batch"])
+        super().load_state_dict(d)
         self._last = None if d["last"] is None else {int(w): int(x) for w, x in d["last"]}
 
 
-class StepTuner:
+class StepTuner(_BatchPolicy):
     """LB-BSP GPU-style policy: shift ``step`` samples slowest -> fastest every window.
 
     Fed each worker's measured compute time of the iteration that ran with the sizes
@@ -171,8 +187,8 @@ class StepTuner:
     def __init__(self, global_batch: int, *, step_fraction: float = 0.05, window: int = 5,
                  minimum: int = 1, caps: Mapping[int, int] | None = None,
                  max_window: int | None = None):
-        self.global_batch, self.minimum, self.caps = _check_config(global_batch, minimum, caps)
-        if not (isinstance(step_fraction, (int, float)) and 0.0 < step_fraction <= 1.0):
+        super().__init__(global_batch, minimum=minimum, caps=caps)
+        if not (_is_real(step_fraction) and 0.0 < step_fraction <= 1.0):
             raise ValueError(f"step_fraction must be in (0, 1], got {step_fraction!r}")
         _check_int("window", window, 1)
         self.step_fraction, self.base_window = float(step_fraction), window
@@ -183,6 +199,7 @@ class StepTuner:
         self._reset_window()
         self._last_move: tuple[int, int] | None = None
         self._run = 0                      # consecutive moves between the same pair
+        self._initial_step = 1             # set per worker set: fraction x mean batch
 
     @property
     def allocation(self) -> dict[int, int]:
@@ -193,9 +210,7 @@ class StepTuner:
         """Record one iteration's compute times (seconds); return the next sizes."""
         ids = _ids(iteration_times)
         for w in ids:
-            t = iteration_times[w]
-            if not (isinstance(t, (int, float)) and math.isfinite(t) and t >= 0):
-                raise ValueError(f"iteration_times[{w}] must be finite >= 0, got {t!r}")
+            _check_real(f"iteration_times[{w}]", iteration_times[w], positive=False)
         if set(ids) != set(self._alloc):
             self._restart(ids)
             return dict(self._alloc)
@@ -212,9 +227,7 @@ class StepTuner:
         known = [self._alloc[w] for w in ids if w in self._alloc]
         fill = sum(known) / len(known) if known else 1.0
         weights = [float(max(self._alloc.get(w, fill), 1e-9)) for w in ids]
-        sizes = allocate(self.global_batch, weights, minimum=self.minimum,
-                         caps=[self.caps.get(w) for w in ids])
-        self._alloc = dict(zip(ids, sizes))
+        self._alloc = self._split(ids, weights)
         self._initial_step = max(1, round(self.step_fraction * self.global_batch / len(ids)))
         self.step, self.window = self._initial_step, self.base_window
         self._last_move, self._run = None, 0
@@ -230,14 +243,14 @@ class StepTuner:
         if not open_:
             return
         recipient = min(open_, key=lambda w: (means[w], w))
-        if means[recipient] >= means[donor]:
-            return                                  # already balanced
+        room = min(self._alloc[donor] - self.minimum,
+                   self.caps.get(recipient, math.inf) - self._alloc[recipient])
+        if means[recipient] >= means[donor] or room <= 0:
+            return                                  # balanced, or nothing can move
         self._adapt(donor, recipient)
-        amount = min(self.step, self._alloc[donor] - self.minimum,
-                     self.caps.get(recipient, math.inf) - self._alloc[recipient])
-        if amount > 0:
-            self._alloc[donor] -= amount
-            self._alloc[recipient] += amount
+        amount = min(self.step, room)
+        self._alloc[donor] -= amount
+        self._alloc[recipient] += amount
 
     def _adapt(self, donor: int, recipient: int) -> None:
         last = self._last_move
@@ -255,22 +268,21 @@ class StepTuner:
             self._run = 0
         self._last_move = (donor, recipient)
 
+    _INT_STATE = ("step", "window", "_initial_step", "_count", "_run")
+
     def state_dict(self) -> dict:
-        return {"global_batch": self.global_batch,
+        ints = {k.lstrip("_"): getattr(self, k) for k in self._INT_STATE}
+        return {**super().state_dict(), **ints,
                 "alloc": [[w, x] for w, x in sorted(self._alloc.items())],
-                "step": self.step, "window": self.window,
-                "initial_step": getattr(self, "_initial_step", 1),
-                "sums": [[w, s] for w, s in sorted(self._sums.items())], "count": self._count,
-                "last_move": None if self._last_move is None else list(self._last_move),
-                "run": self._run}
+                "sums": [[w, s] for w, s in sorted(self._sums.items())],
+                "last_move": None if self._last_move is None else list(self._last_move)}
 
     def load_state_dict(self, d: dict) -> None:
-        _check_same("global_batch", self.global_batch, d["global_batch"])
+        super().load_state_dict(d)
+        for k in self._INT_STATE:
+            setattr(self, k, int(d[k.lstrip("_")]))
         self._alloc = {int(w): int(x) for w, x in d["alloc"]}
-        self.step, self.window = int(d["step"]), int(d["window"])
-        self._initial_step = int(d["initial_step"])
         self._sums = {int(w): float(s) for w, s in d["sums"]}
-        self._count, self._run = int(d["count"]), int(d["run"])
         self._last_move = None if d["last_move"] is None else tuple(d["last_move"])
 
 
@@ -288,23 +300,18 @@ def _clip(x: float, lo: float, hi: float) -> float:
     return min(max(x, lo), hi)
 
 
+def _is_real(value) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool)
+
+
+def _check_real(name: str, value, *, positive: bool) -> None:
+    if not (_is_real(value) and math.isfinite(value) and (value > 0 if positive else value >= 0)):
+        raise ValueError(f"{name} must be finite {'> 0' if positive else '>= 0'}, got {value!r}")
+
+
 def _check_int(name: str, value, lowest: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < lowest:
         raise ValueError(f"{name} must be an int >= {lowest}, got {value!r}")
-
-
-def _check_same(name: str, mine, theirs) -> None:
-    if mine != theirs:
-        raise ValueError(f"state_dict {name} is {theirs!r} but this policy has {mine!r}")
-
-
-def _check_config(global_batch, minimum, caps) -> tuple[int, int, dict[int, int]]:
-    _check_int("global_batch", global_batch, 1)
-    _check_int("minimum", minimum, 0)
-    caps = dict(caps or {})
-    for w, cap in caps.items():
-        _check_int(f"caps[{w}]", cap, minimum)
-    return global_batch, minimum, caps
 
 
 def _ids(mapping: Mapping[int, float]) -> list[int]:
@@ -316,39 +323,32 @@ def _ids(mapping: Mapping[int, float]) -> list[int]:
 def _costs_for(ids: list[int], const_costs: Mapping[int, float] | None) -> list[float]:
     if const_costs is None:
         return [0.0] * len(ids)
-    missing = [w for w in ids if w not in const_costs]
-    if missing:
-        raise ValueError(f"const_costs has no entry for worker {missing[0]}")
-    return [const_costs[w] for w in ids]
+    for w in ids:
+        if w not in const_costs:
+            raise ValueError(f"const_costs has no entry for worker {w}")
+        _check_real(f"const_costs[{w}]", const_costs[w], positive=False)
+    return [float(const_costs[w]) for w in ids]
 
 
 def _validate(total, speeds, minimum, caps, const_costs):
-    """Check allocate's inputs; return (minimum, caps as floats with inf, costs)."""
+    """Check allocate's inputs; return (minimum, caps with None -> inf, costs)."""
     _check_int("total", total, 0)
     _check_int("minimum", minimum, 0)
     n = len(speeds)
     if n == 0:
         raise ValueError("speeds is empty: need at least one worker")
-    for i, v in enumerate(speeds):
-        if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-            raise ValueError(f"speeds[{i}] must be finite > 0, got {v!r}")
     costs = [0.0] * n if const_costs is None else list(const_costs)
-    _check_len("const_costs", costs, n)
-    for i, c in enumerate(costs):
-        if not (isinstance(c, (int, float)) and math.isfinite(c) and c >= 0):
-            raise ValueError(f"const_costs[{i}] must be finite >= 0, got {c!r}")
     hi = [None] * n if caps is None else list(caps)
-    _check_len("caps", hi, n)
-    for i, h in enumerate(hi):
-        if h is not None:
-            _check_int(f"caps[{i}]", h, minimum)
+    for name, seq in (("const_costs", costs), ("caps", hi)):
+        if len(seq) != n:
+            raise ValueError(f"{name} has {len(seq)} entries but speeds has {n}")
+    for i in range(n):
+        _check_real(f"speeds[{i}]", speeds[i], positive=True)
+        _check_real(f"const_costs[{i}]", costs[i], positive=False)
+        if hi[i] is not None:
+            _check_int(f"caps[{i}]", hi[i], minimum)
     hi = [math.inf if h is None else h for h in hi]
     if total < minimum * n or total > sum(hi):
         raise ValueError(f"total={total} infeasible for {n} workers with minimum={minimum}"
                          f" (needs >= {minimum * n}) and caps summing to {sum(hi)}")
     return minimum, hi, costs
-
-
-def _check_len(name: str, seq: list, n: int) -> None:
-    if len(seq) != n:
-        raise ValueError(f"{name} has {len(seq)} entries but speeds has {n}")

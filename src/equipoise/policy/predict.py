@@ -19,6 +19,7 @@ import math
 from abc import ABC, abstractmethod
 from collections import deque
 from contextlib import contextmanager
+from numbers import Integral, Real
 
 import torch
 
@@ -35,7 +36,7 @@ class Predictor(ABC):
 
     def observe(self, speed: float, cpu: float = 0.0, mem: float = 0.0) -> None:
         """Record the iteration just finished, then refresh the next prediction."""
-        if not (isinstance(speed, (int, float)) and math.isfinite(speed) and speed > 0):
+        if not (_is_real(speed) and math.isfinite(speed) and speed > 0):
             raise ValueError(f"speed must be finite > 0, got {speed!r}")
         cpu, mem = _fraction("cpu", cpu), _fraction("mem", mem)
         if not math.isnan(self._next):  # score the prediction made before seeing this
@@ -95,7 +96,7 @@ class EWMA(Predictor):
 
     def __init__(self, alpha: float = 0.3) -> None:
         super().__init__()
-        if not (isinstance(alpha, (int, float)) and 0.0 < alpha <= 1.0):
+        if not (_is_real(alpha) and 0.0 < alpha <= 1.0):
             raise ValueError(f"alpha must be in (0, 1], got {alpha!r}")
         self.alpha = float(alpha)
         self._avg = math.nan
@@ -141,14 +142,12 @@ class NARX(Predictor):
                                     ("window", window, 1), ("seed", seed, 0),
                                     ("epochs_per_update", epochs_per_update, 0),
                                     ("min_history", min_history, delays + 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
+            if isinstance(value, bool) or not isinstance(value, Integral) or value < lowest:
                 raise ValueError(f"{name} must be an int >= {lowest}, got {value!r}")
-        for name, value in (("lr", lr), ("weight_decay", weight_decay),
-                            ("huber_delta", huber_delta)):
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name} must be finite >= 0, got {value!r}")
-        if lr == 0 or huber_delta == 0:
-            raise ValueError(f"lr and huber_delta must be > 0, got {lr!r}, {huber_delta!r}")
+        for name, value, least in (("lr", lr, 1e-12), ("weight_decay", weight_decay, 0.0),
+                                   ("huber_delta", huber_delta, 1e-12)):
+            if not (_is_real(value) and math.isfinite(value) and value >= least):
+                raise ValueError(f"{name} must be finite >= {least:g}, got {value!r}")
         self.delays, self.hidden, self.window = delays, hidden, window
         self.min_history, self.epochs = min_history, epochs_per_update
         self.lr, self.weight_decay = float(lr), float(weight_decay)
@@ -298,6 +297,10 @@ def _one_thread():
 
 def _fraction(name: str, value: float) -> float:
     # Per-process CPU readings can exceed 1 on multi-core boxes; the net wants [0, 1].
-    if not (isinstance(value, (int, float)) and math.isfinite(value)):
+    if not (_is_real(value) and math.isfinite(value)):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
     return min(max(float(value), 0.0), 1.0)
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool)

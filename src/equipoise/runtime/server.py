@@ -47,6 +47,7 @@ class Server:
     def serve(self) -> None:
         """Register with the coordinator, then handle messages until `stop`. Raises
         TimeoutError if nobody talks to this server for `timeout` seconds."""
+        log.info("server %d listening on %s", self.rank, self.listener.address)
         # Kept open while serving: closing at once (linger 0) could drop the hello unsent.
         conn = self.transport.connect(self.coordinator)
         conn.send(Message("hello", {"role": "server", "rank": self.rank,

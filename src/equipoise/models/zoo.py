@@ -1,11 +1,15 @@
-"""ResNet-20 for CIFAR-sized inputs (He et al., "Deep Residual Learning for Image
-Recognition", 2016, section 4.2): a 3x3 conv with 16 filters, then 3 stages of 3
-basic blocks with 16, 32 and 64 channels (stages 2 and 3 start with stride 2),
-global average pooling and a linear classifier. Shortcuts are option A
-(parameter-free: spatial subsampling plus zero-padded channels), as in the paper.
+"""The built-in architectures.
 
-Unlike the small models this one has BatchNorm, so its training-mode output
-depends on the batch composition.
+``mlp`` and ``cnn`` have no normalisation or dropout layers: their output is a
+pure function of the parameters and the input, so distributed BSP can be checked
+against single-process SGD exactly.
+
+``resnet20`` is ResNet-20 for CIFAR-sized inputs (He et al., "Deep Residual
+Learning for Image Recognition", 2016, section 4.2): a 3x3 conv with 16 filters,
+then 3 stages of 3 basic blocks with 16, 32 and 64 channels (stages 2 and 3 start
+with stride 2), global average pooling and a linear classifier. Shortcuts are
+option A (parameter-free: spatial subsampling plus zero-padded channels), as in
+the paper. It has BatchNorm, so its training-mode output depends on the batch.
 """
 
 from __future__ import annotations
@@ -14,8 +18,46 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+MLP_HIDDEN = 256
+CNN_CHANNELS = (32, 64)
+CNN_HIDDEN = 128
+MIN_SIDE = 4
 STAGE_CHANNELS = (16, 32, 64)
 BLOCKS_PER_STAGE = 3
+
+
+def build_mlp(input_shape: tuple[int, int, int], num_classes: int) -> nn.Sequential:
+    """Flatten -> Linear(C*H*W, 256) -> ReLU -> Linear(256, num_classes)."""
+    channels, height, width = input_shape
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(channels * height * width, MLP_HIDDEN),
+        nn.ReLU(),
+        nn.Linear(MLP_HIDDEN, num_classes),
+    )
+
+
+def build_cnn(input_shape: tuple[int, int, int], num_classes: int) -> nn.Sequential:
+    """Two 3x3 conv (padding 1) + ReLU + 2x2 max-pool stages, then a 128-unit
+    hidden layer: for 1x28x28 the flattened feature map is 64x7x7. Works for any
+    H, W >= 4 (pooling floors odd sides); no BatchNorm, no dropout."""
+    channels, height, width = input_shape
+    if min(height, width) < MIN_SIDE:
+        raise ValueError(f"cnn needs H, W >= {MIN_SIDE}, got {height}x{width}")
+    first, second = CNN_CHANNELS
+    flat = second * (height // 2 // 2) * (width // 2 // 2)
+    return nn.Sequential(
+        nn.Conv2d(channels, first, kernel_size=3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(first, second, kernel_size=3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(flat, CNN_HIDDEN),
+        nn.ReLU(),
+        nn.Linear(CNN_HIDDEN, num_classes),
+    )
 
 
 class PadShortcut(nn.Module):
@@ -82,6 +124,6 @@ class ResNet20(nn.Module):
 def build_resnet20(input_shape: tuple[int, int, int], num_classes: int) -> ResNet20:
     """ResNet-20 for ``input_shape`` = (C, H, W) with H, W >= 4."""
     channels, height, width = input_shape
-    if min(height, width) < 4:
-        raise ValueError(f"resnet20 needs H, W >= 4, got {height}x{width}")
+    if min(height, width) < MIN_SIDE:
+        raise ValueError(f"resnet20 needs H, W >= {MIN_SIDE}, got {height}x{width}")
     return ResNet20(channels, num_classes)

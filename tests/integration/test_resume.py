@@ -1,0 +1,51 @@
+"""--resume continues a BSP run so that it ends bit-for-bit where an uninterrupted run ends."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+import torch
+
+import equipoise
+
+from .helpers import records, set_args, start_cli, wait_for
+
+pytestmark = pytest.mark.timeout(240)
+
+JOB = dict(dataset="digits", model="mlp", global_batch=64, workers=3, servers=2, iterations=400,
+           eval_every=0, checkpoint_every=40, lr=0.05, momentum=0.9, weight_decay=1e-4,
+           optimizer="sgd", lr_schedule="step", lr_step_size=150, lr_gamma=0.5, seed=7,
+           progress=False, slowdown=[1.0, 1.0, 3.0])
+
+
+def test_resume_after_interrupt_ends_bit_for_bit(tmp_path):
+    whole = equipoise.train(JOB, out=tmp_path / "whole")
+    assert whole["iterations"] == 400
+
+    run = tmp_path / "interrupted"
+    proc = start_cli("train", "--out", str(run), *set_args(JOB))
+    try:
+        wait_for(lambda: any(r.get("event") == "checkpoint" and r["iteration"] >= 80
+                             for r in records(run, "event")), 120, "a checkpoint at iteration ≥ 80")
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    done = max(r["iteration"] for r in records(run, "iteration"))
+    assert done < 399, "the interrupt came too late to test anything"
+
+    resumed = equipoise.train(resume=run)
+    assert resumed["resumed_from"] >= 80 and resumed["iterations"] == 400
+    a = torch.load(tmp_path / "whole" / "model.pt", weights_only=True)
+    b = torch.load(run / "model.pt", weights_only=True)
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+def test_resume_from_a_run_without_checkpoint_is_a_clear_error(tmp_path):
+    from equipoise.runtime.checkpoint import CheckpointError
+    (tmp_path / "config.toml").write_text('dataset = "digits"\n')
+    with pytest.raises(CheckpointError, match="checkpoint"):
+        equipoise.train(resume=tmp_path)

@@ -1,0 +1,216 @@
+"""Tests for equipoise.scenario (stragglers as data) and equipoise.neighbour (burner)."""
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from equipoise.neighbour import start_burner
+from equipoise.scenario import NoisyNeighbour, Scenario, ServerSlowdown, Slowdown, Trace
+
+
+def write(tmp_path, text, name="trace.csv"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+# ------------------------------------------------------------ static factors
+
+def test_slowdown_factors_and_validation():
+    s = Slowdown([1, 2.5])
+    assert s.factors == (1.0, 2.5)
+    assert (s.factor(1), s.factor(7)) == (2.5, 1.0)           # beyond the list: normal
+    for bad in (0, -1.0, math.nan, math.inf, "2"):
+        with pytest.raises(ValueError, match=r"slowdown\[1\]"):
+            Slowdown((1.0, bad))
+    with pytest.raises(ValueError, match=r"server_slowdown\[0\]"):
+        ServerSlowdown([0.0])
+    assert ServerSlowdown([3.0]).factor(0) == 3.0
+
+
+# ------------------------------------------------------------ traces
+
+def test_trace_lookup_is_piecewise_constant_per_worker():
+    t = Trace(((10.0, 0, 3.0), (0.0, 0, 2.0), (5.0, 1, 4.0), (10.0, 0, 1.5)), "time")
+    assert t.rows[0] == (0.0, 0, 2.0)                         # kept sorted by `at`
+    assert t.factor(0, 0.0) == 2.0
+    assert t.factor(0, 9.99) == 2.0
+    assert t.factor(0, 10.0) == 1.5                           # later row at same time wins
+    assert t.factor(0, 1e9) == 1.5
+    assert t.factor(1, 4.9) == 1.0                            # before its first row
+    assert t.factor(1, 5.0) == 4.0
+    assert t.factor(2, 5.0) == 1.0                            # not in the trace
+    with pytest.raises(ValueError, match="unit"):
+        Trace((), "seconds")
+    with pytest.raises(ValueError, match="row 0: factor"):
+        Trace(((0.0, 0, -2.0),), "time")
+    with pytest.raises(ValueError, match="row 0: worker"):
+        Trace(((0.0, 1.5, 2.0),), "time")
+
+
+def test_trace_from_csv_time_and_iteration(tmp_path):
+    t = Trace.from_csv(write(tmp_path, "time,worker,factor\n0.5,1,2\n\n# comment\n3,1,1\n"))
+    assert t.unit == "time" and t.rows == ((0.5, 1, 2.0), (3.0, 1, 1.0))
+    assert t.factor(1, 1.0) == 2.0 and t.factor(1, 3.0) == 1.0
+    it = Trace.from_csv(write(tmp_path, " iteration , worker , factor \n100, 0, 3.5\n"))
+    assert it.unit == "iteration" and it.factor(0, 99) == 1.0 and it.factor(0, 100) == 3.5
+
+
+@pytest.mark.parametrize("body, where, value", [
+    ("0,0,abc\n", ":2:", "'abc'"),
+    ("0,0,1\n# note\n5,x,2\n", ":4:", "'x'"),
+    ("0,0,-1\n", ":2:", "'-1'"),
+    ("0,0,nan\n", ":2:", "'nan'"),
+    ("-3,0,2\n", ":2:", "'-3'"),
+    ("0,0\n", ":2:", "3 fields"),
+    ("0,0,1,9\n", ":2:", "3 fields"),
+])
+def test_trace_from_csv_errors_name_file_line_and_value(tmp_path, body, where, value):
+    path = write(tmp_path, "time,worker,factor\n" + body)
+    with pytest.raises(ValueError) as err:
+        Trace.from_csv(path)
+    message = str(err.value)
+    assert f"{path}{where}" in message and value in message and "\n" not in message
+
+
+def test_trace_from_csv_header_errors(tmp_path):
+    with pytest.raises(ValueError, match=":1: header"):
+        Trace.from_csv(write(tmp_path, "seconds,worker,factor\n0,0,1\n"))
+    with pytest.raises(ValueError, match="empty trace"):
+        Trace.from_csv(write(tmp_path, "\n# nothing\n"))
+    with pytest.raises(ValueError, match=r":2: bad iteration '1.5'"):
+        Trace.from_csv(write(tmp_path, "iteration,worker,factor\n1.5,0,2\n"))
+
+
+# ------------------------------------------------------------ scenario
+
+def test_worker_factor_multiplies_static_and_trace_by_unit():
+    by_time = Scenario(slowdown=Slowdown((2.0, 1.0)),
+                       trace=Trace(((5.0, 0, 3.0),), "time"))
+    assert by_time.worker_factor(0, elapsed=4.0, iteration=999) == 2.0
+    assert by_time.worker_factor(0, elapsed=5.0, iteration=0) == 6.0
+    assert by_time.worker_factor(1, elapsed=5.0, iteration=0) == 1.0
+    by_iter = Scenario(trace=Trace(((5, 1, 3.0),), "iteration"))
+    assert by_iter.worker_factor(1, elapsed=100.0, iteration=4) == 1.0
+    assert by_iter.worker_factor(1, elapsed=0.0, iteration=5) == 3.0
+    assert Scenario().worker_factor(3, elapsed=1.0, iteration=1) == 1.0
+    assert Scenario().server_factor(0) == 1.0
+
+
+def test_from_config_builds_everything(tmp_path):
+    write(tmp_path, "iteration,worker,factor\n10,1,2\n", "t.csv")
+    s = Scenario.from_config({
+        "slowdown": [1.0, 1.5], "trace": "t.csv", "server_slowdown": [1, 4],
+        "neighbours": [{"worker": 1, "start": 2.0, "stop": 8.0, "share": 0.5}]},
+        base_dir=tmp_path)
+    assert s.slowdown.factors == (1.0, 1.5) and s.server_factor(1) == 4.0
+    assert s.neighbours == (NoisyNeighbour(1, 2.0, 8.0, 0.5),)
+    assert s.worker_factor(1, elapsed=0.0, iteration=10) == 3.0
+    assert Scenario.from_config({}) == Scenario()
+
+
+@pytest.mark.parametrize("config, match", [
+    ({"slowdwn": [1.0]}, "unknown key 'slowdwn'"),
+    ({"neighbours": [{"worker": 0, "cpu": 1}]}, r"neighbours\[0\] unknown key 'cpu'"),
+    ({"neighbours": [{"start": 1.0}]}, r"neighbours\[0\] needs a 'worker'"),
+    ({"neighbours": [{"worker": 0, "share": 1.5}]}, "share must be in"),
+    ({"neighbours": [{"worker": 0, "start": 5, "stop": 5}]}, "stop must be"),
+    ({"slowdown": 2.0}, "slowdown must be a list"),
+])
+def test_from_config_errors(config, match):
+    with pytest.raises(ValueError, match=match):
+        Scenario.from_config(config)
+
+
+def test_neighbour_active_window():
+    n = NoisyNeighbour(worker=0, start=1.0, stop=3.0)
+    assert [n.active(t) for t in (0.5, 1.0, 2.9, 3.0)] == [False, True, True, False]
+    assert NoisyNeighbour(worker=2).active(1e9)
+
+
+# ------------------------------------------------------------ real burner process
+
+COUNTER = r"""
+import os, sys, time
+os.sched_setaffinity(0, {int(sys.argv[1])})
+n, last = 0, time.monotonic()
+while True:
+    n += 1
+    if n % 2000 == 0:
+        now = time.monotonic()
+        if now - last >= 0.05:
+            print(n, now, flush=True)
+            last = now
+"""
+
+
+def rate(proc, seconds):
+    """Loop iterations per second the counter child reports over ``seconds``."""
+    first = proc.stdout.readline().split()
+    end = time.monotonic() + seconds
+    while True:
+        last = proc.stdout.readline().split()
+        if float(last[1]) >= end:
+            return (int(last[0]) - int(first[0])) / (float(last[1]) - float(first[1]))
+
+
+def test_burner_slows_a_process_pinned_to_the_same_cpu_and_stops_cleanly():
+    cpu = max(os.sched_getaffinity(0))
+    child = subprocess.Popen([sys.executable, "-c", COUNTER, str(cpu)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        rate(child, 0.2)                                 # let it start up
+        alone = rate(child, 0.6)
+        burner = start_burner(child.pid)
+        try:
+            assert burner.cpus == frozenset({cpu})
+            time.sleep(0.2)
+            assert psutil.Process(burner.pid).cpu_affinity() == [cpu]
+            rate(child, 0.05)                            # drop lines buffered meanwhile
+            contended = rate(child, 0.6)
+        finally:
+            burner.stop()
+        assert contended < 0.8 * alone, (alone, contended)   # ~0.5 under a fair scheduler
+        assert not burner.alive() and not psutil.pid_exists(burner.pid)
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_burner_share_is_a_duty_cycle():
+    with start_burner(os.getpid(), share=0.3) as burner:
+        proc = psutil.Process(burner.pid)
+        time.sleep(0.2)
+        before, start = sum(proc.cpu_times()[:2]), time.monotonic()
+        time.sleep(0.6)
+        busy = (sum(proc.cpu_times()[:2]) - before) / (time.monotonic() - start)
+    assert 0.1 < busy < 0.6, busy
+    with pytest.raises(ValueError, match="share"):
+        start_burner(os.getpid(), share=0.0)
+
+
+def test_burner_dies_with_the_process_that_started_it():
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "import os, sys, time\n"
+         "from equipoise.neighbour import start_burner\n"
+         "print(start_burner(os.getpid()).pid, flush=True)\ntime.sleep(60)\n"],
+        stdout=subprocess.PIPE, text=True)
+    burner_pid = int(parent.stdout.readline())
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(burner_pid).status() == psutil.STATUS_ZOMBIE:
+                break                              # exited; init will reap it
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(burner_pid, signal.SIGKILL)
+        pytest.fail("burner outlived its parent")
