@@ -1,0 +1,174 @@
+"""Shared helpers of the benchmarks: interleaved repetitions, medians and ratios,
+Markdown tables, JSON results and a description of the machine.
+
+The machine the benchmarks run on is shared and noisy, so a benchmark never reports an
+absolute number alone: it runs the compared systems side by side in one process,
+interleaving their repetitions (A, B, A, B, ...), and reports the median of each and the
+ratio of the medians.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+PRESETS = ("ci", "full")
+
+
+def median(values: Sequence[float]) -> float:
+    """The median of `values` (NaN when empty)."""
+    return float(statistics.median(values)) if values else math.nan
+
+
+def ratio(numerator: float, denominator: float) -> float:
+    """numerator / denominator, NaN when the denominator is zero or not finite."""
+    if not (math.isfinite(denominator) and denominator != 0):
+        return math.nan
+    return numerator / denominator
+
+
+def interleave(systems: Mapping[str, Callable[[], T]], reps: int, *,
+               warmup: int = 0) -> dict[str, list[T]]:
+    """Run each system `warmup` times (results dropped), then `reps` rounds of one call
+    of every system in turn, in the mapping's order (A, B, A, B, ...). Returns each
+    system's results in call order."""
+    for _ in range(warmup):
+        for fn in systems.values():
+            fn()
+    results: dict[str, list[T]] = {name: [] for name in systems}
+    for _ in range(reps):
+        for name, fn in systems.items():
+            results[name].append(fn())
+    return results
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    """Seconds one call of `fn` takes (perf_counter)."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def fmt(value: Any, digits: int = 3) -> str:
+    """A table cell: floats to `digits` significant digits (at least one decimal for
+    numbers ≥ 1), NaN/None as '–', anything else with str()."""
+    if value is None:
+        return "–"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, int):
+        return str(value)
+    if not math.isfinite(value):
+        return "–"
+    if abs(value) >= 10 ** digits:
+        return f"{value:,.0f}"
+    return f"{value:.{digits}g}" if abs(value) < 1 else f"{value:#.{digits}g}".rstrip(".")
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A GitHub-flavoured Markdown table; cells go through `fmt`."""
+    cells = [[fmt(c) for c in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h)
+              for i, h in enumerate(headers)]
+
+    def line(items: Sequence[str]) -> str:
+        return "| " + " | ".join(s.ljust(w) for s, w in zip(items, widths)) + " |"
+
+    out = [line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    out += [line(r) for r in cells]
+    return "\n".join(out)
+
+
+def machine_info() -> dict[str, Any]:
+    """What the numbers were measured on: versions, CPU count, load, git commit."""
+    import torch
+    import zmq
+
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "pyzmq": zmq.__version__,
+        "libzmq": zmq.zmq_version(),
+        "hostname": socket.gethostname(),
+    }
+    try:
+        info["loadavg"] = list(os.getloadavg())
+    except OSError:
+        pass
+    try:
+        info["git_commit"] = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
+            capture_output=True, text=True, timeout=5, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return info
+
+
+def _finite(obj: Any) -> Any:
+    """JSON-safe copy: non-finite floats become None."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, Mapping):
+        return {str(k): _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def write_results(name: str, payload: Mapping[str, Any], path: str | Path | None = None) -> Path:
+    """Write `payload` plus the time and machine_info() as JSON to `path`, by default
+    benchmarks/results/<name>.json; returns the path written."""
+    target = Path(path) if path is not None else RESULTS_DIR / f"{name}.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"benchmark": name, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+           "argv": sys.argv, "machine": machine_info(), **payload}
+    target.write_text(json.dumps(_finite(doc), indent=2) + "\n", encoding="utf-8")
+    return target
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (bind to port 0, then release it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class scoped_env:
+    """Context manager setting environment variables, restoring them on exit (child
+    processes started with spawn inherit the environment at start time)."""
+
+    def __init__(self, **values: str) -> None:
+        self.values = values
+        self.saved: dict[str, str | None] = {}
+
+    def __enter__(self) -> "scoped_env":
+        for k, v in self.values.items():
+            self.saved[k] = os.environ.get(k)
+            os.environ[k] = v
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+__all__ = ["PRESETS", "RESULTS_DIR", "free_port", "fmt", "interleave", "machine_info",
+           "markdown_table", "median", "ratio", "scoped_env", "timed", "write_results"]

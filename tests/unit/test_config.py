@@ -1,0 +1,63 @@
+import pytest
+
+from equipoise.config import Config, ConfigError, parse_override, read_toml, to_toml
+
+
+def test_defaults_are_the_default_job():
+    c = Config()
+    assert (c.protocol, c.workers, c.servers, c.model, c.dataset) == ("bsp", 4, 2, "cnn", "fashion-mnist")
+    assert c.total_iterations(60000) == 469  # one epoch at batch 128
+
+
+def test_toml_then_overrides(tmp_path):
+    f = tmp_path / "job.toml"
+    f.write_text('protocol = "asp"\nworkers = 3\nlr = 0.1\n')
+    c = Config.load(f, {"workers": 2})
+    assert (c.protocol, c.workers, c.lr) == ("asp", 2, 0.1)
+
+
+def test_written_config_reads_back_identical(tmp_path):
+    c = Config.from_dict({"slowdown": [1, 1, 2, 4], "batch_split": [32, 32, 32, 32], "data_dir": 'a "b"'})
+    f = tmp_path / "c.toml"
+    f.write_text(to_toml(c.to_dict()))
+    assert Config.load(f) == c
+
+
+@pytest.mark.parametrize("item, expected", [
+    ("lr=0.1", ("lr", 0.1)), ("protocol=asp", ("protocol", "asp")),
+    ("slowdown=[1,2]", ("slowdown", [1, 2])), ('data_dir="/x y"', ("data_dir", "/x y")),
+    ("progress=false", ("progress", False)),
+])
+def test_parse_override(item, expected):
+    assert parse_override(item) == expected
+
+
+@pytest.mark.parametrize("values, words", [
+    ({"protocol": "foo"}, ["protocol", "'foo'"]),
+    ({"global_batch": 0}, ["global_batch", "0"]),
+    ({"workers": 9, "global_batch": 8}, ["workers", "9", "global_batch"]),
+    ({"lr": -1.0}, ["lr", "-1.0"]),
+    ({"lr": float("nan")}, ["lr"]),
+    ({"workers": 2.5}, ["workers", "2.5"]),
+    ({"workers": True}, ["workers", "True"]),
+    ({"batch_split": [1, 2]}, ["batch_split", "workers"]),
+    ({"batch_split": [10, 10, 10, 10]}, ["batch_split", "global_batch"]),
+    ({"slowdown": [1, 1, 1, 0.5]}, ["slowdown"]),
+    ({"model": "nonsense"}, ["model", "nonsense"]),
+    ({"max_batch": 10}, ["max_batch", "10"]),
+    ({"colour": "red"}, ["colour"]),
+])
+def test_bad_values_name_key_and_value(values, words):
+    with pytest.raises(ConfigError) as info:
+        Config.from_dict(values)
+    msg = str(info.value)
+    assert "\n" not in msg
+    for w in words:
+        assert w in msg
+
+
+def test_bad_toml_names_file(tmp_path):
+    f = tmp_path / "bad.toml"
+    f.write_text("lr = = 1")
+    with pytest.raises(ConfigError, match="bad.toml"):
+        read_toml(f)

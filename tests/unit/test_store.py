@@ -1,0 +1,85 @@
+"""The server's state machine, without transport: grouping, weighting, optimizer state."""
+
+import pytest
+import torch
+
+from equipoise.policy.placement import Block, greedy_placement, make_blocks
+from equipoise.policy.sync import ASP, BSP, make_sync_policy
+from equipoise.runtime.store import OptimizerSpec, ParameterStore, Push, PushError
+
+
+def spec(name="sgd", **kw):
+    base = dict(name=name, lr=0.1, momentum=0.9, weight_decay=0.0, schedule="constant", total=10,
+                step_size=5, gamma=0.5, global_batch=8)
+    base.update(kw)
+    return OptimizerSpec(**base)
+
+
+def store(policy=BSP(), optimizer="sgd", **kw):
+    blocks = [Block(0, "w", 0, 3), Block(1, "w", 3, 5), Block(2, "bn", 0, 2, kind="buffer")]
+    values = {0: torch.zeros(3), 1: torch.ones(2), 2: torch.zeros(2)}
+    return ParameterStore(blocks, values, spec(optimizer, **kw), policy)
+
+
+def push(worker, samples, g, version=0):
+    return Push(worker, version, samples, {0: torch.full((3,), g), 1: torch.full((2,), g),
+                                           2: torch.full((2,), g)})
+
+
+def test_weighted_by_samples_and_buffers_averaged():
+    s = store(momentum=0.0)
+    s.apply([push(1, 6, 2.0), push(0, 2, 10.0)])
+    # g = 2/8·10 + 6/8·2 = 4; w = 0 − 0.1·4
+    assert torch.allclose(s.values[0], torch.full((3,), -0.4))
+    assert torch.allclose(s.values[2], torch.full((2,), 4.0))  # buffer: weighted mean of values
+    assert s.version == 1 and s.samples == 8
+
+
+def test_apply_order_does_not_matter():
+    a, b = store(), store()
+    a.apply([push(0, 3, 1.5), push(1, 5, -2.0)])
+    b.apply([push(1, 5, -2.0), push(0, 3, 1.5)])
+    assert all(torch.equal(a.values[k], b.values[k]) for k in a.values)
+
+
+def test_rejects_wrong_blocks_shapes_and_nan():
+    s = store()
+    with pytest.raises(PushError, match="worker 3"):
+        s.check(Push(3, 0, 4, {0: torch.zeros(3)}))
+    with pytest.raises(PushError, match="shape"):
+        s.check(Push(3, 0, 4, {0: torch.zeros(4), 1: torch.zeros(2), 2: torch.zeros(2)}))
+    with pytest.raises(PushError, match="non-finite"):
+        s.check(push(3, 4, float("nan")))
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_optimizer_state_round_trips(optimizer):
+    a = store(optimizer=optimizer)
+    a.apply([push(0, 8, 1.0)])
+    b = ParameterStore(list(a.blocks.values()), a.values, a.spec, a.policy, version=a.version,
+                       samples=a.samples, optim_state=a.optim_state())
+    for s in (a, b):
+        s.apply([push(0, 8, 0.5, version=1)])
+    assert all(torch.equal(a.values[k], b.values[k]) for k in a.values)
+
+
+def test_step_schedule_uses_sample_progress():
+    s = store(momentum=0.0, schedule="step", step_size=1, gamma=0.5)
+    s.apply([push(0, 8, 1.0)])
+    s.apply([push(0, 8, 1.0, version=1)])
+    # lr 0.1 for the first global batch, 0.05 for the second
+    assert torch.allclose(s.values[0], torch.full((3,), -0.15))
+
+
+def test_sync_policies():
+    assert BSP().group_size(4) == 4 and ASP().group_size(4) == 1
+    assert not BSP().pull_ready(3, 2) and BSP().pull_ready(3, 3) and ASP().pull_ready(9, 0)
+    assert make_sync_policy("lbbsp").barrier()
+    with pytest.raises(ValueError, match="protocol"):
+        make_sync_policy("nope")
+
+
+def test_blocks_and_greedy_placement():
+    blocks = make_blocks([("a", 10, "param", 4), ("b", 3, "param", 4)], block_size=4)
+    assert [(b.name, b.start, b.stop) for b in blocks] == [("a", 0, 4), ("a", 4, 8), ("a", 8, 10), ("b", 0, 3)]
+    assert greedy_placement([10, 1, 9, 2], 2) == [0, 0, 1, 1]  # 10→0, 9→1, 2→1, 1→0
