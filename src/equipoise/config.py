@@ -55,7 +55,12 @@ class Config:
     predictor: str = "ewma"
     min_batch: int = 1
     max_batch: int = 0  # 0: no per-worker cap
+    hysteresis: float = 0.05
     slowdown: tuple[float, ...] = ()
+    trace: str = ""  # CSV of (time|iteration, worker, factor)
+    neighbours: tuple[dict, ...] = ()  # {worker, start, stop, share}: real CPU burners
+    cpu_limit: tuple[float, ...] = ()  # CPUs per worker, enforced with a cgroup v1 quota
+    membership: tuple[dict, ...] = ()  # {iteration, leave = rank} or {iteration, join = count}
     block_size: int = 262144
     threads: int = 1
     timeout: float = 120.0
@@ -120,6 +125,8 @@ class Config:
             _at_least(key, getattr(self, key), 0)
         for key in ("lr", "epochs", "timeout"):
             _positive(key, getattr(self, key))
+        if not 0.0 <= self.hysteresis < 1.0:
+            raise ConfigError(f"hysteresis = {self.hysteresis!r} must be in [0, 1)")
         for key in ("momentum", "weight_decay", "lr_gamma"):
             _at_least(key, getattr(self, key), 0.0)
         if self.workers > self.global_batch:
@@ -149,11 +156,56 @@ class Config:
                 )
             if any(not (math.isfinite(f) and f >= 1.0) for f in self.slowdown):
                 raise ConfigError(f"slowdown = {list(self.slowdown)}: every factor must be ≥ 1")
+        if self.cpu_limit:
+            if len(self.cpu_limit) != self.workers or any(not (0.01 <= c <= 64) for c in self.cpu_limit):
+                raise ConfigError(f"cpu_limit = {list(self.cpu_limit)} needs one value per worker "
+                                  f"(workers = {self.workers}), each between 0.01 and 64 CPUs")
+        self._validate_scenario()
+        self._validate_membership()
         if self.max_batch and self.max_batch * self.workers < self.global_batch:
             raise ConfigError(
                 f"max_batch = {self.max_batch} × workers = {self.workers} cannot hold "
                 f"global_batch = {self.global_batch}"
             )
+
+
+    def scenario_dict(self) -> dict[str, Any]:
+        """The straggler settings in the form `Scenario.from_config` reads."""
+        out: dict[str, Any] = {}
+        if self.slowdown:
+            out["slowdown"] = list(self.slowdown)
+        if self.trace:
+            out["trace"] = self.trace
+        if self.neighbours:
+            out["neighbours"] = [dict(n) for n in self.neighbours]
+        return out
+
+    def _validate_scenario(self) -> None:
+        from .scenario import Scenario, Trace  # scenario.py imports nothing of ours
+        if self.trace:
+            try:
+                Trace.from_csv(self.trace)
+            except (ValueError, OSError) as exc:
+                raise ConfigError(f"trace = {self.trace!r}: {exc}") from None
+        try:
+            neighbours = Scenario.from_config({"neighbours": [dict(n) for n in self.neighbours]}).neighbours
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"neighbours = {[dict(n) for n in self.neighbours]!r}: {exc}") from None
+        for n in neighbours:
+            if not 0 <= n.worker < self.workers:
+                raise ConfigError(f"neighbours: worker = {n.worker} is not a worker rank "
+                                  f"(workers = {self.workers})")
+
+    def _validate_membership(self) -> None:
+        if self.membership and self.protocol not in ("bsp", "lbbsp"):
+            raise ConfigError(f"membership events need protocol bsp or lbbsp, not {self.protocol!r}")
+        for i, ev in enumerate(self.membership):
+            keys = set(ev)
+            ok = keys in ({"iteration", "leave"}, {"iteration", "join"})
+            values = [v for v in ev.values()]
+            if not ok or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+                raise ConfigError(f"membership[{i}] = {ev!r} must be {{iteration = N, leave = RANK}} "
+                                  "or {iteration = N, join = COUNT} with non-negative integers")
 
 
 # -- helpers ---------------------------------------------------------------------------
@@ -196,6 +248,8 @@ def _toml_value(v: Any) -> str:
         return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, Mapping):  # inline table; None means "absent"
+        return "{" + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items() if x is not None) + "}"
     raise TypeError(f"cannot write {type(v).__name__} as TOML")
 
 
@@ -222,11 +276,20 @@ def _coerce(key: str, value: Any, default: Any) -> Any:
 
 
 def _coerce_list(key: str, value: Any, default: tuple) -> tuple:
-    elem = {"batch_split": 1, "slowdown": 1.0}.get(key, 1.0)
+    if key in _TABLE_LISTS:
+        if all(isinstance(v, Mapping) for v in value):
+            return tuple(dict(v) for v in value)
+        raise ConfigError(f"{key} = {list(value)!r} should be a list of tables "
+                          f"like [{{{', '.join(_TABLE_LISTS[key])} = ...}}]")
+    elem = {"batch_split": 1}.get(key, 1.0)
     try:
         return tuple(_coerce(key, v, elem) for v in value)
     except ConfigError:
         raise ConfigError(f"{key} = {list(value)!r} should be a list of {_type_name(elem)}") from None
+
+
+_TABLE_LISTS = {"neighbours": ("worker", "start", "stop", "share"),
+                "membership": ("iteration", "leave", "join")}
 
 
 def _type_name(default: Any) -> str:

@@ -44,9 +44,16 @@ class JobError(RuntimeError):
 
 class Coordinator:
     def __init__(self, cfg: Config, run_dir: Path, transport: Transport, listener: Listener, data,
-                 *, check_peers: Callable[[], None] = lambda: None, resume: Checkpoint | None = None):
+                 *, check_peers: Callable[[], None] = lambda: None, resume: Checkpoint | None = None,
+                 spawn_worker: Callable[[int], None] | None = None,
+                 on_tick: Callable[[float], None] | None = None):
+        """`check_peers` raises if a peer process died; `spawn_worker(rank)` starts a
+        worker process for a membership join; `on_tick(elapsed)` is called about every
+        0.1 s of training with the seconds since training started (noisy neighbours)."""
         self.cfg, self.run_dir, self.transport, self.listener = cfg, Path(run_dir), transport, listener
         self.data, self.check_peers, self.resume = data, check_peers, resume
+        self.spawn_worker, self.on_tick = spawn_worker, on_tick
+        self.events_done: set[int] = set()
         self.total = cfg.total_iterations(len(data))
         self.sync = make_sync_policy(cfg.protocol)
         self.iteration = resume.iteration if resume else 0
@@ -65,10 +72,9 @@ class Coordinator:
         try:
             servers, held_hellos = self._register()
             self._init_servers(servers)
+            self.server_addresses = servers
             for rank, peer in sorted(held_hellos.items()):
-                self.listener.send(peer, Message("welcome", {
-                    "rank": rank, "servers": servers, "table": self.table,
-                    "blocks": [b.to_list() for b in self.blocks]}))
+                self.listener.send(peer, self._welcome(rank))
             self.metrics.write({"type": "event", "event": "started", "time": start,
                                 "iteration": self.iteration, "resumed": self.resume is not None})
             self._train()
@@ -139,6 +145,8 @@ class Coordinator:
         self.reports: dict[int, list[dict]] = {}
         while len(self.stopped) < len(self.workers):
             self._tick(None, "")
+            if self.on_tick is not None and self.stats.t_start is not None:
+                self.on_tick(self.stats.elapsed())
             got = self.listener.recv(timeout=0.1)
             if got is None:
                 self._check_stalled()
@@ -166,11 +174,13 @@ class Coordinator:
     def _advance_barrier(self) -> None:
         """Every worker waits for iteration t: snapshot if due, then hand out slices."""
         t = self.iteration
-        if t > 0:
+        if t > 0 and t - 1 in self.reports:
             self._end_iteration(t - 1)
         self._maybe_snapshot(t)
         if t >= self.total:
             return self._stop_all()
+        if self._membership(t):
+            return  # a joining worker's first plan request completes the barrier
         sizes = self.planner.sizes()
         for w, (offset, size) in self.planner.slices(sizes).items():
             self._reply_plan(w, t, t * self.cfg.global_batch + offset, size, version=t)
@@ -194,7 +204,7 @@ class Coordinator:
         self.stats.begin()
         self.listener.send(peer, Message("plan", {
             "step": 0, "iteration": iteration, "start": start, "size": size, "stop": False,
-            "version": version, "held_s": time.monotonic() - since}))
+            "version": version, "held_s": time.monotonic() - since, "elapsed": self.stats.elapsed()}))
 
     def _stop(self, worker: int) -> None:
         peer, since = self.waiting.pop(worker)
@@ -205,6 +215,59 @@ class Coordinator:
     def _stop_all(self) -> None:
         for w in sorted(self.waiting):
             self._stop(w)
+
+    # -- membership -----------------------------------------------------------------------
+    def _membership(self, t: int) -> bool:
+        """Apply the membership events due at iteration t (a quiet moment: no update in
+        flight). Returns True if workers joined and their first plan request is awaited."""
+        joined = False
+        for i, ev in enumerate(self.cfg.membership):
+            if i in self.events_done or ev["iteration"] > t:
+                continue
+            self.events_done.add(i)
+            if "leave" in ev and ev["leave"] in self.workers and ev["leave"] not in self.stopped:
+                self._stop(ev["leave"])
+                self._event("worker_left", t, worker=ev["leave"])
+            elif "join" in ev:
+                for _ in range(ev["join"]):
+                    self._join(t)
+                    joined = True
+        active = sorted(set(self.workers) - self.stopped)
+        if not active:
+            raise JobError(f"no worker left at iteration {t}")
+        if active != self.planner.workers:
+            self.planner.set_workers(active)
+            for s, conn in enumerate(self.server_conns):
+                conn.send(Message("members", {"workers": len(active)}))
+                self._expect(conn, "ack", f"server {s}")
+        return joined
+
+    def _join(self, t: int) -> None:
+        if self.spawn_worker is None:
+            raise JobError("this launcher cannot add workers while training runs")
+        rank = max(self.workers) + 1
+        self.spawn_worker(rank)
+        deadline = time.monotonic() + self.cfg.timeout
+        while True:
+            self._tick(deadline, f"waiting for joining worker {rank} to register")
+            got = self.listener.recv(timeout=0.2)
+            if got is None:
+                continue
+            peer, msg = got
+            if msg.type == "hello" and msg.fields["role"] == "worker" and msg.fields["rank"] == rank:
+                break
+            if msg.type == "plan_req":  # cannot happen at a barrier, but never drop one
+                self.waiting[int(msg.fields["worker"])] = (peer, time.monotonic())
+        self.workers[rank] = peer
+        self.listener.send(peer, self._welcome(rank))
+        self._event("worker_joined", t, worker=rank)
+
+    def _welcome(self, rank: int) -> Message:
+        return Message("welcome", {"rank": rank, "servers": self.server_addresses, "table": self.table,
+                                   "blocks": [b.to_list() for b in self.blocks]})
+
+    def _event(self, name: str, t: int, **fields) -> None:
+        self.metrics.write({"type": "event", "event": name, "iteration": t, "time": time.time(), **fields})
 
     # -- reports and metrics ------------------------------------------------------------
     def _collect(self, worker: int, report: dict) -> None:
@@ -223,12 +286,18 @@ class Coordinator:
         self.planner.observe({r["worker"]: r for r in reports})
         record = self.stats.iteration_record(t, reports)
         record["predictor_mape"] = self.planner.mape()
+        if self.cfg.protocol == "lbbsp":
+            record["predicted_speed"] = [self.planner.predictors[self.cfg.predictor][r["worker"]].predict()
+                                         for r in sorted(reports, key=lambda r: r["worker"])]
         self.metrics.write(record)
         self.display.update(t + 1, sps=record["samples_per_s"], loss=record["loss"])
 
     # -- snapshots: evaluation and checkpoints ------------------------------------------
     def _maybe_snapshot(self, t: int) -> None:
         cfg = self.cfg
+        if getattr(self, "_snapshot_at", None) == t:
+            return  # a barrier re-entered after workers joined
+        self._snapshot_at = t
         final = t >= self.total
         want_eval = final or (cfg.eval_every and t % cfg.eval_every == 0 and t > 0)
         want_ckpt = final or (cfg.checkpoint_every and t % cfg.checkpoint_every == 0 and t > 0)
@@ -295,6 +364,8 @@ class Coordinator:
             self._expect(conn, "ack", f"server {s}")
         summary = self.stats.summary(self.cfg, self.total, final, wall_s=time.time() - start)
         summary["resumed_from"] = self.resume.iteration if self.resume else None
+        summary["predictor_mape"] = self.planner.mape()
+        summary["predictor"] = self.cfg.predictor if self.cfg.protocol == "lbbsp" else None
         return summary
 
     # -- helpers ------------------------------------------------------------------------

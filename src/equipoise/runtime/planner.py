@@ -3,52 +3,77 @@
 Barrier protocols (BSP, LB-BSP) cut iteration t's global batch [tX, (t+1)X) into one
 contiguous slice per worker, in worker order, with sizes from the batching policy. ASP
 hands out the next μ positions of the stream to whichever worker asks.
+
+Every predictor (last value, EWMA, NARX) watches every worker's speed in the same run,
+so their errors (MAPE) are compared on identical data; the configured one drives LB-BSP.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Mapping
 
-from ..config import Config
+from ..config import PREDICTORS, Config
 from ..policy import batching
-from ..policy.predict import make_predictor
+from ..policy.predict import Predictor, make_predictor
 
 
 class Planner:
     def __init__(self, cfg: Config, workers: list[int]):
         self.cfg = cfg
-        self.workers = sorted(workers)
-        self.predictors = {w: make_predictor(cfg.predictor) for w in self.workers}
+        self.workers: list[int] = []
+        self.predictors: dict[str, dict[int, Predictor]] = {name: {} for name in PREDICTORS}
+        self.comm: dict[int, float] = {}
         self.policy = None
-        self._observed = False
         self._last_compute: dict[int, float] = {}
         if cfg.protocol == "lbbsp":
-            caps = {w: cfg.max_batch for w in self.workers} if cfg.max_batch else None
-            self.policy = batching.make_batch_policy(cfg.batch_policy, cfg.global_batch,
-                                                     minimum=cfg.min_batch, caps=caps)
+            kw = {"minimum": cfg.min_batch}
+            if cfg.batch_policy == "proportional":
+                kw["hysteresis"] = cfg.hysteresis
+            self.policy = batching.make_batch_policy(cfg.batch_policy, cfg.global_batch, **kw)
+        self.set_workers(workers)
+
+    def set_workers(self, workers: list[int]) -> None:
+        """Membership changed: later plans split the global batch among `workers`."""
+        self.workers = sorted(workers)
+        for name, preds in self.predictors.items():
+            for w in self.workers:
+                preds.setdefault(w, make_predictor(name))
+        if self.policy is not None and self.cfg.max_batch:
+            self.policy.caps = {w: self.cfg.max_batch for w in self.workers}
 
     def sizes(self) -> dict[int, int]:
         """Batch sizes for the next iteration, given everything observed so far."""
-        cfg = self.cfg
-        if cfg.batch_split:
-            return dict(zip(self.workers, cfg.batch_split))
-        if self.policy is None or not self._observed:
-            return dict(zip(self.workers, batching.equal_split(cfg.global_batch, len(self.workers))))
+        cfg, ws = self.cfg, self.workers
+        if cfg.batch_split and len(ws) == len(cfg.batch_split):
+            return dict(zip(ws, cfg.batch_split))
+        if self.policy is None or not all(w in self._last_compute for w in ws):
+            return dict(zip(ws, batching.equal_split(cfg.global_batch, len(ws))))
         if cfg.batch_policy == "step":
-            return self.policy.decide(self._last_compute)
-        speeds = {w: self.predictors[w].predict() for w in self.workers}
-        return self.policy.decide(speeds)
+            return self.policy.decide({w: self._last_compute[w] for w in ws})
+        chosen = self.predictors[cfg.predictor]
+        speeds = {w: chosen[w].predict() for w in ws}
+        return self.policy.decide(speeds, {w: self.comm.get(w, 0.0) for w in ws})
 
     def observe(self, reports: Mapping[int, dict]) -> None:
-        """Feed one iteration's worker reports to the speed predictors."""
-        self._observed = True
-        self._last_compute = {w: max(r["compute_s"], 1e-9) for w, r in reports.items()}
+        """Feed one iteration's worker reports to every predictor."""
         for w, r in reports.items():
-            speed = r["samples"] / max(r["compute_s"], 1e-9)
-            self.predictors[w].observe(speed, r.get("cpu", 0.0), r.get("mem", 0.0))
+            if r["samples"] <= 0 or w not in self.workers:
+                continue
+            compute = max(float(r["compute_s"]), 1e-9)
+            self._last_compute[w] = compute
+            # The per-iteration constant cost of LB-BSP's c_i + x_i/v_i = T: communication.
+            self.comm[w] = 0.7 * self.comm.get(w, float(r["comm_s"])) + 0.3 * float(r["comm_s"])
+            for preds in self.predictors.values():
+                preds[w].observe(r["samples"] / compute, r.get("cpu", 0.0), r.get("mem", 0.0))
 
-    def mape(self) -> dict[int, float]:
-        return {w: p.mape for w, p in self.predictors.items()}
+    def mape(self) -> dict[str, float | None]:
+        """Each predictor's mean absolute percentage error, averaged over workers."""
+        out: dict[str, float | None] = {}
+        for name, preds in self.predictors.items():
+            errors = [p.mape for p in preds.values() if not math.isnan(p.mape)]
+            out[name] = sum(errors) / len(errors) if errors else None
+        return out
 
     @staticmethod
     def slices(sizes: Mapping[int, int]) -> dict[int, tuple[int, int]]:
@@ -58,3 +83,6 @@ class Planner:
             out[w] = (offset, sizes[w])
             offset += sizes[w]
         return out
+
+
+__all__ = ["Planner"]

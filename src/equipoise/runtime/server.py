@@ -105,6 +105,14 @@ class Server:
         self.done = True
         self.listener.send(peer, Message("ack", {"version": self.store.version if self.store else 0}))
 
+    def _on_members(self, peer: bytes, msg: Message) -> None:
+        """Membership changed. The coordinator sends this only at a barrier, when no
+        group is half-filled, so the new group size applies from the next update."""
+        if self.pending and self.store.policy.barrier():
+            raise PushError(f"server {self.rank}: membership change with {len(self.pending)} pushes pending")
+        self.workers = int(msg.fields["workers"])
+        self.listener.send(peer, Message("ack", {"version": self.store.version}))
+
     def _on_pull(self, peer: bytes, msg: Message) -> None:
         self._hold(_Held(peer, "pull", int(msg.fields["min_version"]), time.monotonic()))
 

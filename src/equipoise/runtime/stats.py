@@ -23,6 +23,10 @@ class RunStats:
         if self.t_start is None:
             self.t_start = self._t_prev_record = time.perf_counter()
 
+    def elapsed(self) -> float:
+        """Seconds since training started (0 before it has)."""
+        return 0.0 if self.t_start is None else time.perf_counter() - self.t_start
+
     def add(self, report: dict) -> None:
         self.t_last = time.perf_counter()
         self.samples += int(report["samples"])

@@ -21,6 +21,7 @@ from ..config import Config
 from ..data import SliceSampler, load_dataset
 from ..models import build_model
 from ..policy.placement import Block
+from ..scenario import Scenario
 from ..wire import Connection, Message, Transport
 from .blocks import read_pushes, write_values
 
@@ -35,6 +36,9 @@ class Worker:
         self.coord = transport.connect(coordinator)
         self.proc = psutil.Process()
         self.servers: list[Connection] = []
+        # Neighbours are real processes the launcher runs; the worker only emulates factors.
+        self.scenario = Scenario.from_config({k: v for k, v in cfg.scenario_dict().items()
+                                              if k != "neighbours"})
 
     def run(self) -> None:
         cfg = self.cfg
@@ -76,7 +80,7 @@ class Worker:
         t1 = time.perf_counter()
         loss = self._compute(data, sampler, plan)
         t2 = time.perf_counter()
-        self._slow_down(t2 - t1)
+        self._slow_down(t2 - t1, plan)
         t3 = time.perf_counter()
         staleness = self._push(versions, plan["size"])
         t4 = time.perf_counter()
@@ -118,10 +122,12 @@ class Worker:
         loss.backward()
         return float(loss.item())
 
-    def _slow_down(self, compute_s: float) -> None:
+    def _slow_down(self, compute_s: float, plan: dict) -> None:
         """Emulate a slower machine: stretch compute time by this worker's factor."""
-        if self.cfg.slowdown:
-            time.sleep(max(0.0, (self.cfg.slowdown[self.rank] - 1.0) * compute_s))
+        factor = self.scenario.worker_factor(self.rank, elapsed=float(plan.get("elapsed", 0.0)),
+                                             iteration=plan["iteration"])
+        if factor > 1.0:
+            time.sleep((factor - 1.0) * compute_s)
 
     def _push(self, versions: list[int], samples: int) -> int:
         """Push gradients tagged with the version they were computed on; returns the

@@ -44,6 +44,8 @@ SCHEMA: dict[str, dict[str, FieldType]] = {
     # checkpointing; state carries arbitrary tensors
     "state_req": {"version": int},
     "state": {"version": int, "samples": int},
+    # membership: the number of workers a barrier update waits for
+    "members": {"workers": int},
     # control
     "stop": {"reason": str},
     "error": {"message": str},

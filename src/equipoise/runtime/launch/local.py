@@ -1,8 +1,9 @@
 """The local launcher: the coordinator runs in this process, servers and workers as child
 processes on this machine, all talking ZeroMQ over loopback.
 
-Whatever happens — success, a dead child, a timeout, Ctrl-C — every child is stopped
-before `run_local` returns or raises, so no process is orphaned and every port is freed.
+Whatever happens — success, a dead child, a timeout, Ctrl-C — every child (and every
+noisy-neighbour burner and cgroup) is cleaned up before `run_local` returns or raises, so
+no process is orphaned and every port is freed.
 """
 
 from __future__ import annotations
@@ -15,38 +16,49 @@ import time
 from pathlib import Path
 
 from ...config import Config
+from ...neighbour import Burner, start_burner
+from ...scenario import Scenario
 from ...wire import make_transport
 from ..checkpoint import Checkpoint
 from ..coordinator import Coordinator, JobError
+from .cgroup import CpuLimit
 
 
 class Children:
     """The job's child processes, with their logs under run_dir/logs/."""
 
     def __init__(self, cfg: Config, run_dir: Path, coordinator: str):
+        self.cfg, self.coordinator = cfg, coordinator
         self.procs: dict[str, subprocess.Popen] = {}
-        logs = run_dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, OMP_NUM_THREADS=str(cfg.threads), MKL_NUM_THREADS=str(cfg.threads))
-        cfg_json = json.dumps(cfg.to_dict())
-        roles = [("server", r) for r in range(cfg.servers)] + [("worker", r) for r in range(cfg.workers)]
-        for role, rank in roles:
-            name = f"{role}{rank}"
-            log = (logs / f"{name}.log").open("w")
+        self.logs = run_dir / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.env = dict(os.environ, OMP_NUM_THREADS=str(cfg.threads), MKL_NUM_THREADS=str(cfg.threads))
+        self.cfg_json = json.dumps(cfg.to_dict())
+        self.limits: dict[int, CpuLimit] = {}
+        tag = f"equipoise-{os.getpid()}"
+        for rank, cpus in enumerate(cfg.cpu_limit):
+            self.limits[rank] = CpuLimit(f"{tag}-worker{rank}", cpus)
+        for rank in range(cfg.servers):
+            self.spawn("server", rank)
+        for rank in range(cfg.workers):
+            self.spawn("worker", rank)
+
+    def spawn(self, role: str, rank: int) -> None:
+        name = f"{role}{rank}"
+        with (self.logs / f"{name}.log").open("w") as log:
             self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "equipoise.runtime.proc", role, str(rank), coordinator, cfg_json],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
-            log.close()
-        self.logs = logs
-        self.finished_ok: set[str] = set()
+                [sys.executable, "-m", "equipoise.runtime.proc", role, str(rank), self.coordinator,
+                 self.cfg_json], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=self.env)
+        if role == "worker" and rank in self.limits:
+            self.limits[rank].add(self.procs[name].pid)
 
     def check(self) -> None:
-        """Raise JobError naming the first child that exited unexpectedly."""
+        """Raise JobError naming the first child that failed. Workers exit 0 when told
+        to stop; servers only after the job."""
         for name, proc in self.procs.items():
             code = proc.poll()
-            if code is not None and not (code == 0 and name in self.finished_ok):
-                if code == 0 and name.startswith("worker"):
-                    continue  # a worker that was told to stop
+            if code is not None and (code != 0 or name.startswith("server")):
                 raise JobError(f"{name} (pid {proc.pid}) exited with code {code}: {self.last_error(name)}")
 
     def last_error(self, name: str) -> str:
@@ -54,7 +66,7 @@ class Children:
         errors = [ln for ln in lines if ln.startswith("error:")]
         return (errors or lines or ["(no output)"])[-1][:300]
 
-    def stop(self, grace: float = 10.0) -> None:
+    def stop(self, grace: float) -> None:
         deadline = time.monotonic() + grace
         for proc in self.procs.values():
             try:
@@ -67,21 +79,59 @@ class Children:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=3)
+        for limit in self.limits.values():
+            limit.remove()
+
+
+class Neighbours:
+    """Starts and stops the scenario's CPU burners beside their workers on schedule."""
+
+    def __init__(self, cfg: Config, children: Children):
+        self.specs = Scenario.from_config({"neighbours": [dict(n) for n in cfg.neighbours]}).neighbours
+        self.children = children
+        self.running: dict[int, Burner] = {}
+
+    def tick(self, elapsed: float) -> None:
+        for i, n in enumerate(self.specs):
+            active = n.active(elapsed)
+            if active and i not in self.running:
+                self.running[i] = self._start(n)
+            elif not active and i in self.running:
+                self.running.pop(i).stop()
+
+    def _start(self, n) -> Burner:
+        pid = self.children.procs[f"worker{n.worker}"].pid
+        burner = start_burner(pid, n.share)
+        limit = self.children.limits.get(n.worker)
+        if limit is not None:  # compete for the worker's own quota, like a co-located job
+            limit.add(burner.pid)
+        return burner
+
+    def stop(self) -> None:
+        for burner in self.running.values():
+            burner.stop()
+        self.running.clear()
 
 
 def run_local(cfg: Config, run_dir: Path, data, resume: Checkpoint | None = None) -> dict:
     """Run one job on this machine and return its summary."""
     transport = make_transport("zmq", max_bytes=cfg.max_message_mb << 20)
     listener = transport.listen(cfg.host)
-    children = Children(cfg, run_dir, listener.address)
+    children = neighbours = None
     clean = False
     try:
+        children = Children(cfg, run_dir, listener.address)
+        neighbours = Neighbours(cfg, children)
         coord = Coordinator(cfg, run_dir, transport, listener, data, check_peers=children.check,
-                            resume=resume)
+                            resume=resume, spawn_worker=lambda r: children.spawn("worker", r),
+                            on_tick=neighbours.tick if cfg.neighbours else None)
         summary = coord.run()
         clean = True
         return summary
     finally:
-        children.stop(grace=10.0 if clean else 0.0)
+        if neighbours is not None:
+            neighbours.stop()
+        if children is not None:
+            children.stop(grace=10.0 if clean else 0.0)
         listener.close()
         transport.close()

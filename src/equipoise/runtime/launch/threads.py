@@ -46,9 +46,14 @@ def run_threads(cfg: Config, run_dir: Path, data, resume: Checkpoint | None = No
             if p.error is not None:
                 raise JobError(f"{p.name} failed: {type(p.error).__name__}: {p.error}")
 
+    def spawn_worker(rank: int) -> None:
+        peer = _Peer(f"worker{rank}", Worker(cfg, rank, transport, listener.address).run)
+        peers.append(peer)
+        peer.start()
+
     try:
         return Coordinator(cfg, run_dir, transport, listener, data, check_peers=check,
-                           resume=resume).run()
+                           resume=resume, spawn_worker=spawn_worker).run()
     finally:
         for p in peers:
             p.join(timeout=10)

@@ -1,0 +1,267 @@
+"""Homogeneous training throughput: equipoise BSP vs PyTorch DistributedDataParallel.
+
+Both systems train the same model on the same data with the same global batch, split
+equally over the same number of worker processes (one torch thread each), for the same
+number of iterations of SGD (lr 0.05, momentum 0.9), from the same initial weights and
+on the same samples (rank r trains on slice r of every iteration's global batch, as
+equipoise's `SliceSampler` cuts it). Start-up is excluded on both sides:
+
+* equipoise: ``summary["samples_per_s"]``, measured from the first plan handed out to the
+  last worker report (it includes the first, cold iteration). Its S server processes
+  share the same cores as the workers; that is part of what is compared. Also shown:
+  its *steady* rate over the same window as DDP's, from the iteration records in
+  metrics.jsonl.
+* DDP (gloo over loopback): rank 0 times the iterations after `warmup` warm-up ones,
+  between two barriers.
+
+Repetitions are interleaved (equipoise, DDP, equipoise, DDP, ...); the report is the
+median of each, the ratio equipoise/DDP (target ≥ 0.9), and equipoise's
+barrier_wait_fraction. The final training losses of both are shown as a check that
+they trained the same thing (BSP is SGD on the global batch, as is DDP here).
+
+Run from the repository root::
+
+    python -m benchmarks.bench_ddp --preset ci
+    python -m benchmarks.bench_ddp --preset full
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from dataclasses import asdict, dataclass, replace
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.common import (
+    free_port,
+    interleave,
+    markdown_table,
+    median,
+    ratio,
+    scoped_env,
+    write_results,
+)
+
+NAME = "bench_ddp"
+TARGET_RATIO = 0.9
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One job, run identically by both systems."""
+
+    model: str = "cnn"
+    dataset: str = "fashion-mnist"
+    workers: int = 4
+    servers: int = 2
+    global_batch: int = 128
+    iterations: int = 40
+    lr: float = 0.05
+    momentum: float = 0.9
+    seed: int = 0
+    warmup: int = 2       # DDP iterations before its clock starts (and equipoise's steady window)
+    timeout: float = 120.0
+
+    @property
+    def slice_size(self) -> int:
+        return self.global_batch // self.workers
+
+    def check(self) -> None:
+        if self.global_batch % self.workers:
+            raise ValueError(f"global_batch = {self.global_batch} must split equally over "
+                             f"workers = {self.workers}")
+        if not 0 <= self.warmup < self.iterations:
+            raise ValueError(f"warmup = {self.warmup} must be in [0, iterations = {self.iterations})")
+
+
+@dataclass(frozen=True)
+class Preset:
+    iterations: int
+    reps: int
+
+
+PRESETS: dict[str, Preset] = {"ci": Preset(iterations=40, reps=1), "full": Preset(iterations=200, reps=3)}
+
+
+# -- equipoise -----------------------------------------------------------------------------
+
+def run_equipoise(spec: Spec) -> dict[str, Any]:
+    """One equipoise BSP job; its summary's throughput plus the steady-state rate over
+    iterations [warmup, iterations) from metrics.jsonl."""
+    import equipoise
+
+    cfg = dict(protocol="bsp", workers=spec.workers, servers=spec.servers,
+               global_batch=spec.global_batch, iterations=spec.iterations, model=spec.model,
+               dataset=spec.dataset, lr=spec.lr, momentum=spec.momentum, optimizer="sgd",
+               seed=spec.seed, threads=1, eval_every=0, checkpoint_every=0, progress=False,
+               timeout=spec.timeout)
+    with tempfile.TemporaryDirectory(prefix="bench-ddp-") as tmp:
+        t0 = time.perf_counter()
+        summary = equipoise.train(cfg, out=Path(tmp) / "run")
+        elapsed = time.perf_counter() - t0
+        steady = _steady_rate(Path(tmp) / "run" / "metrics.jsonl", spec)
+    return {"samples_per_s": summary["samples_per_s"], "steady_samples_per_s": steady,
+            "barrier_wait_fraction": summary["barrier_wait_fraction"],
+            "train_s": summary["train_s"], "wall_s": summary["wall_s"], "elapsed_s": elapsed,
+            "final_train_loss": summary["final_train_loss"],
+            "final_accuracy": summary["final_accuracy"]}
+
+
+def _steady_rate(metrics: Path, spec: Spec) -> float:
+    """Samples/s between the end of iteration warmup−1 and the end of the last iteration
+    (DDP's window); the whole run's rate when warmup is 0 is not recoverable, so NaN."""
+    ends: dict[int, float] = {}
+    for line in metrics.read_text(encoding="utf-8").splitlines():
+        rec = json.loads(line)
+        if rec.get("type") == "iteration":
+            ends[int(rec["iteration"])] = float(rec["time"])
+    first, last = spec.warmup - 1, spec.iterations - 1
+    if first < 0 or first not in ends or last not in ends or ends[last] <= ends[first]:
+        return float("nan")
+    return (last - first) * spec.global_batch / (ends[last] - ends[first])
+
+
+# -- DDP -----------------------------------------------------------------------------------
+
+def _ddp_rank(rank: int, spec: Spec, port: int, results: Any) -> None:
+    """One DDP rank: train `spec.iterations` iterations on slice `rank` of each global
+    batch; rank 0 puts the timing of iterations [warmup, iterations) into `results`."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel
+
+    from equipoise.data import SliceSampler, load_dataset
+    from equipoise.models import build_model
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=spec.workers, timeout=timedelta(seconds=spec.timeout))
+    try:
+        data = load_dataset(spec.dataset, seed=spec.seed)
+        torch.manual_seed(spec.seed)  # the initial weights equipoise's coordinator makes
+        model = DistributedDataParallel(build_model(spec.model, data.input_shape, data.num_classes))
+        model.train()
+        optimizer = torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=spec.momentum)
+        sampler = SliceSampler(len(data), spec.global_batch, spec.seed)
+        mu = spec.slice_size
+
+        def step(t: int) -> torch.Tensor:
+            x, y = data.train_batch(sampler.slice(t, rank * mu, mu))
+            optimizer.zero_grad(set_to_none=False)
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            return loss.detach()
+
+        for t in range(spec.warmup):
+            step(t)
+        dist.barrier()
+        t0 = time.perf_counter()
+        loss = torch.zeros(())
+        for t in range(spec.warmup, spec.iterations):
+            loss = step(t)
+        dist.barrier()
+        seconds = time.perf_counter() - t0
+        dist.all_reduce(loss)  # equal slices: the mean over ranks is the global-batch loss
+        if rank == 0:
+            timed = spec.iterations - spec.warmup
+            results.put({"seconds": seconds, "samples": timed * spec.global_batch,
+                         "samples_per_s": timed * spec.global_batch / seconds,
+                         "final_train_loss": float(loss) / spec.workers})
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ddp(spec: Spec) -> dict[str, Any]:
+    """One DDP job of `spec.workers` spawned ranks (gloo over loopback, one thread each)."""
+    import torch.multiprocessing as torch_mp
+
+    ctx = torch_mp.get_context("spawn")
+    results = ctx.SimpleQueue()
+    t0 = time.perf_counter()
+    # Children inherit the environment at spawn: one OpenMP thread, gloo on loopback.
+    with scoped_env(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo"):
+        torch_mp.start_processes(_ddp_rank, args=(spec, free_port(), results), nprocs=spec.workers,
+                            join=True, start_method="spawn")
+    elapsed = time.perf_counter() - t0
+    if results.empty():
+        raise RuntimeError("DDP rank 0 reported nothing")
+    out = dict(results.get())
+    out["elapsed_s"] = elapsed
+    return out
+
+
+# -- the comparison ------------------------------------------------------------------------
+
+def compare(spec: Spec, reps: int) -> dict[str, Any]:
+    """`reps` interleaved runs of each system (equipoise, DDP, equipoise, ...); medians,
+    ratios and every run's numbers."""
+    spec.check()
+    runs = interleave({"equipoise": lambda: run_equipoise(spec), "ddp": lambda: run_ddp(spec)}, reps)
+    eq = {k: median([r[k] for r in runs["equipoise"]])
+          for k in ("samples_per_s", "steady_samples_per_s", "barrier_wait_fraction",
+                    "final_train_loss", "final_accuracy", "elapsed_s")}
+    ddp = {k: median([r[k] for r in runs["ddp"]])
+           for k in ("samples_per_s", "final_train_loss", "elapsed_s")}
+    r = ratio(eq["samples_per_s"], ddp["samples_per_s"])
+    return {"spec": asdict(spec), "reps": reps, "target_ratio": TARGET_RATIO,
+            "equipoise": eq, "ddp": ddp, "ratio": r,
+            "steady_ratio": ratio(eq["steady_samples_per_s"], ddp["samples_per_s"]),
+            "meets_target": bool(r >= TARGET_RATIO), "runs": runs}
+
+
+def results_table(result: dict[str, Any]) -> str:
+    eq, ddp = result["equipoise"], result["ddp"]
+    rows = [
+        ["samples/s (median)", eq["samples_per_s"], ddp["samples_per_s"], result["ratio"]],
+        ["steady samples/s, same window as DDP", eq["steady_samples_per_s"], ddp["samples_per_s"],
+         result["steady_ratio"]],
+        ["barrier_wait_fraction", eq["barrier_wait_fraction"], None, None],
+        ["final train loss (same job: should agree)", eq["final_train_loss"],
+         ddp["final_train_loss"], None],
+        ["process start to finish, s", eq["elapsed_s"], ddp["elapsed_s"], None],
+    ]
+    return markdown_table(["", "equipoise BSP", "PyTorch DDP", "ratio eq/DDP"], rows)
+
+
+def run(preset: str, *, spec: Spec | None = None, reps: int | None = None,
+        results_path: str | Path | None = None) -> dict[str, Any]:
+    """Run the benchmark with a preset, print the Markdown table, write the JSON."""
+    p = PRESETS[preset]
+    spec = spec or Spec(iterations=p.iterations)
+    result = compare(spec, reps or p.reps)
+    result["preset"] = preset
+    print(f"## equipoise BSP vs PyTorch DDP (preset {preset}: {spec.model} on {spec.dataset}, "
+          f"{spec.workers} workers, {spec.servers} servers, global batch {spec.global_batch}, "
+          f"{spec.iterations} iterations, medians of {result['reps']} interleaved reps)\n")
+    print(results_table(result))
+    verdict = "meets" if result["meets_target"] else "MISSES"
+    print(f"\nratio {result['ratio']:.3f} {verdict} the target ≥ {TARGET_RATIO}")
+    path = write_results(NAME, result, results_path)
+    print(f"wrote {path}")
+    return result
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="ci")
+    parser.add_argument("--reps", type=int, default=None, help="override the preset's repetitions")
+    parser.add_argument("--iterations", type=int, default=None)
+    parser.add_argument("--workers", type=int, default=Spec.workers)
+    parser.add_argument("--servers", type=int, default=Spec.servers)
+    parser.add_argument("--global-batch", type=int, default=Spec.global_batch)
+    parser.add_argument("--model", default=Spec.model)
+    parser.add_argument("--dataset", default=Spec.dataset)
+    parser.add_argument("--results", default=None, help=f"JSON path (default benchmarks/results/{NAME}.json)")
+    args = parser.parse_args()
+    chosen = replace(Spec(), iterations=args.iterations or PRESETS[args.preset].iterations,
+                     workers=args.workers, servers=args.servers, global_batch=args.global_batch,
+                     model=args.model, dataset=args.dataset)
+    run(args.preset, spec=chosen, reps=args.reps, results_path=args.results)

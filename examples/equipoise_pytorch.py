@@ -1,0 +1,87 @@
+"""Fashion-MNIST with a small CNN, trained by equipoise: 4 worker and 2 server processes.
+
+    python examples/equipoise_pytorch.py
+
+This is examples/plain_pytorch.py with every changed line marked `# equipoise:`.
+`Net`, `make_model`, the data loading and `evaluate` are untouched; the training loop
+becomes one `equipoise.train(...)` call, and the trained weights come back as the run
+directory's model.pt, a plain state_dict.
+"""
+
+import gzip
+import os  # equipoise: to extend PYTHONPATH for the server and worker processes
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import equipoise  # equipoise:
+
+DATA = Path("/usr/share/datasets/fashion-mnist")
+MEAN, STD = 0.2860, 0.3530
+BATCH, LR, MOMENTUM, EPOCHS = 128, 0.05, 0.9, 1
+
+
+class Net(nn.Module):
+    """Two 3x3 conv + ReLU + 2x2 max-pool stages, then a 128-unit hidden layer."""
+
+    def __init__(self, num_classes: int = 10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, 3, padding=1)
+        self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
+        self.fc1 = nn.Linear(64 * 7 * 7, 128)
+        self.fc2 = nn.Linear(128, num_classes)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc2(F.relu(self.fc1(torch.flatten(x, 1))))
+
+
+def make_model() -> nn.Module:
+    return Net()
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """An IDX file (the MNIST format): magic, one big-endian size per dimension, bytes."""
+    data = gzip.open(path, "rb").read()
+    ndim = data[3]
+    shape = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
+    return np.frombuffer(data, np.uint8, offset=4 + 4 * ndim).reshape(shape)
+
+
+def load(split: str) -> tuple[torch.Tensor, torch.Tensor]:
+    prefix = "train" if split == "train" else "t10k"
+    x = torch.from_numpy(read_idx(DATA / f"{prefix}-images-idx3-ubyte.gz").copy())
+    y = torch.from_numpy(read_idx(DATA / f"{prefix}-labels-idx1-ubyte.gz").astype(np.int64))
+    return ((x.float() / 255 - MEAN) / STD).unsqueeze(1), y
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module) -> float:
+    model.eval()
+    x, y = load("test")
+    correct = sum(int((model(xb).argmax(1) == yb).sum()) for xb, yb in zip(x.split(1000), y.split(1000)))
+    return correct / len(y)
+
+
+def main() -> None:
+    # equipoise: every process imports this file by module name to build the model
+    here = str(Path(__file__).resolve().parent)  # equipoise:
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))  # equipoise:
+    summary = equipoise.train(  # equipoise: the seed, optimizer and loop become one job
+        model="equipoise_pytorch:make_model",  # equipoise: 'module:function' of this file
+        dataset="fashion-mnist", seed=0,  # equipoise: equipoise reads the same IDX files
+        global_batch=BATCH, lr=LR, momentum=MOMENTUM, epochs=EPOCHS,  # equipoise:
+        workers=4, servers=2, protocol="bsp")  # equipoise:
+    print(f"run directory: {summary['run_dir']}")  # equipoise:
+    model = make_model()  # equipoise: a fresh Net receives the trained weights
+    state = torch.load(Path(summary["run_dir"]) / "model.pt", weights_only=True)  # equipoise:
+    model.load_state_dict(state)  # equipoise:
+    print(f"test accuracy: {evaluate(model):.4f}")
+
+
+if __name__ == "__main__":
+    main()
