@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -16,7 +17,12 @@ ConfigLike = Config | Mapping[str, Any] | str | Path | None
 
 
 def resolve_config(config: ConfigLike = None, **overrides: Any) -> Config:
-    """A Config from a Config, a mapping of keys, or a TOML path, plus keyword overrides."""
+    """A Config from a Config, a mapping of keys, or a TOML path, plus keyword overrides.
+    `model` may also be a callable (a function or nn.Module class) returning the model."""
+    if "model" in overrides:
+        overrides["model"] = model_spec(overrides["model"])
+    if isinstance(config, Mapping) and "model" in config:
+        config = {**config, "model": model_spec(config["model"])}
     if isinstance(config, Config):
         return config.replace(**overrides) if overrides else config
     if isinstance(config, (str, Path)):
@@ -57,6 +63,29 @@ def train(config: ConfigLike = None, *, out: str | Path | None = None,
     summary["run_dir"] = str(run_dir)
     _write_summary(run_dir, summary)
     return summary
+
+
+def model_spec(model: Any) -> str:
+    """The config string for a model: names pass through; a callable becomes
+    'module:qualname', or 'path/to/script.py:qualname' when defined in the running script
+    (servers and workers import it from there); relative script paths become absolute."""
+    if isinstance(model, str):
+        path, sep, attr = model.rpartition(":")
+        if sep and path.endswith(".py"):
+            return f"{Path(path).resolve()}:{attr}"
+        return model
+    if not callable(model):
+        raise ConfigError(f"model = {model!r} is neither a name, a spec nor a callable")
+    module = getattr(model, "__module__", None)
+    qualname = getattr(model, "__qualname__", "")
+    if not module or "<locals>" in qualname or "<lambda>" in qualname:
+        raise ConfigError(f"model = {model!r} must be defined at the top level of a module or script")
+    if module == "__main__":
+        main = sys.modules["__main__"]
+        if not getattr(main, "__file__", None):
+            raise ConfigError(f"model = {model!r} is defined interactively; put it in a file")
+        return f"{Path(main.__file__).resolve()}:{qualname}"
+    return f"{module}:{qualname}"
 
 
 def _as_dict(config: ConfigLike, overrides: Mapping[str, Any]) -> dict:

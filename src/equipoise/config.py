@@ -65,6 +65,7 @@ class Config:
     threads: int = 1
     timeout: float = 120.0
     host: str = "127.0.0.1"
+    transport: str = "tcp"  # "tcp" on `host`, or "ipc": Unix sockets, this machine only
     max_message_mb: int = 1024
     progress: bool = True
 
@@ -112,6 +113,7 @@ class Config:
         _choice("dataset", self.dataset, DATASETS)
         _choice("batch_policy", self.batch_policy, BATCH_POLICIES)
         _choice("predictor", self.predictor, PREDICTORS)
+        _choice("transport", self.transport, ("tcp", "ipc"))
         if self.model not in BUILTIN_MODELS and ":" not in self.model:
             raise ConfigError(
                 f"model = {self.model!r} is neither one of {', '.join(BUILTIN_MODELS)} "
@@ -168,6 +170,11 @@ class Config:
                 f"global_batch = {self.global_batch}"
             )
 
+
+    @property
+    def listen_host(self) -> str:
+        """What `Transport.listen` binds: the TCP host, or "ipc" for Unix sockets."""
+        return "ipc" if self.transport == "ipc" else self.host
 
     def scenario_dict(self) -> dict[str, Any]:
         """The straggler settings in the form `Scenario.from_config` reads."""

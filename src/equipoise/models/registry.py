@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import operator
+import sys
+from pathlib import Path
 from collections.abc import Callable
 
 from torch import nn
@@ -45,11 +48,12 @@ def _check_shape(spec: str, input_shape: tuple[int, int, int], num_classes: int)
 def _resolve(spec: str) -> Callable[..., object]:
     """The callable named by ``package.module:function`` (dots allowed after the
     colon for nested attributes); ModelError if it cannot be imported or found."""
-    module_name, _, attr_path = spec.partition(":")
+    module_name, _, attr_path = spec.rpartition(":")
     if not module_name or not attr_path:
-        raise ModelError(f"model spec {spec!r}: expected 'package.module:function'")
+        raise ModelError(f"model spec {spec!r}: expected 'package.module:function' or 'path/file.py:function'")
     try:
-        target: object = importlib.import_module(module_name)
+        target: object = (_import_file(module_name) if module_name.endswith(".py")
+                          else importlib.import_module(module_name))
     except Exception as exc:  # an import-time failure of user code of any kind
         raise ModelError(
             f"model spec {spec!r}: cannot import {module_name!r}: {type(exc).__name__}: {_one_line(exc)}"
@@ -61,6 +65,26 @@ def _resolve(spec: str) -> Callable[..., object]:
     if not callable(target):
         raise ModelError(f"model spec {spec!r}: {attr_path!r} is not callable")
     return target
+
+
+def _import_file(path: str) -> object:
+    """Import a user's script by path, under a name other than ``__main__`` so its
+    ``if __name__ == "__main__":`` block does not run again in server or worker processes."""
+    file = Path(path).resolve()
+    name = f"equipoise_user_{abs(hash(str(file)))}"
+    if name in sys.modules:
+        return sys.modules[name]
+    if not file.is_file():
+        raise FileNotFoundError(f"no such file {str(file)!r}")
+    module_spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
 
 
 def _accepted_kwargs(function: Callable[..., object], offered: dict[str, object]) -> dict[str, object]:

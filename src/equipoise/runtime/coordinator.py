@@ -172,12 +172,13 @@ class Coordinator:
             self._advance_async(worker)
 
     def _advance_barrier(self) -> None:
-        """Every worker waits for iteration t: snapshot if due, then hand out slices."""
+        """Every worker waits for iteration t: snapshot if due, then hand out slices.
+        The reports of t−1 are digested after the replies, so predictor training overlaps
+        the workers' pulls; LB-BSP sizes thus react to speeds up to t−2."""
         t = self.iteration
-        if t > 0 and t - 1 in self.reports:
-            self._end_iteration(t - 1)
         self._maybe_snapshot(t)
         if t >= self.total:
+            self._end_iteration(t - 1)
             return self._stop_all()
         if self._membership(t):
             return  # a joining worker's first plan request completes the barrier
@@ -185,6 +186,7 @@ class Coordinator:
         for w, (offset, size) in self.planner.slices(sizes).items():
             self._reply_plan(w, t, t * self.cfg.global_batch + offset, size, version=t)
         self.iteration += 1
+        self._end_iteration(t - 1)
 
     def _advance_async(self, worker: int) -> None:
         """ASP: the asking worker gets the next μ positions of the global stream."""
@@ -285,8 +287,8 @@ class Coordinator:
             return
         self.planner.observe({r["worker"]: r for r in reports})
         record = self.stats.iteration_record(t, reports)
-        record["predictor_mape"] = self.planner.mape()
         if self.cfg.protocol == "lbbsp":
+            record["predictor_mape"] = self.planner.mape()
             record["predicted_speed"] = [self.planner.predictors[self.cfg.predictor][r["worker"]].predict()
                                          for r in sorted(reports, key=lambda r: r["worker"])]
         self.metrics.write(record)
@@ -309,7 +311,7 @@ class Coordinator:
         if final:
             self._save_model(values)
         if want_eval:
-            self.pending_eval.append(self.evals.submit(self._evaluate, t, values))
+            self.pending_eval.append(self.evals.submit(self._evaluate, t, values, self.stats.elapsed()))
 
     def _fetch_state(self, version: int):
         for conn in self.server_conns:
@@ -338,13 +340,14 @@ class Coordinator:
         write_values(self.model, self.blocks, values)
         torch.save(self.model.state_dict(), self.run_dir / "model.pt")
 
-    def _evaluate(self, t: int, values) -> dict:
+    def _evaluate(self, t: int, values, elapsed: float) -> dict:
+        """Test loss and accuracy of the snapshot taken `elapsed` training seconds in."""
         torch.set_num_threads(1)
         model = build_model(self.cfg.model, self.data.input_shape, self.data.num_classes)
         write_values(model, self.blocks, values)
         loss, acc = evaluate(model, self.data)
-        record = {"type": "eval", "iteration": t, "time": time.time(), "test_loss": loss,
-                  "test_accuracy": acc}
+        record = {"type": "eval", "iteration": t, "time": time.time(), "elapsed": elapsed,
+                  "test_loss": loss, "test_accuracy": acc}
         self.metrics.write(record)
         self.display.update(min(t, self.total), acc=acc)
         return record
@@ -356,16 +359,18 @@ class Coordinator:
             values, optim, version, samples = self._fetch_state(0)
             self._checkpoint(self.total, values, optim, version, samples)
             self._save_model(values)
-            self.pending_eval.append(self.evals.submit(self._evaluate, self.total, values))
-        evals = [f.result() for f in self.pending_eval]
+            self.pending_eval.append(self.evals.submit(self._evaluate, self.total, values,
+                                                       self.stats.elapsed()))
+        evals = [f.result(timeout=max(60.0, self.cfg.timeout)) for f in self.pending_eval]
         final = evals[-1] if evals else {}
         for s, conn in enumerate(self.server_conns):
             conn.send(Message("stop", {"reason": "job finished"}))
             self._expect(conn, "ack", f"server {s}")
         summary = self.stats.summary(self.cfg, self.total, final, wall_s=time.time() - start)
         summary["resumed_from"] = self.resume.iteration if self.resume else None
-        summary["predictor_mape"] = self.planner.mape()
-        summary["predictor"] = self.cfg.predictor if self.cfg.protocol == "lbbsp" else None
+        if self.cfg.protocol == "lbbsp":
+            summary["predictor_mape"] = self.planner.mape()
+            summary["predictor"] = self.cfg.predictor
         return summary
 
     # -- helpers ------------------------------------------------------------------------

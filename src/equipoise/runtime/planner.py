@@ -22,7 +22,9 @@ class Planner:
     def __init__(self, cfg: Config, workers: list[int]):
         self.cfg = cfg
         self.workers: list[int] = []
-        self.predictors: dict[str, dict[int, Predictor]] = {name: {} for name in PREDICTORS}
+        # Predictors only serve LB-BSP; other protocols should not pay for NARX training.
+        names = PREDICTORS if cfg.protocol == "lbbsp" else ()
+        self.predictors: dict[str, dict[int, Predictor]] = {name: {} for name in names}
         self.comm: dict[int, float] = {}
         self.policy = None
         self._last_compute: dict[int, float] = {}

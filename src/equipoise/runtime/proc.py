@@ -36,7 +36,7 @@ def main(argv: list[str]) -> int:
     try:
         if role == "server":
             from .server import Server
-            Server(int(rank), transport, coordinator, host=cfg.host, timeout=cfg.timeout).serve()
+            Server(int(rank), transport, coordinator, host=cfg.listen_host, timeout=cfg.timeout).serve()
         elif role == "worker":
             from .worker import Worker
             Worker(cfg, int(rank), transport, coordinator).run()

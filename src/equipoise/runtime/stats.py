@@ -44,7 +44,7 @@ class RunStats:
         loss = sum(r["loss"] * r["samples"] for r in reports) / max(samples, 1)
         self.last_loss = loss
         stale = [r["staleness"] for r in reports]
-        record = {"type": "iteration", "iteration": t, "time": time.time(),
+        record = {"type": "iteration", "iteration": t, "time": time.time(), "elapsed": self.elapsed(),
                   "workers": [r["worker"] for r in reports],
                   "batch": [r["samples"] for r in reports], "loss": loss,
                   "samples_per_s": samples / elapsed if elapsed > 0 else None,

@@ -9,6 +9,7 @@ each applied update to a replica.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -80,7 +81,9 @@ class ParameterStore:
             if t.shape != self.values[key].shape or t.dtype != self.values[key].dtype:
                 raise PushError(f"push from worker {push.worker}: block {key} has shape "
                                 f"{tuple(t.shape)} {t.dtype}, expected {tuple(self.values[key].shape)}")
-            if not bool(torch.isfinite(t).all()):
+            # One reduction instead of an isfinite mask: NaN and inf propagate into the sum
+            # (a finite block whose sum overflows is refused too, and is no gradient to apply).
+            if not math.isfinite(float(t.sum())):
                 raise PushError(f"push from worker {push.worker}: block {key} holds a non-finite "
                                 "gradient (NaN or inf)")
 

@@ -21,6 +21,7 @@ from ..config import Config
 from ..data import SliceSampler, load_dataset
 from ..models import build_model
 from ..policy.placement import Block
+from ..policy.sync import make_sync_policy
 from ..scenario import Scenario
 from ..wire import Connection, Message, Transport
 from .blocks import read_pushes, write_values
@@ -53,53 +54,69 @@ class Worker:
         self.model = build_model(cfg.model, data.input_shape, data.num_classes)
         self.model.train()
         sampler = SliceSampler(len(data), cfg.global_batch, cfg.seed)
-        step, report = 0, {}
         try:
-            while True:
-                plan, plan_wait = self._plan(step, report)
-                if plan.fields["stop"]:
-                    return
-                report = self._step(plan.fields, data, sampler)
-                report["wait_s"] += plan_wait
-                step += 1
+            self._loop(data, sampler)
         finally:
             for c in self.servers + [self.coord]:
                 c.close()
 
-    # -- one step -----------------------------------------------------------------------
-    def _plan(self, step: int, report: dict) -> tuple[Message, float]:
+    # -- the loop -----------------------------------------------------------------------
+    def _loop(self, data, sampler: SliceSampler) -> None:
+        """Compute, then one pipelined exchange: push and pull-ahead go out together on
+        each server's (ordered) connection, the plan request follows the acks, and the
+        next weights and plan arrive while the coordinator and servers close the barrier.
+        A report describes one iteration: its compute and the exchange that fed it."""
+        barrier = make_sync_policy(self.cfg.protocol).barrier()
         t0 = time.perf_counter()
-        plan = self._request(self.coord, Message("plan_req", {
-            "worker": self.rank, "step": step, "report": report}), "plan")
-        held = float(plan.fields.get("held_s", 0.0))
-        return plan, min(held, time.perf_counter() - t0)
+        plan = self._recv(self._send_plan(0, {}), "plan")
+        if plan.fields["stop"]:
+            return
+        self._send_pulls(plan.fields["version"])
+        versions, held = self._recv_params()
+        exchange = self._exchange_times(t0, held, plan)
+        step = 0
+        while True:
+            f = plan.fields
+            cpu0, t1 = self.proc.cpu_times(), time.perf_counter()
+            loss = self._compute(data, sampler, f)
+            self._slow_down(time.perf_counter() - t1, f)
+            t2 = time.perf_counter()
+            cpu1 = self.proc.cpu_times()
+            t3 = time.perf_counter()
+            self._send_pushes(versions, f["size"])
+            self._send_pulls(f["iteration"] + 1 if barrier else 0)
+            staleness = self._recv_acks(versions)
+            report = {
+                "iteration": f["iteration"], "samples": f["size"], "loss": loss,
+                "version": min(versions), "staleness": staleness, "compute_s": t2 - t1,
+                "cpu": min(1.0, (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / max(t2 - t1, 1e-9)),
+                "mem": self.proc.memory_percent() / 100.0, **exchange}
+            step += 1
+            self._send_plan(step, report)
+            versions, held = self._recv_params()
+            plan = self._recv(self.coord, "plan")
+            if plan.fields["stop"]:
+                return
+            exchange = self._exchange_times(t3, held, plan)
 
-    def _step(self, plan: dict, data, sampler: SliceSampler) -> dict:
-        cpu0, t0 = self.proc.cpu_times(), time.perf_counter()
-        versions, pull_wait = self._pull(plan["version"])
-        t1 = time.perf_counter()
-        loss = self._compute(data, sampler, plan)
-        t2 = time.perf_counter()
-        self._slow_down(t2 - t1, plan)
-        t3 = time.perf_counter()
-        staleness = self._push(versions, plan["size"])
-        t4 = time.perf_counter()
-        cpu1 = self.proc.cpu_times()
-        busy = (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / max(t4 - t0, 1e-9)
-        return {
-            "iteration": plan["iteration"], "samples": plan["size"], "loss": loss,
-            "version": min(versions), "staleness": staleness,
-            "compute_s": t3 - t1, "wait_s": pull_wait,
-            "comm_s": max(0.0, (t1 - t0) + (t4 - t3) - pull_wait),
-            "cpu": min(1.0, busy), "mem": self.proc.memory_percent() / 100.0,
-            "sys_cpu": psutil.cpu_percent(interval=None) / 100.0,
-        }
+    def _exchange_times(self, since: float, pull_held: float, plan: Message) -> dict:
+        """Split an exchange into waiting (a server or the coordinator held our request
+        for the barrier) and communication (the rest)."""
+        total = time.perf_counter() - since
+        wait = min(total, max(pull_held, float(plan.fields.get("held_s", 0.0))))
+        return {"wait_s": wait, "comm_s": total - wait}
 
-    def _pull(self, min_version: int) -> tuple[list[int], float]:
-        """Pull every server's blocks into the model; returns each server's version and
-        the longest time a server held the pull back (time spent waiting, not moving)."""
+    def _send_plan(self, step: int, report: dict) -> Connection:
+        self.coord.send(Message("plan_req", {"worker": self.rank, "step": step, "report": report}))
+        return self.coord
+
+    def _send_pulls(self, min_version: int) -> None:
         for conn in self.servers:
             conn.send(Message("pull", {"worker": self.rank, "min_version": min_version}))
+
+    def _recv_params(self) -> tuple[list[int], float]:
+        """Write every server's blocks into the model; returns each server's version and
+        the longest time a server held the pull back (time spent waiting, not moving)."""
         versions, held = [], 0.0
         for s, conn in enumerate(self.servers):
             reply = self._recv(conn, "params")
@@ -129,17 +146,21 @@ class Worker:
         if factor > 1.0:
             time.sleep((factor - 1.0) * compute_s)
 
-    def _push(self, versions: list[int], samples: int) -> int:
-        """Push gradients tagged with the version they were computed on; returns the
-        largest staleness σ among the servers."""
+    def _send_pushes(self, versions: list[int], samples: int) -> None:
+        """Push gradients tagged with the version they were computed on. The gradient
+        tensors are sent without copying; they are not touched again until the acks
+        (which follow the server's receipt) are in."""
         pushes = read_pushes(self.model, self.blocks)
         for s, conn in enumerate(self.servers):
             tensors = {f"g{b.key}": pushes[b.key] for b in self.by_server[s]}
             conn.send(Message("push", {"worker": self.rank, "version": versions[s],
                                        "samples": samples}, tensors))
-        # An ack carries the version after our push was handled. If the push completed an
-        # update, that update made version v_ack, so σ = (v_ack − 1) − v; under a barrier a
-        # push that only joined the group is acked at v itself, i.e. σ = 0.
+
+    def _recv_acks(self, versions: list[int]) -> int:
+        """Wait for every server's ack; returns the largest staleness σ among them.
+        An ack carries the version after our push was handled. If the push completed an
+        update, that update made version v_ack, so σ = (v_ack − 1) − v; under a barrier a
+        push that only joined the group is acked at v itself, i.e. σ = 0."""
         acks = [int(self._recv(c, "ack").fields["version"]) for c in self.servers]
         return max(max(0, a - 1 - v) for a, v in zip(acks, versions))
 

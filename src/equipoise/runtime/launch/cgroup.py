@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 ROOT = Path("/sys/fs/cgroup/cpu")
-PERIOD_US = 100_000
+PERIOD_US = 10_000  # short periods: smoother throttling of ~10 ms steps
 
 
 class CgroupError(RuntimeError):

@@ -116,7 +116,7 @@ class Neighbours:
 def run_local(cfg: Config, run_dir: Path, data, resume: Checkpoint | None = None) -> dict:
     """Run one job on this machine and return its summary."""
     transport = make_transport("zmq", max_bytes=cfg.max_message_mb << 20)
-    listener = transport.listen(cfg.host)
+    listener = transport.listen(cfg.listen_host)
     children = neighbours = None
     clean = False
     try:
