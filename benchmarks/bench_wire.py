@@ -36,6 +36,7 @@ import zmq
 
 from benchmarks.common import (
     interleave,
+    load_average,
     markdown_table,
     median,
     ratio,
@@ -486,12 +487,14 @@ def run(preset: str, *, profile: bool | None = None, results_path: str | Path | 
     """Run the benchmark with a preset, print the Markdown tables, write the JSON."""
     p = PRESETS[preset]
     sizes = tuple(numels) if numels else p.numels
+    load_at_start = load_average()
     results = measure_wire(sizes, reps=p.reps, warmup=p.warmup)
     print(f"## push+pull: equipoise server vs raw pyzmq echo (preset {preset}, "
           f"medians of {p.reps} interleaved reps)\n")
     print(results_table(results))
     over = any(not r.ratio <= TARGET_RATIO for r in results)
     payload: dict[str, Any] = {"preset": preset, "target_ratio": TARGET_RATIO,
+                               "loadavg_at_start": load_at_start,
                                "results": [r.summary() for r in results]}
     if profile or (profile is None and over):
         real = {n: profile_server_process(n, p.profile_reps) for n in sizes}

@@ -25,7 +25,6 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-PRESETS = ("ci", "full")
 
 
 def median(values: Sequence[float]) -> float:
@@ -92,6 +91,15 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str
     return "\n".join(out)
 
 
+def load_average() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages (None where the OS has none): how busy the
+    shared machine was, to read next to the numbers."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
 def machine_info() -> dict[str, Any]:
     """What the numbers were measured on: versions, CPU count, load, git commit."""
     import torch
@@ -106,10 +114,7 @@ def machine_info() -> dict[str, Any]:
         "libzmq": zmq.zmq_version(),
         "hostname": socket.gethostname(),
     }
-    try:
-        info["loadavg"] = list(os.getloadavg())
-    except OSError:
-        pass
+    info["loadavg"] = load_average()
     try:
         info["git_commit"] = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
@@ -170,5 +175,5 @@ class scoped_env:
                 os.environ[k] = v
 
 
-__all__ = ["PRESETS", "RESULTS_DIR", "free_port", "fmt", "interleave", "machine_info",
+__all__ = ["RESULTS_DIR", "fmt", "free_port", "interleave", "load_average", "machine_info",
            "markdown_table", "median", "ratio", "scoped_env", "timed", "write_results"]

@@ -83,4 +83,8 @@ def start_burner(target_pid: int, share: float = 1.0) -> Burner:
            ",".join(str(c) for c in sorted(cpus))]
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             close_fds=True)
+    try:  # pin from here too, so the affinity holds from the start, not after its import
+        os.sched_setaffinity(proc.pid, cpus)
+    except OSError:
+        pass  # it pins itself as well
     return Burner(proc, target_pid, cpus, float(share))
