@@ -42,6 +42,7 @@ import torch
 
 from benchmarks.common import (
     free_port,
+    git_state,
     interleave,
     load_average,
     markdown_table,
@@ -120,7 +121,7 @@ def run_equipoise(spec: Spec) -> dict[str, Any]:
 
 def _steady_rate(metrics: Path, spec: Spec) -> float:
     """Samples/s between the end of iteration warmup−1 and the end of the last iteration
-    (DDP's window); the whole run's rate when warmup is 0 is not recoverable, so NaN."""
+    (DDP's window); NaN when warmup is 0 (no recorded moment starts that window)."""
     ends: dict[int, float] = {}
     for line in metrics.read_text(encoding="utf-8").splitlines():
         rec = json.loads(line)
@@ -220,6 +221,7 @@ def compare(spec: Spec, reps: int) -> dict[str, Any]:
     pairs = [ratio(e["samples_per_s"], d["samples_per_s"]) for e, d in zip(runs["equipoise"], runs["ddp"])]
     return {"spec": asdict(spec), "reps": reps, "target_ratio": TARGET_RATIO,
             "equipoise": eq, "ddp": ddp, "ratio": r, "pair_ratios": pairs,
+            "median_pair_ratio": median(pairs),
             "steady_ratio": ratio(eq["steady_samples_per_s"], ddp["samples_per_s"]),
             "meets_target": bool(r >= TARGET_RATIO), "runs": runs}
 
@@ -245,18 +247,18 @@ def run(preset: str, *, spec: Spec | None = None, reps: int | None = None,
     """Run the benchmark with a preset, print the Markdown table, write the JSON."""
     p = PRESETS[preset]
     spec = spec or Spec(iterations=p.iterations)
-    load_at_start = load_average()
+    load_at_start, git_at_start = load_average(), git_state()
     result = compare(spec, reps or p.reps)
     result["preset"] = preset
-    result["loadavg_at_start"] = load_at_start
+    result["loadavg_at_start"], result["git_at_start"] = load_at_start, git_at_start
     print(f"## equipoise BSP vs PyTorch DDP (preset {preset}: {spec.model} on {spec.dataset}, "
           f"{spec.workers} workers, {spec.servers} servers, global batch {spec.global_batch}, "
           f"{spec.iterations} iterations, medians of {result['reps']} interleaved reps)\n")
     print(results_table(result))
     verdict = "meets" if result["meets_target"] else "MISSES"
     pairs = ", ".join(f"{x:.3f}" for x in result["pair_ratios"])
-    print(f"\nratio {result['ratio']:.3f} {verdict} the target ≥ {TARGET_RATIO} "
-          f"(ratio of each interleaved pair: {pairs})")
+    print(f"\nratio of medians {result['ratio']:.3f} {verdict} the target ≥ {TARGET_RATIO}; "
+          f"ratio of each interleaved pair: {pairs} (median {result['median_pair_ratio']:.3f})")
     path = write_results(NAME, result, results_path)
     print(f"wrote {path}")
     return result

@@ -11,8 +11,10 @@ For each payload (float32 tensors of 1M and 10M elements, i.e. 4 MB and 40 MB):
 
 Repetitions are interleaved (raw, equipoise, raw, equipoise, ...) after a warm-up; the
 report is the median of each and the ratio equipoise/raw (target ≤ 1.3).
-When equipoise is over target (or with --profile), the server's handling of a push and
-a pull is timed piece by piece in this process to show where the time goes.
+When equipoise is over target (or with --profile), the report shows where the time
+goes: the steps of a real server process, timed by wrapping its methods inside that
+process (no file is changed), and the same steps in this process next to baselines (a
+copy into fresh vs reused memory) and cheaper alternatives.
 
 Run from the repository root::
 
@@ -23,7 +25,6 @@ Run from the repository root::
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -35,6 +36,7 @@ import torch
 import zmq
 
 from benchmarks.common import (
+    git_state,
     interleave,
     load_average,
     markdown_table,
@@ -160,7 +162,7 @@ def _instrument_server() -> dict[str, list[float]]:
     S._on_push = timer(S._on_push, lambda a, o: "server: _on_push total (check+apply+ack)")
     S._on_pull = timer(S._on_pull, lambda a, o: "server: _on_pull total (clone+encode+send)")
     S._reply = timer(S._reply, lambda a, o: "server: _reply (clone of the values)")
-    ParameterStore.check = timer(ParameterStore.check, lambda a, o: "server: store.check (isfinite)")
+    ParameterStore.check = timer(ParameterStore.check, lambda a, o: "server: store.check (finite check)")
     ParameterStore.apply = timer(ParameterStore.apply,
                                  lambda a, o: "server: store.apply (weighted sum + SGD step)")
     zmq_transport.decode = timer(zmq_transport.decode, lambda a, o: f"server: decode {o.type}")
@@ -311,27 +313,27 @@ def measure_wire(numels: Sequence[int] = DEFAULT_NUMELS, reps: int = 5, warmup: 
         grad = torch.randn(numel) * 1e-3
         payload = memoryview(grad.numpy()).cast("B")
         result = WireResult(numel, payload.nbytes)
-        raw, eq = RawEcho(), None
+        raw = RawEcho()
         try:
             eq = EquipoiseClient(numel)
+            try:
+                def run_raw() -> float:
+                    return raw.round_trip(payload) * 1e3
 
-            def run_raw() -> None:
-                result.raw_ms.append(raw.round_trip(payload) * 1e3)
+                def run_eq() -> tuple[float, float]:
+                    push, pull = eq.push_pull(grad)
+                    return push * 1e3, pull * 1e3
 
-            def run_eq() -> None:
-                push, pull = eq.push_pull(grad)
-                result.push_ms.append(push * 1e3)
-                result.pull_ms.append(pull * 1e3)
-                result.equipoise_ms.append((push + pull) * 1e3)
-
-            interleave({"raw": run_raw, "equipoise": run_eq}, warmup)
-            for lst in (result.raw_ms, result.equipoise_ms, result.push_ms, result.pull_ms):
-                lst.clear()
-            interleave({"raw": run_raw, "equipoise": run_eq}, reps)
+                runs: dict[str, list[Any]] = interleave({"raw": run_raw, "equipoise": run_eq},
+                                                        reps, warmup=warmup)
+            finally:
+                eq.close()
         finally:
             raw.close()
-            if eq is not None:
-                eq.close()
+        result.raw_ms = runs["raw"]
+        result.push_ms = [push for push, _ in runs["equipoise"]]
+        result.pull_ms = [pull for _, pull in runs["equipoise"]]
+        result.equipoise_ms = [push + pull for push, pull in runs["equipoise"]]
         results.append(result)
     return results
 
@@ -413,7 +415,7 @@ def profile_server(numel: int, reps: int = 5) -> dict[str, float]:
             clock("client: encode push", lambda: encode(push_msg))
             got = clock("server: decode push", lambda: decode(frames))
             push = Push(0, store.version, 1, {0: got.tensors["g0"]})
-            clock("server: store.check (isfinite)", lambda: store.check(push))
+            clock("server: store.check (finite check)", lambda: store.check(push))
             clock("server: store.apply (weighted sum + SGD step)", lambda: store.apply([push]))
             clock("server: clone for reply", lambda: {k: v.clone() for k, v in store.values.items()})
             reply = Message("params", {"version": store.version, "held_s": 0.0},
@@ -487,14 +489,14 @@ def run(preset: str, *, profile: bool | None = None, results_path: str | Path | 
     """Run the benchmark with a preset, print the Markdown tables, write the JSON."""
     p = PRESETS[preset]
     sizes = tuple(numels) if numels else p.numels
-    load_at_start = load_average()
+    load_at_start, git_at_start = load_average(), git_state()
     results = measure_wire(sizes, reps=p.reps, warmup=p.warmup)
     print(f"## push+pull: equipoise server vs raw pyzmq echo (preset {preset}, "
           f"medians of {p.reps} interleaved reps)\n")
     print(results_table(results))
     over = any(not r.ratio <= TARGET_RATIO for r in results)
     payload: dict[str, Any] = {"preset": preset, "target_ratio": TARGET_RATIO,
-                               "loadavg_at_start": load_at_start,
+                               "loadavg_at_start": load_at_start, "git_at_start": git_at_start,
                                "results": [r.summary() for r in results]}
     if profile or (profile is None and over):
         real = {n: profile_server_process(n, p.profile_reps) for n in sizes}

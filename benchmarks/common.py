@@ -101,7 +101,8 @@ def load_average() -> list[float] | None:
 
 
 def machine_info() -> dict[str, Any]:
-    """What the numbers were measured on: versions, CPU count, load, git commit."""
+    """What the numbers were measured on: versions, CPU count, load, git state (at the
+    time of the call: benchmarks record it at their start too)."""
     import torch
     import zmq
 
@@ -115,13 +116,22 @@ def machine_info() -> dict[str, Any]:
         "hostname": socket.gethostname(),
     }
     info["loadavg"] = load_average()
-    try:
-        info["git_commit"] = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
-            capture_output=True, text=True, timeout=5, check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
+    info["git"] = git_state()
     return info
+
+
+def git_state() -> dict[str, Any]:
+    """The commit checked out and whether src/ has uncommitted changes: the package is
+    installed editable, so every process runs whatever src/ holds when it starts."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                                text=True, timeout=5, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src"], cwd=root,
+                               capture_output=True, text=True, timeout=5, check=True).stdout.split("\n")
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return {"commit": commit, "src_changes": [line.strip() for line in dirty if line.strip()]}
 
 
 def _finite(obj: Any) -> Any:
@@ -175,5 +185,6 @@ class scoped_env:
                 os.environ[k] = v
 
 
-__all__ = ["RESULTS_DIR", "fmt", "free_port", "interleave", "load_average", "machine_info",
-           "markdown_table", "median", "ratio", "scoped_env", "timed", "write_results"]
+__all__ = ["RESULTS_DIR", "fmt", "free_port", "git_state", "interleave", "load_average",
+           "machine_info", "markdown_table", "median", "ratio", "scoped_env", "timed",
+           "write_results"]

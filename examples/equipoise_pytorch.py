@@ -9,7 +9,6 @@ directory's model.pt, a plain state_dict.
 """
 
 import gzip
-import os  # equipoise: to extend PYTHONPATH for the server and worker processes
 from pathlib import Path
 
 import numpy as np
@@ -68,11 +67,8 @@ def evaluate(model: nn.Module) -> float:
 
 
 def main() -> None:
-    # equipoise: every process imports this file by module name to build the model
-    here = str(Path(__file__).resolve().parent)  # equipoise:
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))  # equipoise:
     summary = equipoise.train(  # equipoise: the seed, optimizer and loop become one job
-        model="equipoise_pytorch:make_model",  # equipoise: 'module:function' of this file
+        model=make_model,  # equipoise: same as model="examples/equipoise_pytorch.py:make_model"
         dataset="fashion-mnist", seed=0,  # equipoise: equipoise reads the same IDX files
         global_batch=BATCH, lr=LR, momentum=MOMENTUM, epochs=EPOCHS,  # equipoise:
         workers=4, servers=2, protocol="bsp")  # equipoise:

@@ -49,6 +49,7 @@ class Config:
     data_dir: str = ""
     seed: int = 0
     eval_every: int = 100
+    eval_samples: int = 0  # periodic evaluations use the first N test samples (0: all)
     checkpoint_every: int = 200
     batch_split: tuple[int, ...] = ()
     batch_policy: str = "proportional"
@@ -122,7 +123,7 @@ class Config:
         for key in ("workers", "servers", "global_batch", "block_size", "threads", "min_batch",
                     "max_message_mb"):
             _at_least(key, getattr(self, key), 1)
-        for key in ("iterations", "seed", "eval_every", "checkpoint_every", "lr_step_size",
+        for key in ("iterations", "seed", "eval_every", "eval_samples", "checkpoint_every", "lr_step_size",
                     "max_batch"):
             _at_least(key, getattr(self, key), 0)
         for key in ("lr", "epochs", "timeout"):

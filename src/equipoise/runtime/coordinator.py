@@ -345,9 +345,11 @@ class Coordinator:
         torch.set_num_threads(1)
         model = build_model(self.cfg.model, self.data.input_shape, self.data.num_classes)
         write_values(model, self.blocks, values)
-        loss, acc = evaluate(model, self.data)
+        limit = 0 if t >= self.total else self.cfg.eval_samples
+        loss, acc = evaluate(model, self.data, limit=limit)
         record = {"type": "eval", "iteration": t, "time": time.time(), "elapsed": elapsed,
-                  "test_loss": loss, "test_accuracy": acc}
+                  "test_loss": loss, "test_accuracy": acc,
+                  "test_samples": min(limit, self.data.num_test) if limit else self.data.num_test}
         self.metrics.write(record)
         self.display.update(min(t, self.total), acc=acc)
         return record

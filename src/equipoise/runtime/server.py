@@ -40,6 +40,7 @@ class Server:
         self.coordinator = coordinator
         self.store: ParameterStore | None = None
         self.pending: list[Push] = []
+        self.copies = _CopyPool()
         self.held: list[_Held] = []
         self.workers = 0
         self.done = False
@@ -98,7 +99,7 @@ class Server:
         self.store = ParameterStore(blocks, values, OptimizerSpec.from_dict(f["optimizer"]),
                                     make_sync_policy(f["protocol"]), version=f["version"],
                                     samples=f["samples"], optim_state=optim)
-        self.pending, self.held = [], []
+        self.pending, self.held, self.copies = [], [], _CopyPool()
         self.listener.send(peer, Message("ready", {"rank": self.rank}))
 
     def _on_stop(self, peer: bytes, msg: Message) -> None:
@@ -148,18 +149,46 @@ class Server:
         keep: list[_Held] = []
         for h in self.held:
             if store.policy.pull_ready(h.min_version, store.version):
-                self.listener.send(h.peer, self._reply(h))
+                self._reply(h)
             else:
                 keep.append(h)
         self.held = keep
 
-    def _reply(self, h: _Held) -> Message:
+    def _reply(self, h: _Held) -> None:
         store = self.store
-        # Clone: the transport may send without copying, and the next update must not
-        # change bytes still on their way.
-        tensors = {f"b{k}": v.clone() for k, v in store.values.items()}
+        # Send copies: the transport may read the tensors after send() returns, and the
+        # next update must not change bytes still on their way.
+        slots = {k: self.copies.take(k, v) for k, v in store.values.items()}
+        tensors = {f"b{k}": slot[0] for k, slot in slots.items()}
         if h.kind == "pull":
-            return Message("params", {"version": store.version,
-                                      "held_s": time.monotonic() - h.since}, tensors)
-        tensors.update({f"s{name}": t for name, t in store.optim_state().items()})
-        return Message("state", {"version": store.version, "samples": store.samples}, tensors)
+            msg = Message("params", {"version": store.version, "held_s": time.monotonic() - h.since}, tensors)
+        else:
+            tensors.update({f"s{name}": t for name, t in store.optim_state().items()})
+            msg = Message("state", {"version": store.version, "samples": store.samples}, tensors)
+        done = self.listener.send(h.peer, msg)
+        for slot in slots.values():
+            slot[1] = done
+
+
+class _CopyPool:
+    """Reusable copies of block values for replies. A copy is free again once the
+    transport reports it has finished reading it; reusing memory avoids the page faults
+    of a fresh allocation per reply, which cost more than the copy itself."""
+
+    def __init__(self) -> None:
+        self.slots: dict[int, list[list]] = {}
+
+    def take(self, key: int, value) -> list:
+        """A [copy of value, done] slot, marked busy until the caller sets `done`."""
+        for slot in self.slots.setdefault(key, []):
+            if slot[1]() and slot[0].shape == value.shape:
+                slot[0].copy_(value)
+                slot[1] = _busy
+                return slot
+        slot = [value.clone(), _busy]
+        self.slots[key].append(slot)
+        return slot
+
+
+def _busy() -> bool:
+    return False

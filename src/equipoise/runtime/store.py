@@ -64,6 +64,7 @@ class ParameterStore:
                         for k, b in self.blocks.items() if b.kind == "param"]
         self._param_keys = [k for k, b in self.blocks.items() if b.kind == "param"]
         self.optimizer = _make_optimizer(spec, self._params)
+        self._sums: dict[int, torch.Tensor] = {}
         if optim_state:
             self._load_optim_state(optim_state)
 
@@ -91,7 +92,7 @@ class ParameterStore:
         """Combine a group of pushes (sorted by worker, for determinism) and step once."""
         group = sorted(group, key=lambda p: p.worker)
         weights = self.policy.weights([p.samples for p in group])
-        combined = {k: _weighted_sum([p.tensors[k] for p in group], weights) for k in self.blocks}
+        combined = {k: self._combine(k, [p.tensors[k] for p in group], weights) for k in self.blocks}
         for key, param in zip(self._param_keys, self._params):
             param.grad = combined[key]
         for key, b in self.blocks.items():
@@ -105,6 +106,16 @@ class ParameterStore:
             self.optimizer.step()
         self.version += 1
         self.samples += sum(p.samples for p in group)
+
+    def _combine(self, key: int, tensors: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
+        """Σ wᵢ·gᵢ into a buffer reused across updates: allocating fresh memory for every
+        update costs more than the arithmetic (page faults on large blocks)."""
+        if len(tensors) == 1 and weights[0] == 1.0:
+            return tensors[0]  # t·1.0 is t exactly
+        out = self._sums.get(key)
+        if out is None:
+            out = self._sums[key] = torch.empty_like(self.values[key])
+        return _weighted_sum(tensors, weights, out)
 
     # -- state ------------------------------------------------------------------------
     def optim_state(self) -> dict[str, torch.Tensor]:
@@ -124,8 +135,8 @@ class ParameterStore:
                 self.optimizer.state[param] = entry
 
 
-def _weighted_sum(tensors: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
-    out = tensors[0] * weights[0]
+def _weighted_sum(tensors: list[torch.Tensor], weights: list[float], out: torch.Tensor) -> torch.Tensor:
+    torch.mul(tensors[0], weights[0], out=out)
     for t, w in zip(tensors[1:], weights[1:]):
         out.add_(t, alpha=w)
     return out

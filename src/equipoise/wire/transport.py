@@ -24,6 +24,7 @@ Semantics shared by every transport:
 from __future__ import annotations
 
 import logging
+from typing import Callable
 from abc import ABC, abstractmethod
 
 from .message import DEFAULT_MAX_BYTES, Message, WireError, frames_nbytes
@@ -65,8 +66,11 @@ class Listener(ABC):
         """Return ``(peer identity, message)``, or None if nothing valid arrived in time."""
 
     @abstractmethod
-    def send(self, peer: bytes, msg: Message) -> None:
-        """Send ``msg`` to ``peer`` (now or later); dropped silently if the peer is gone."""
+    def send(self, peer: bytes, msg: Message) -> Callable[[], bool]:
+        """Send ``msg`` to ``peer`` (now or later); dropped silently if the peer is gone.
+        Returns a function telling whether the transport has finished reading the
+        message's tensors (zero-copy sends read them after ``send`` returns): until it
+        answers True, the tensors must not be modified."""
 
     @abstractmethod
     def close(self) -> None:

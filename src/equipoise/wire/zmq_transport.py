@@ -25,7 +25,7 @@ import socket as _socket
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import zmq
 
@@ -164,6 +164,10 @@ class ZmqTransport(Transport):
             self._ctx.destroy(linger=0)
 
 
+def _DONE() -> bool:
+    return True
+
+
 def _poll(sock: zmq.Socket, deadline: float) -> bool:
     """Wait until ``sock`` is readable or ``deadline`` (monotonic) passes."""
     while True:
@@ -184,8 +188,12 @@ class _ZmqEndpoint:
         self.max_bytes = transport.max_bytes
         self._zero_copy = transport._zero_copy
 
-    def _send(self, frames: list) -> None:
-        self._sock.send_multipart(frames, copy=not self._zero_copy)
+    def _send(self, frames: list) -> Callable[[], bool]:
+        if not self._zero_copy:
+            self._sock.send_multipart(frames, copy=True)
+            return _DONE
+        tracker = self._sock.send_multipart(frames, copy=False, track=True)
+        return (lambda: tracker.done) if tracker is not None else _DONE
 
     def close(self) -> None:
         self._sock.close(linger=0)
@@ -211,10 +219,10 @@ class _ZmqListener(_ZmqEndpoint, Listener):
                 break
         return None
 
-    def send(self, peer: bytes, msg: Message) -> None:
+    def send(self, peer: bytes, msg: Message) -> Callable[[], bool]:
         frames = encode(msg)
         check_size(frames, self.max_bytes)
-        self._send([peer, *frames])
+        return self._send([peer, *frames])
 
 
 class _ZmqConnection(_ZmqEndpoint, Connection):

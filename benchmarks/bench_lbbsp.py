@@ -1,0 +1,211 @@
+"""LB-BSP under worker stragglers: BSP, LB-BSP (each predictor), ASP and PyTorch DDP.
+
+Four emulated machines on this 2-core box: every worker is held to `cpu` CPUs by a
+cgroup v1 quota (so the four together fit the machine, as four separate machines would
+not compete), and worker i is made `slowdown[i]` times slower on top (compute time
+stretched in-process). The ideal throughput is the sum of the workers' standalone speeds:
+each factor's worker run alone (one worker, same CPU quota, batch X/λ) in the same run of
+this benchmark.
+
+Scenarios: "static" (slowdown = [1, 1, 2, 4]); "trace" (the 4× worker changes every
+`period` seconds, from a generated CSV); "neighbour" (no emulated slowdown: a real CPU
+burner joins one worker's cgroup at a time, halving its CPU, moving every `period` s).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import load_average, markdown_table, median, ratio, write_results
+from benchmarks.ddp_straggler import run_ddp_straggler
+
+NAME = "bench_lbbsp"
+ACCURACY = 0.85
+
+
+@dataclass(frozen=True)
+class Spec:
+    scenario: str = "static"
+    model: str = "cnn"
+    dataset: str = "fashion-mnist"
+    workers: int = 4
+    servers: int = 2
+    global_batch: int = 128
+    iterations: int = 500
+    lr: float = 0.05
+    momentum: float = 0.9
+    slowdown: tuple[float, ...] = (1.0, 1.0, 2.0, 4.0)
+    cpu: float = 0.4
+    period: float = 20.0
+    eval_every: int = 25
+    eval_samples: int = 2000
+    standalone_iterations: int = 60
+    transport: str = "ipc"
+    seed: int = 0
+
+    def job(self, **kw: Any) -> dict[str, Any]:
+        base = dict(model=self.model, dataset=self.dataset, workers=self.workers,
+                    servers=self.servers, global_batch=self.global_batch,
+                    iterations=self.iterations, lr=self.lr, momentum=self.momentum,
+                    cpu_limit=[self.cpu] * self.workers, eval_every=self.eval_every,
+                    eval_samples=self.eval_samples, checkpoint_every=0, progress=False,
+                    transport=self.transport, seed=self.seed, timeout=300.0)
+        base.update(kw)
+        return base
+
+
+PRESETS = {
+    "ci": Spec(dataset="digits", model="mlp", global_batch=64, iterations=40, eval_every=20,
+               eval_samples=0, standalone_iterations=20),
+    "full": Spec(),
+    "trace": Spec(scenario="trace", iterations=1200, period=20.0),
+    "neighbour": Spec(scenario="neighbour", iterations=1200, period=20.0, slowdown=(1, 1, 1, 1)),
+}
+
+
+# -- scenario plumbing -------------------------------------------------------------------
+
+def scenario_keys(spec: Spec, tmp: Path) -> dict[str, Any]:
+    """Config keys that create the scenario's stragglers."""
+    if spec.scenario == "static":
+        return {"slowdown": list(spec.slowdown)}
+    if spec.scenario == "trace":
+        rows = ["time,worker,factor"]
+        for k in range(64):  # the slow worker moves every `period` seconds
+            rows += [f"{k * spec.period},{w},{spec.slowdown[(w + k) % spec.workers]}"
+                     for w in range(spec.workers)]
+        path = tmp / "trace.csv"
+        path.write_text("\n".join(rows) + "\n")
+        return {"trace": str(path)}
+    if spec.scenario == "neighbour":
+        return {"neighbours": [{"worker": k % spec.workers, "start": k * spec.period,
+                                "stop": (k + 1) * spec.period} for k in range(64)]}
+    raise ValueError(f"scenario = {spec.scenario!r}")
+
+
+# -- runs --------------------------------------------------------------------------------
+
+def run_equipoise(spec: Spec, protocol: str, tmp: Path, **kw: Any) -> dict[str, Any]:
+    import equipoise
+
+    out = tmp / f"{protocol}-{kw.get('predictor', '')}-{time.monotonic_ns()}"
+    summary = equipoise.train(spec.job(protocol=protocol, **scenario_keys(spec, tmp), **kw), out=out)
+    evals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in evals if r.get("type") == "eval"]
+    return {"samples_per_s": summary["samples_per_s"],
+            "barrier_wait_fraction": summary["barrier_wait_fraction"],
+            "final_accuracy": summary["final_accuracy"],
+            "time_to_accuracy_s": time_to_accuracy(evals),
+            "train_s": summary["train_s"], "predictor_mape": summary.get("predictor_mape"),
+            "staleness_mean": summary["staleness_mean"], "run_dir": str(out)}
+
+
+def time_to_accuracy(evals: list[dict], target: float = ACCURACY) -> float:
+    """Training seconds at the first evaluation reaching `target` (NaN if none did)."""
+    for r in sorted(evals, key=lambda r: r["elapsed"]):
+        if r["test_accuracy"] is not None and r["test_accuracy"] >= target:
+            return float(r["elapsed"])
+    return math.nan
+
+
+def standalone_speeds(spec: Spec, tmp: Path) -> dict[float, float]:
+    """samples/s of one worker alone at each distinct slowdown factor (batch X/λ)."""
+    import equipoise
+
+    speeds = {}
+    for factor in sorted(set(spec.slowdown) | {1.0}):
+        cfg = spec.job(protocol="bsp", workers=1, global_batch=spec.global_batch // spec.workers,
+                       iterations=spec.standalone_iterations, cpu_limit=[spec.cpu],
+                       slowdown=[factor], eval_every=0)
+        out = tmp / f"standalone-{factor}"
+        speeds[factor] = equipoise.train(cfg, out=out)["samples_per_s"]
+    return speeds
+
+
+def ideal_throughput(spec: Spec, speeds: dict[float, float]) -> float:
+    """Σ standalone speeds. In the trace scenario the factors are a rotation of
+    `slowdown`, so the sum is the same at every moment; in the neighbour scenario one
+    worker at a time runs at about half speed (measured as factor 2)."""
+    if spec.scenario == "neighbour":
+        return speeds[1.0] * (spec.workers - 1) + speeds.get(2.0, speeds[1.0] / 2)
+    return sum(speeds[f] for f in spec.slowdown)
+
+
+def run_all(spec: Spec) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="bench-lbbsp-") as name:
+        tmp = Path(name)
+        if spec.scenario == "neighbour":
+            spec_alone = replace(spec, slowdown=(1.0, 2.0))
+            speeds = standalone_speeds(spec_alone, tmp)
+        else:
+            speeds = standalone_speeds(spec, tmp)
+        ideal = ideal_throughput(spec, speeds)
+        systems = {
+            "bsp": lambda: run_equipoise(spec, "bsp", tmp),
+            "lbbsp-last": lambda: run_equipoise(spec, "lbbsp", tmp, predictor="last"),
+            "lbbsp-ewma": lambda: run_equipoise(spec, "lbbsp", tmp, predictor="ewma"),
+            "lbbsp-narx": lambda: run_equipoise(spec, "lbbsp", tmp, predictor="narx"),
+            "asp": lambda: run_equipoise(spec, "asp", tmp),
+        }
+        if spec.scenario == "static":
+            systems["ddp"] = lambda: run_ddp_straggler(spec)
+        results = {name: fn() for name, fn in systems.items()}
+    bsp = results["bsp"]
+    for r in results.values():
+        r["vs_ideal"] = ratio(r["samples_per_s"], ideal)
+        r["vs_bsp"] = ratio(r["samples_per_s"], bsp["samples_per_s"])
+        r["time_to_accuracy_vs_bsp"] = ratio(r["time_to_accuracy_s"], bsp["time_to_accuracy_s"])
+    return {"spec": asdict(spec), "standalone_speeds": {str(k): v for k, v in speeds.items()},
+            "ideal_samples_per_s": ideal, "results": results}
+
+
+def table(result: dict[str, Any]) -> str:
+    rows = []
+    for name, r in result["results"].items():
+        rows.append([name, r["samples_per_s"], r["vs_ideal"], r["vs_bsp"],
+                     r.get("barrier_wait_fraction"), r["time_to_accuracy_s"],
+                     r["time_to_accuracy_vs_bsp"], r["final_accuracy"]])
+    return markdown_table(["system", "samples/s", "× ideal", "× BSP", "barrier wait",
+                           f"s to {ACCURACY:.0%}", "t-to-acc × BSP", "final acc"], rows)
+
+
+def mape_table(result: dict[str, Any]) -> str:
+    rows = []
+    for name, r in result["results"].items():
+        if r.get("predictor_mape"):
+            m = r["predictor_mape"]
+            rows.append([name, m.get("last"), m.get("ewma"), m.get("narx")])
+    return markdown_table(["run (predictor driving sizes)", "MAPE last", "MAPE ewma", "MAPE narx"], rows)
+
+
+def run(preset: str, results_path: str | None = None) -> dict[str, Any]:
+    spec = PRESETS[preset]
+    load = load_average()
+    result = run_all(spec)
+    result["preset"], result["loadavg_at_start"] = preset, load
+    print(f"## LB-BSP benchmark, preset {preset} (scenario {spec.scenario}, {spec.workers} workers at "
+          f"{spec.cpu} CPU each, slowdown {list(spec.slowdown)}, {spec.model} on {spec.dataset}, "
+          f"X = {spec.global_batch}, {spec.iterations} iterations)\n")
+    print(f"standalone speeds (samples/s by factor): {result['standalone_speeds']}; "
+          f"ideal = {result['ideal_samples_per_s']:.0f} samples/s\n")
+    print(table(result))
+    print("\nPredictor error (all three predictors watch the same speeds in every LB-BSP run):\n")
+    print(mape_table(result))
+    print(f"\nwrote {write_results(f'{NAME}_{preset}', result, results_path)}")
+    return result
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="ci")
+    parser.add_argument("--results", default=None)
+    args = parser.parse_args()
+    run(args.preset, args.results)

@@ -1,0 +1,426 @@
+"""Read a run directory and draw its plots.
+
+A run directory holds `metrics.jsonl` (see `runtime.stats.RunStats.iteration_record`,
+`runtime.coordinator.Coordinator._evaluate/_event/_checkpoint`), and when the job ended
+`summary.json` and `config.toml`.  `load_run` turns these into a `Run`; the `plot_*`
+functions draw one PNG each; `report` draws them all.
+
+Every figure is its own `matplotlib.figure.Figure` rendered by Agg: nothing here imports
+pyplot or changes matplotlib's global state, and matplotlib is only imported when a plot
+is drawn.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from ..telemetry.metrics import read_metrics
+
+__all__ = ["Run", "ReportError", "load_run", "plot_accuracy", "plot_batch_sizes", "plot_time_split",
+           "plot_timeline", "report"]
+
+DPI = 100
+WIDTH, HEIGHT = 8.0, 4.5  # inches: 800 x 450 pixels at DPI
+MEMBERSHIP = ("worker_left", "worker_joined")
+_MARKER_STYLE = {  # event kind -> (legend label, colour, line style)
+    "worker_left": ("worker left", "tab:red", "--"),
+    "worker_joined": ("worker joined", "tab:green", "--"),
+    "resumed": ("resumed from checkpoint", "0.4", ":"),
+}
+_PART_COLOURS = {"compute_s": "tab:blue", "wait_s": "tab:orange", "comm_s": "0.65"}
+
+
+class ReportError(ValueError):
+    """A run directory that cannot be reported on (missing, or without metrics)."""
+
+
+@dataclass
+class Run:
+    """The parsed records of one run directory.
+
+    `iterations`: "iteration" records, one per iteration (the later record wins when a
+    resumed run repeated one), sorted by iteration.  `evals`: "eval" records, likewise.
+    `events`: "event" records in file order.  `elapsed` is made continuous across resumes
+    (each resumed session restarts its clock at 0; its records are shifted to continue
+    from where the checkpoint was taken).  `summary`: summary.json, or {} if absent.
+    `config`: config.toml as a dict, or {} if absent.
+    """
+
+    path: Path
+    iterations: list[dict] = field(default_factory=list)
+    evals: list[dict] = field(default_factory=list)
+    events: list[dict] = field(default_factory=list)
+    summary: dict = field(default_factory=dict)
+    config: dict = field(default_factory=dict)
+
+    @property
+    def protocol(self) -> str | None:
+        return self.summary.get("protocol") or self.config.get("protocol")
+
+    @property
+    def label(self) -> str:
+        """A short name for legends and titles: the directory name and protocol."""
+        name, proto = self.path.name, self.protocol
+        return f"{name} ({proto})" if proto and proto not in name else name
+
+    @property
+    def workers(self) -> list[int]:
+        """Every worker rank that appears in an iteration record."""
+        return sorted({int(w) for rec in self.iterations for w in rec.get("workers") or ()})
+
+    def per_worker(self, key: str) -> dict[int, list[tuple[dict, float]]]:
+        """rank -> [(iteration record, that worker's value of `key`)], null values left out."""
+        out: dict[int, list[tuple[dict, float]]] = {w: [] for w in self.workers}
+        for rec in self.iterations:
+            values = rec.get(key)
+            if not isinstance(values, list):
+                continue
+            for w, v in zip(rec.get("workers") or (), values):
+                if _number(v) is not None:
+                    out[int(w)].append((rec, float(v)))
+        return out
+
+    def markers(self) -> list[dict]:
+        """Membership changes and resumes: {kind, iteration, elapsed, text}."""
+        out = []
+        for ev in self.events:
+            kind = ev.get("event")
+            if kind == "started" and ev.get("resumed"):
+                kind, text = "resumed", "resumed"
+            elif kind in MEMBERSHIP:
+                who = ev.get("worker")
+                text = f"w{who} {'left' if kind == 'worker_left' else 'joined'}" if who is not None else kind
+            else:
+                continue
+            t = _int(ev.get("iteration"))
+            if t is None:
+                continue
+            out.append({"kind": kind, "iteration": t, "elapsed": self.elapsed_at(t), "text": text})
+        return out
+
+    def elapsed_at(self, t: int) -> float:
+        """Training seconds at the barrier before iteration t (the end of iteration t-1)."""
+        before = [r["elapsed"] for r in self.iterations
+                  if r["iteration"] < t and _number(r.get("elapsed")) is not None]
+        return before[-1] if before else 0.0
+
+    def iteration_starts(self) -> dict[int, float]:
+        """iteration -> training seconds when it started (the previous record's elapsed)."""
+        out, prev = {}, 0.0
+        for rec in self.iterations:
+            out[rec["iteration"]] = prev
+            if _number(rec.get("elapsed")) is not None:
+                prev = rec["elapsed"]
+        return out
+
+
+# -- reading --------------------------------------------------------------------------------
+
+def load_run(run_dir: str | Path) -> Run:
+    """Parse a run directory's metrics.jsonl (and summary.json, config.toml if present)."""
+    path = Path(run_dir)
+    if path.is_file() and path.name == "metrics.jsonl":
+        path = path.parent
+    if not path.is_dir():
+        raise ReportError(f"run directory {str(path)!r} does not exist")
+    metrics = path / "metrics.jsonl"
+    if not metrics.is_file():
+        raise ReportError(f"{str(path)!r} is not a run directory: it has no metrics.jsonl")
+    try:
+        records = [r for r in read_metrics(metrics) if isinstance(r, dict)]
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ReportError(f"cannot read {str(metrics)!r}: {exc}") from None
+    run = Run(path, summary=_read_json(path / "summary.json"), config=_read_toml(path / "config.toml"))
+    run.iterations, run.evals, run.events = _merge_sessions(records)
+    return run
+
+
+def _merge_sessions(records: Iterable[dict]) -> tuple[list[dict], list[dict], list[dict]]:
+    """Iterations, evals and events of a metrics file that resumed runs appended to.
+
+    A resumed session (a "started" event with resumed = true at iteration r) replaces what
+    the previous sessions wrote after its checkpoint: their iterations >= r and their evals
+    and events after r.  Its clock restarts at 0, so its elapsed values are shifted by the
+    elapsed of the last iteration kept; and the membership events it replays at r (the
+    coordinator re-applies the ones that happened before r) are dropped."""
+    iters: dict[int, dict] = {}
+    evals: dict[int, dict] = {}
+    events: list[dict] = []
+    offset, resumed_at = 0.0, None
+    for rec in records:
+        kind, t = rec.get("type"), _int(rec.get("iteration"))
+        if kind == "event" and rec.get("event") == "started" and rec.get("resumed") and t is not None:
+            iters = {k: v for k, v in iters.items() if k < t}
+            evals = {k: v for k, v in evals.items() if k <= t}
+            events = [e for e in events if (_int(e.get("iteration")) or 0) <= t]
+            offset = max((v["elapsed"] for v in iters.values() if _number(v.get("elapsed")) is not None),
+                         default=offset)
+            resumed_at = t
+            events.append(rec)
+        elif kind == "iteration" and t is not None:
+            iters[t] = _shifted(rec, t, offset)
+        elif kind == "eval" and t is not None:
+            evals[t] = _shifted(rec, t, offset)
+        elif kind == "event":
+            if (rec.get("event") in MEMBERSHIP and t is not None and t == resumed_at
+                    and any(e.get("event") == rec["event"] and e.get("worker") == rec.get("worker")
+                            for e in events)):
+                continue  # a replay of a membership change that happened before the resume
+            events.append(rec)
+    return ([iters[k] for k in sorted(iters)], [evals[k] for k in sorted(evals)], events)
+
+
+def _shifted(rec: dict, t: int, offset: float) -> dict:
+    rec = dict(rec, iteration=t)
+    elapsed = _number(rec.get("elapsed"))
+    rec["elapsed"] = None if elapsed is None else elapsed + offset
+    return rec
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _read_toml(path: Path) -> dict:
+    import tomllib
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except (OSError, tomllib.TOMLDecodeError):
+        return {}
+
+
+def _number(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+def _int(v: Any) -> int | None:
+    n = _number(v)
+    return int(n) if n is not None else None
+
+
+# -- drawing helpers ------------------------------------------------------------------------
+
+def _figure(width: float = WIDTH, height: float = HEIGHT):
+    from matplotlib.figure import Figure  # Agg-rendered, no pyplot, no global backend switch
+    return Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+
+
+def _save(fig, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI, format=None if path.suffix else "png")
+    return path
+
+
+def _colour(rank: int, n: int):
+    from matplotlib import colormaps
+    if n <= 10:
+        return colormaps["tab10"](rank % 10)
+    if n <= 20:
+        return colormaps["tab20"](rank % 20)
+    return colormaps["viridis"](rank / max(n - 1, 1))
+
+
+def _no_data(ax, text: str) -> None:
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=12, color="0.4")
+
+
+def _slowdown_note(run: Run) -> str:
+    slow = run.config.get("slowdown") or []
+    if not slow or all(float(s) == 1.0 for s in slow):
+        return ""
+    return "slowdown " + ", ".join(f"w{i} ×{float(s):g}" for i, s in enumerate(slow))
+
+
+def _draw_markers(ax, run: Run, x: str, *, labels: bool = True) -> list:
+    """Vertical lines at membership changes and resumes; returns legend handles."""
+    from matplotlib.lines import Line2D
+    seen: dict[str, Any] = {}
+    for m in run.markers():
+        label, colour, style = _MARKER_STYLE[m["kind"]]
+        pos = m[x]
+        ax.axvline(pos, color=colour, linestyle=style, linewidth=1.2, alpha=0.9, zorder=1)
+        if labels:
+            ax.annotate(m["text"], (pos, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -3),
+                        textcoords="offset points", rotation=90, ha="left", va="top", fontsize=8,
+                        color=colour, bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none",
+                                            "alpha": 0.85})
+        seen.setdefault(m["kind"], Line2D([], [], color=colour, linestyle=style, label=label))
+    return list(seen.values())
+
+
+def _title(run: Run, what: str) -> str:
+    return f"{what} — {run.label}"
+
+
+# -- the plots ------------------------------------------------------------------------------
+
+def plot_batch_sizes(run: Run, path: str | Path) -> Path:
+    """Each worker's batch size against training time: one step line per worker (the size
+    holds from an iteration's start to its end), membership changes as vertical lines."""
+    fig = _figure()
+    ax = fig.add_subplot()
+    series = run.per_worker("batch")
+    starts = run.iteration_starts()
+    n = len(series)
+    for rank, points in series.items():
+        xs = [starts[rec["iteration"]] for rec, _ in points]
+        ys = [v for _, v in points]
+        if not xs:
+            continue
+        end = _number(points[-1][0].get("elapsed"))
+        xs.append(end if end is not None else xs[-1])
+        ys.append(ys[-1])
+        ax.step(xs, ys, where="post", color=_colour(rank, n), linewidth=1.6, label=f"worker {rank}")
+    handles = _draw_markers(ax, run, "elapsed")
+    if not any(series.values()):
+        _no_data(ax, "no iteration records")
+    ax.set_title(_title(run, "Per-worker batch size"))
+    note = _slowdown_note(run)
+    ax.set_xlabel("training time (s)" + (f"      [{note}]" if note else ""))
+    ax.set_ylabel("batch size (samples / iteration)")
+    ax.set_ylim(bottom=0)
+    ax.set_xlim(left=0)
+    ax.grid(True, alpha=0.3)
+    if any(series.values()):
+        ax.legend(handles=ax.get_legend_handles_labels()[0] + handles, loc="upper left",
+                  bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False)
+    return _save(fig, path)
+
+
+def plot_time_split(run: Run, path: str | Path) -> Path:
+    """Per worker, the mean compute / wait / comm seconds of an iteration as stacked bars:
+    under a barrier the fast workers' bars are mostly wait, the slowest's mostly compute."""
+    parts = ("compute_s", "wait_s", "comm_s")
+    names = {"compute_s": "compute", "wait_s": "barrier wait", "comm_s": "communication"}
+    series = {p: run.per_worker(p) for p in parts}
+    batches = run.per_worker("batch")
+    workers = run.workers
+    fig = _figure(WIDTH, max(HEIGHT, 1.6 + 0.55 * len(workers)))
+    ax = fig.add_subplot()
+    if not workers:
+        _no_data(ax, "no iteration records")
+        ax.set_title(_title(run, "Time per iteration"))
+        return _save(fig, path)
+    slow = run.config.get("slowdown") or []
+    means = {p: [_mean(v for _, v in series[p][w]) for w in workers] for p in parts}
+    totals = {p: sum(v for w in workers for _, v in series[p][w]) for p in parts}
+    grand = sum(totals.values())
+    wait_fraction = totals["wait_s"] / grand if grand > 0 else 0.0
+    ys = list(range(len(workers)))
+    left = [0.0] * len(workers)
+    for p in parts:
+        widths = [m or 0.0 for m in means[p]]
+        ax.barh(ys, widths, left=left, height=0.6, color=_PART_COLOURS[p], label=names[p])
+        left = [a + b for a, b in zip(left, widths)]
+    scale = max(left) or 1.0
+    for y, w, end in zip(ys, workers, left):
+        sizes = [v for _, v in batches[w]]
+        note = f"mean batch {_mean(sizes):.0f}, {len(sizes)} it" if sizes else ""
+        ax.text(end + 0.01 * scale, y, note, va="center", fontsize=8, color="0.25")
+    ax.set_xlim(0, scale * 1.3)
+    ticks = []
+    for w in workers:
+        s = f"\n(×{float(slow[w]):g} slowdown)" if w < len(slow) and float(slow[w]) != 1.0 else ""
+        ticks.append(f"worker {w}{s}")
+    ax.set_yticks(ys, ticks)
+    ax.invert_yaxis()
+    ax.set_xlabel("mean time per iteration (s)")
+    ax.set_title(_title(run, "Where each worker's iteration goes") +
+                 f"\nbarrier wait = {wait_fraction:.0%} of all worker time", fontsize=11)
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncols=3, fontsize=9,
+               frameon=False)
+    return _save(fig, path)
+
+
+def plot_timeline(run: Run, path: str | Path) -> Path:
+    """Per worker compute_s (top) and wait_s (bottom) against iteration, to watch the
+    waits move when the batch sizes adapt.  A record's wait is the one before its compute
+    (waiting for the previous barrier)."""
+    fig = _figure(WIDTH, 6.0)
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    compute, wait = run.per_worker("compute_s"), run.per_worker("wait_s")
+    values = [v for s in (compute, wait) for pts in s.values() for _, v in pts]
+    ms = bool(values) and max(values) < 1.0
+    unit, k = ("ms", 1000.0) if ms else ("s", 1.0)
+    n = len(compute)
+    few = len(run.iterations) <= 120
+    for ax, series in ((top, compute), (bottom, wait)):
+        for rank, pts in series.items():
+            ax.plot([rec["iteration"] for rec, _ in pts], [v * k for _, v in pts], color=_colour(rank, n),
+                    linewidth=1.2, marker="o" if few else None, markersize=2.5, label=f"worker {rank}")
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+    handles = _draw_markers(top, run, "iteration")
+    _draw_markers(bottom, run, "iteration", labels=False)
+    if not values:
+        _no_data(top, "no iteration records")
+    top.set_ylabel(f"compute ({unit})")
+    bottom.set_ylabel(f"barrier wait ({unit})")
+    bottom.set_xlabel("iteration")
+    fig.suptitle(_title(run, "Compute and barrier wait per iteration"))
+    if values:
+        fig.legend(handles=top.get_legend_handles_labels()[0] + handles, loc="outside right upper",
+                   fontsize=9, frameon=False)
+    return _save(fig, path)
+
+
+def plot_accuracy(runs: Mapping[str, Run | str | Path], path: str | Path, x: str = "elapsed") -> Path:
+    """Test accuracy against training seconds (x="elapsed") or iteration (x="iteration")
+    for several labelled runs (values may also be run directories)."""
+    if x not in ("elapsed", "iteration"):
+        raise ReportError(f"x = {x!r}: use 'elapsed' or 'iteration'")
+    fig = _figure()
+    ax = fig.add_subplot()
+    drawn, right = 0, 0.0
+    for label, run in runs.items():
+        run = run if isinstance(run, Run) else load_run(run)
+        pts = sorted((_number(e.get(x)), _number(e.get("test_accuracy"))) for e in run.evals
+                     if _number(e.get(x)) is not None and _number(e.get("test_accuracy")) is not None)
+        if not pts:
+            continue
+        line, = ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], marker="o", markersize=4,
+                        linewidth=1.6, label=str(label))
+        ax.annotate(f"{100 * pts[-1][1]:.1f}%", (pts[-1][0], 100 * pts[-1][1]), xytext=(6, -4),
+                    textcoords="offset points", ha="left", va="top", fontsize=9, color=line.get_color())
+        drawn += 1
+        right = max(right, pts[-1][0])
+    if not drawn:
+        _no_data(ax, "no evaluation records")
+    ax.set_title("Test accuracy " + ("vs training time" if x == "elapsed" else "vs iteration"))
+    ax.set_xlabel("training time (s)" if x == "elapsed" else "iteration")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_xlim(0, right * 1.1 if right > 0 else None)
+    ax.grid(True, alpha=0.3)
+    if drawn:
+        ax.legend(loc="lower right", fontsize=9)
+    return _save(fig, path)
+
+
+def report(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
+    """Write batch_sizes.png, time_split.png, timeline.png and accuracy.png for a run into
+    out_dir (default run_dir/report) and return their paths."""
+    run = load_run(run_dir)
+    out = Path(out_dir) if out_dir is not None else run.path / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    return [plot_batch_sizes(run, out / "batch_sizes.png"),
+            plot_time_split(run, out / "time_split.png"),
+            plot_timeline(run, out / "timeline.png"),
+            plot_accuracy({run.label: run}, out / "accuracy.png")]
+
+
+def _mean(values: Iterable[float]) -> float | None:
+    vs = list(values)
+    return sum(vs) / len(vs) if vs else None
