@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import load_average, markdown_table, median, ratio, write_results
+from benchmarks.common import load_average, markdown_table, ratio, write_results
 from benchmarks.ddp_straggler import run_ddp_straggler
 
 NAME = "bench_lbbsp"
@@ -137,25 +137,48 @@ def ideal_throughput(spec: Spec, speeds: dict[float, float]) -> float:
     return sum(speeds[f] for f in spec.slowdown)
 
 
-def run_all(spec: Spec) -> dict[str, Any]:
+def run_all(spec: Spec, plots: Path | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-lbbsp-") as name:
         tmp = Path(name)
-        if spec.scenario == "neighbour":
-            spec_alone = replace(spec, slowdown=(1.0, 2.0))
-            speeds = standalone_speeds(spec_alone, tmp)
-        else:
-            speeds = standalone_speeds(spec, tmp)
-        ideal = ideal_throughput(spec, speeds)
-        systems = {
-            "bsp": lambda: run_equipoise(spec, "bsp", tmp),
-            "lbbsp-last": lambda: run_equipoise(spec, "lbbsp", tmp, predictor="last"),
-            "lbbsp-ewma": lambda: run_equipoise(spec, "lbbsp", tmp, predictor="ewma"),
-            "lbbsp-narx": lambda: run_equipoise(spec, "lbbsp", tmp, predictor="narx"),
-            "asp": lambda: run_equipoise(spec, "asp", tmp),
-        }
-        if spec.scenario == "static":
-            systems["ddp"] = lambda: run_ddp_straggler(spec)
-        results = {name: fn() for name, fn in systems.items()}
+        result = _run_all(spec, tmp)
+        if plots is not None:
+            result["plots"] = [str(p) for p in make_plots(result, plots, spec)]
+        return result
+
+
+def make_plots(result: dict[str, Any], folder: Path, spec: Spec) -> list[Path]:
+    """Batch sizes and time split of the BSP and LB-BSP (NARX) runs, and accuracy
+    against training time of every equipoise run, as PNGs named after the scenario."""
+    from equipoise.report.plots import load_run, plot_accuracy, plot_batch_sizes, plot_time_split
+
+    folder.mkdir(parents=True, exist_ok=True)
+    runs = {name: load_run(r["run_dir"]) for name, r in result["results"].items() if "run_dir" in r}
+    out = [plot_accuracy(runs, folder / f"lbbsp-{spec.scenario}-accuracy.png")]
+    for name in ("bsp", "lbbsp-narx", "lbbsp-ewma"):
+        out.append(plot_batch_sizes(runs[name], folder / f"lbbsp-{spec.scenario}-{name}-batch.png"))
+        out.append(plot_time_split(runs[name], folder / f"lbbsp-{spec.scenario}-{name}-split.png"))
+    return out
+
+
+def _run_all(spec: Spec, tmp: Path) -> dict[str, Any]:
+    if spec.scenario == "neighbour":
+        spec_alone = replace(spec, slowdown=(1.0, 2.0))
+        speeds = standalone_speeds(spec_alone, tmp)
+    else:
+        speeds = standalone_speeds(spec, tmp)
+    ideal = ideal_throughput(spec, speeds)
+    systems = {
+        "bsp": lambda: run_equipoise(spec, "bsp", tmp),
+        "lbbsp-last": lambda: run_equipoise(spec, "lbbsp", tmp, predictor="last"),
+        "lbbsp-ewma": lambda: run_equipoise(spec, "lbbsp", tmp, predictor="ewma"),
+        "lbbsp-narx": lambda: run_equipoise(spec, "lbbsp", tmp, predictor="narx"),
+        # ASP at the BSP rate diverges here (stale momentum-SGD steps; NaN within ~20
+        # iterations), so it runs at α/λ, the rate of its λ-times-more-frequent updates.
+        "asp": lambda: run_equipoise(spec, "asp", tmp, lr=spec.lr / spec.workers),
+    }
+    if spec.scenario == "static":
+        systems["ddp"] = lambda: run_ddp_straggler(spec)
+    results = {name: _attempt(fn) for name, fn in systems.items()}
     bsp = results["bsp"]
     for r in results.values():
         r["vs_ideal"] = ratio(r["samples_per_s"], ideal)
@@ -165,9 +188,21 @@ def run_all(spec: Spec) -> dict[str, Any]:
             "ideal_samples_per_s": ideal, "results": results}
 
 
+def _attempt(fn) -> dict[str, Any]:
+    """Run one system; a failure (e.g. divergence) becomes a row saying so."""
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 - reported, not hidden
+        return {"error": f"{type(exc).__name__}: {exc}"[:300], "samples_per_s": math.nan,
+                "time_to_accuracy_s": math.nan, "final_accuracy": math.nan}
+
+
 def table(result: dict[str, Any]) -> str:
     rows = []
     for name, r in result["results"].items():
+        if "error" in r:
+            rows.append([name, "failed: " + r["error"][:60]] + [None] * 6)
+            continue
         rows.append([name, r["samples_per_s"], r["vs_ideal"], r["vs_bsp"],
                      r.get("barrier_wait_fraction"), r["time_to_accuracy_s"],
                      r["time_to_accuracy_vs_bsp"], r["final_accuracy"]])
@@ -184,10 +219,10 @@ def mape_table(result: dict[str, Any]) -> str:
     return markdown_table(["run (predictor driving sizes)", "MAPE last", "MAPE ewma", "MAPE narx"], rows)
 
 
-def run(preset: str, results_path: str | None = None) -> dict[str, Any]:
+def run(preset: str, results_path: str | None = None, plots: str | None = None) -> dict[str, Any]:
     spec = PRESETS[preset]
     load = load_average()
-    result = run_all(spec)
+    result = run_all(spec, Path(plots) if plots else None)
     result["preset"], result["loadavg_at_start"] = preset, load
     print(f"## LB-BSP benchmark, preset {preset} (scenario {spec.scenario}, {spec.workers} workers at "
           f"{spec.cpu} CPU each, slowdown {list(spec.slowdown)}, {spec.model} on {spec.dataset}, "
@@ -207,5 +242,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default="ci")
     parser.add_argument("--results", default=None)
+    parser.add_argument("--plots", default=None, help="folder for PNG plots of the runs (e.g. docs/img)")
     args = parser.parse_args()
-    run(args.preset, args.results)
+    run(args.preset, args.results, args.plots)

@@ -1,16 +1,26 @@
 """`equipoise` command line: thin, it parses arguments and calls the API.
 
 Exit status: 0 success; 2 a user mistake (bad config, missing or corrupt data, bad
-checkpoint), printed as one line; 1 the job failed (a process died, a peer timed out);
-130 interrupted.
+checkpoint, an address or cgroup that cannot be set up), printed as one line; 1 the job
+failed (a process died, a peer timed out); 130 interrupted (Ctrl-C); 143 terminated.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 
 from .config import ConfigError, parse_override
+
+
+class _Terminated(Exception):
+    """SIGTERM, turned into an exception so the launcher's clean-up runs."""
+
+
+def _terminated(signum, frame) -> None:
+    raise _Terminated()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -24,16 +34,39 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--out", help="run directory to write (default runs/<time>-<protocol>)")
     t.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its checkpoint")
     t.add_argument("--quiet", action="store_true", help="no progress bar or summary table")
+    r = sub.add_parser("report", help="plot a run directory (batch sizes, time split, accuracy)")
+    r.add_argument("run_dir", help="a run directory written by `equipoise train`")
+    r.add_argument("--out", help="folder for the PNG files (default RUN_DIR/report)")
     return p
+
+
+def _report(args: argparse.Namespace) -> int:
+    from .report import ReportError, report
+
+    try:
+        for path in report(args.run_dir, args.out):
+            print(path)
+    except ReportError as exc:
+        print(f"equipoise: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "report":
+        return _report(args)
     from . import api
     from .data import DataError
     from .models import ModelError
     from .runtime.checkpoint import CheckpointError
     from .runtime.coordinator import JobError
+    from .runtime.launch.cgroup import CgroupError
+
+    # Like `python -m`: modules in the current folder can be named as models, and the
+    # server and worker processes (started with -m) see the same folder first.
+    sys.path.insert(0, os.getcwd())
+    signal.signal(signal.SIGTERM, _terminated)
 
     try:
         overrides = dict(parse_override(item) for item in args.overrides)
@@ -43,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             summary = api.train(args.config, resume=args.resume, **overrides)
         else:
             summary = api.train(args.config, out=args.out, **overrides)
-    except (ConfigError, DataError, ModelError, CheckpointError) as exc:
+    except (ConfigError, DataError, ModelError, CheckpointError, CgroupError, OSError) as exc:
         print(f"equipoise: error: {exc}", file=sys.stderr)
         return 2
     except JobError as exc:
@@ -52,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("equipoise: interrupted; all processes stopped (the last checkpoint is kept)", file=sys.stderr)
         return 130
+    except _Terminated:
+        print("equipoise: terminated; all processes stopped (the last checkpoint is kept)", file=sys.stderr)
+        return 143
     if not args.quiet:
         from .telemetry.progress import print_summary
         print_summary(summary)

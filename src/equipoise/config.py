@@ -165,6 +165,11 @@ class Config:
                                   f"(workers = {self.workers}), each between 0.01 and 64 CPUs")
         self._validate_scenario()
         self._validate_membership()
+        if self.min_batch * self.workers > self.global_batch:
+            raise ConfigError(f"min_batch = {self.min_batch} × workers = {self.workers} is more than "
+                              f"global_batch = {self.global_batch}")
+        if self.max_batch and self.max_batch < self.min_batch:
+            raise ConfigError(f"max_batch = {self.max_batch} is less than min_batch = {self.min_batch}")
         if self.max_batch and self.max_batch * self.workers < self.global_batch:
             raise ConfigError(
                 f"max_batch = {self.max_batch} × workers = {self.workers} cannot hold "

@@ -29,13 +29,16 @@ from ..telemetry.metrics import MetricsWriter
 from ..telemetry.progress import ProgressDisplay
 from ..wire import Listener, Message, Transport
 from .blocks import model_blocks, read_values, write_values
-from .checkpoint import Checkpoint, save_checkpoint
+from .checkpoint import Checkpoint, CheckpointError, save_checkpoint
 from .evaluate import evaluate
 from .planner import Planner
 from .stats import RunStats
 from .store import OptimizerSpec
 
 log = logging.getLogger("equipoise.coordinator")
+
+
+REPORT_KEYS = ("iteration", "samples", "loss", "staleness", "compute_s", "wait_s", "comm_s")
 
 
 class JobError(RuntimeError):
@@ -135,7 +138,7 @@ class Coordinator:
 
     def _check_resume_blocks(self) -> None:
         if [Block.from_list(r) for r in self.resume.blocks] != self.blocks:
-            raise JobError("checkpoint blocks do not match this model and block_size: "
+            raise CheckpointError("checkpoint blocks do not match this model and block_size: "
                            "resume with the configuration the checkpoint was written with")
 
     # -- training -----------------------------------------------------------------------
@@ -155,7 +158,12 @@ class Coordinator:
             if msg.type != "plan_req":
                 self.listener.send(peer, Message("error", {"message": f"coordinator does not accept {msg.type!r} now"}))
                 continue
-            self._on_plan_req(peer, msg.fields)
+            try:
+                self._on_plan_req(peer, msg.fields)
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning("refused a plan request from %s: %s: %s", peer.hex(), type(exc).__name__, exc)
+                self.waiting = {w: v for w, v in self.waiting.items() if v[0] != peer}
+                self.listener.send(peer, Message("error", {"message": f"bad plan request: {exc}"}))
 
     def _on_plan_req(self, peer: bytes, f: dict) -> None:
         worker = int(f["worker"])
@@ -273,6 +281,9 @@ class Coordinator:
 
     # -- reports and metrics ------------------------------------------------------------
     def _collect(self, worker: int, report: dict) -> None:
+        missing = [k for k in REPORT_KEYS if not isinstance(report.get(k), (int, float))]
+        if missing:
+            raise ValueError(f"report of worker {worker} lacks numeric {missing}")
         report["worker"] = worker
         self.stats.add(report)
         t = int(report["iteration"])

@@ -80,8 +80,10 @@ class Server:
             return self._refuse(peer, f"server {self.rank} is not initialised yet")
         try:
             handler(peer, msg)
-        except (PushError, ValueError, KeyError) as exc:
-            self._refuse(peer, str(exc))
+        except (PushError, ValueError, KeyError, TypeError, IndexError) as exc:
+            # A bad message never stops a server: the sender gets the reason, we go on.
+            log.debug("handling %s failed", msg.type, exc_info=True)
+            self._refuse(peer, f"{type(exc).__name__}: {exc}" if not isinstance(exc, PushError) else str(exc))
 
     def _refuse(self, peer: bytes, reason: str) -> None:
         log.warning("refused a message from %s: %s", peer.hex(), reason)

@@ -27,6 +27,10 @@ from ..wire import Connection, Message, Transport
 from .blocks import read_pushes, write_values
 
 
+def _clamp01(x: float) -> float:
+    return min(1.0, max(0.0, x))
+
+
 class WorkerError(RuntimeError):
     """A fault of this worker's step (non-finite loss, refused push); names the worker."""
 
@@ -89,7 +93,7 @@ class Worker:
             report = {
                 "iteration": f["iteration"], "samples": f["size"], "loss": loss,
                 "version": min(versions), "staleness": staleness, "compute_s": t2 - t1,
-                "cpu": min(1.0, (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / max(t2 - t1, 1e-9)),
+                "cpu": _clamp01((cpu1.user + cpu1.system - cpu0.user - cpu0.system) / max(t2 - t1, 1e-9)),
                 "mem": self.proc.memory_percent() / 100.0, **exchange}
             step += 1
             self._send_plan(step, report)

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 ROOT = Path("/sys/fs/cgroup/cpu")
-PERIOD_US = 10_000  # short periods: smoother throttling of ~10 ms steps
+MIN_QUOTA_US = 1_000  # the kernel's minimum
 
 
 class CgroupError(RuntimeError):
@@ -25,8 +25,12 @@ class CpuLimit:
         self.path = ROOT / name
         try:
             self.path.mkdir(exist_ok=True)
-            (self.path / "cpu.cfs_period_us").write_text(str(PERIOD_US))
-            (self.path / "cpu.cfs_quota_us").write_text(str(max(1000, int(cpus * PERIOD_US))))
+            # The shortest period the kernel allows for this share: a throttled step is
+            # late by up to one period, so short periods keep step times steady.
+            period = int(min(1_000_000, max(MIN_QUOTA_US, MIN_QUOTA_US / cpus)))
+            (self.path / "cpu.cfs_quota_us").write_text("-1")  # lift first: period and quota
+            (self.path / "cpu.cfs_period_us").write_text(str(period))  # must stay consistent
+            (self.path / "cpu.cfs_quota_us").write_text(str(max(MIN_QUOTA_US, int(cpus * period))))
         except OSError as exc:
             raise CgroupError(f"cannot set up {self.path} for cpu_limit (run as root?): {exc}") from None
 

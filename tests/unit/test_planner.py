@@ -1,0 +1,42 @@
+"""The coordinator's plan decisions, without processes."""
+
+from equipoise.config import Config
+from equipoise.runtime.planner import Planner
+
+
+def report(samples, compute, comm=0.001):
+    return {"samples": samples, "compute_s": compute, "comm_s": comm, "cpu": 0.5, "mem": 0.1}
+
+
+def test_bsp_splits_equally_or_as_configured():
+    assert Planner(Config(workers=3, global_batch=10), [0, 1, 2]).sizes() == {0: 4, 1: 3, 2: 3}
+    cfg = Config(workers=2, global_batch=10, batch_split=(7, 3))
+    assert Planner(cfg, [0, 1]).sizes() == {0: 7, 1: 3}
+    assert Planner.slices({0: 7, 1: 3}) == {0: (0, 7), 1: (7, 3)}
+
+
+def test_lbbsp_sizes_follow_observed_speeds_and_sum_to_x():
+    cfg = Config(protocol="lbbsp", workers=4, global_batch=128, predictor="last", hysteresis=0.0)
+    p = Planner(cfg, [0, 1, 2, 3])
+    assert p.sizes() == {0: 32, 1: 32, 2: 32, 3: 32}  # nothing observed yet
+    # speeds 1000, 1000, 500, 250 samples/s (slowdown 1, 1, 2, 4)
+    p.observe({w: report(32, 32 / v) for w, v in zip(range(4), (1000, 1000, 500, 250))})
+    sizes = p.sizes()
+    assert sum(sizes.values()) == 128
+    assert abs(sizes[0] - sizes[1]) <= 1 and min(sizes[0], sizes[1]) > sizes[2] > sizes[3]
+    assert abs(sizes[2] - 2 * sizes[3]) <= 2 and abs(sizes[0] - 2 * sizes[2]) <= 2
+    assert set(p.mape()) == {"last", "ewma", "narx"}
+
+
+def test_membership_change_redistributes_the_global_batch():
+    cfg = Config(protocol="lbbsp", workers=3, global_batch=90, predictor="last", hysteresis=0.0)
+    p = Planner(cfg, [0, 1, 2])
+    p.observe({w: report(30, 30 / 1000) for w in range(3)})
+    p.set_workers([0, 2, 5])
+    p.observe({w: report(30, 30 / 1000) for w in (0, 2, 5)})
+    sizes = p.sizes()
+    assert set(sizes) == {0, 2, 5} and sum(sizes.values()) == 90
+
+
+def test_other_protocols_train_no_predictor():
+    assert Planner(Config(protocol="bsp"), [0, 1, 2, 3]).mape() == {}
