@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
@@ -193,8 +194,17 @@ def run_ddp(spec: Spec) -> dict[str, Any]:
     t0 = time.perf_counter()
     # Children inherit the environment at spawn: one OpenMP thread, gloo on loopback.
     with scoped_env(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo"):
-        torch_mp.start_processes(_ddp_rank, args=(spec, free_port(), results), nprocs=spec.workers,
-                            join=True, start_method="spawn")
+        for attempt in (1, 2):
+            try:
+                torch_mp.start_processes(_ddp_rank, args=(spec, free_port(), results),
+                                         nprocs=spec.workers, join=True, start_method="spawn")
+                break
+            except torch_mp.ProcessExitedException as exc:
+                # Seen a few times here: a gloo rank aborts ("terminate called without an
+                # active exception") right after an equipoise job; a second start works.
+                print(f"DDP attempt {attempt} failed: {exc}", file=sys.stderr)
+                if attempt == 2:
+                    raise
     elapsed = time.perf_counter() - t0
     if results.empty():
         raise RuntimeError("DDP rank 0 reported nothing")

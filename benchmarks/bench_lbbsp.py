@@ -64,8 +64,8 @@ PRESETS = {
     "ci": Spec(dataset="digits", model="mlp", global_batch=64, iterations=40, eval_every=20,
                eval_samples=0, standalone_iterations=20),
     "full": Spec(),
-    "trace": Spec(scenario="trace", iterations=1200, period=20.0),
-    "neighbour": Spec(scenario="neighbour", iterations=1200, period=20.0, slowdown=(1, 1, 1, 1)),
+    "trace": Spec(scenario="trace", iterations=900, period=20.0),
+    "neighbour": Spec(scenario="neighbour", iterations=900, period=20.0, slowdown=(1, 1, 1, 1)),
 }
 
 

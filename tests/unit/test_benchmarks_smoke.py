@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from benchmarks import bench_ddp, bench_wire, common
+from benchmarks import bench_ddp, bench_wire, common, wire_profile
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -31,7 +31,7 @@ def test_wire_core_runs_on_a_tiny_payload(tmp_path):
 
 
 def test_wire_profile_times_every_server_step():
-    profile = bench_wire.profile_server(4096, reps=1)
+    profile = wire_profile.profile_server(4096, reps=1)
     assert profile["server: store.check (finite check)"] > 0
     assert profile["server: handle(push) total"] > 0
     assert profile["server: handle(pull) total"] > 0

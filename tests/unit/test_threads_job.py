@@ -7,7 +7,6 @@ import torch
 from equipoise.config import Config
 from equipoise.data import load_dataset
 from equipoise.reference import train_reference
-from equipoise.runtime.blocks import model_blocks, read_values
 from equipoise.runtime.launch.threads import run_threads
 
 pytestmark = pytest.mark.timeout(120)
