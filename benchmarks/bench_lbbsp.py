@@ -64,6 +64,9 @@ PRESETS = {
     "ci": Spec(dataset="digits", model="mlp", global_batch=64, iterations=40, eval_every=20,
                eval_samples=0, standalone_iterations=20),
     "full": Spec(),
+    # The same stragglers with 4× the compute per iteration: the barrier's fixed costs
+    # (last push → update → pulls, ≈ 20 ms here) weigh a quarter as much.
+    "large-batch": Spec(global_batch=512, iterations=240, lr=0.1, eval_every=10),
     "trace": Spec(scenario="trace", iterations=900, period=20.0),
     "neighbour": Spec(scenario="neighbour", iterations=900, period=20.0, slowdown=(1, 1, 1, 1)),
 }
