@@ -8,10 +8,11 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from .config import Config, ConfigError, to_toml
+from .config import Config, ConfigError, read_toml, to_toml
 from .data import load_dataset
 from .runtime.checkpoint import load_checkpoint
 from .runtime.launch.local import run_local
+from .telemetry.metrics import json_safe
 
 ConfigLike = Config | Mapping[str, Any] | str | Path | None
 
@@ -42,7 +43,10 @@ def train(config: ConfigLike = None, *, out: str | Path | None = None,
         run_dir = Path(resume)
         if not (run_dir / "config.toml").exists():
             raise ConfigError(f"--resume {str(run_dir)!r} is not a run directory (no config.toml)")
-        cfg = Config.load(run_dir / "config.toml", _as_dict(config, overrides))
+        extra = _as_dict(config, overrides)
+        if "model" in extra:
+            extra["model"] = model_spec(extra["model"])
+        cfg = Config.load(run_dir / "config.toml", extra)
         ckpt = load_checkpoint(run_dir)
     else:
         cfg = resolve_config(config, **overrides)
@@ -92,7 +96,6 @@ def _as_dict(config: ConfigLike, overrides: Mapping[str, Any]) -> dict:
     if isinstance(config, Config):
         raise ConfigError("with resume, pass overrides as a dict, not a Config")
     if isinstance(config, (str, Path)):
-        from .config import read_toml
         return {**read_toml(config), **overrides}
     return {**(config or {}), **overrides}
 
@@ -108,5 +111,4 @@ def _new_run_dir(out: str | Path | None, cfg: Config) -> Path:
 
 
 def _write_summary(run_dir: Path, summary: dict) -> None:
-    from .telemetry.metrics import _finite
-    (run_dir / "summary.json").write_text(json.dumps(_finite(summary), indent=2) + "\n", encoding="utf-8")
+    (run_dir / "summary.json").write_text(json.dumps(json_safe(summary), indent=2) + "\n", encoding="utf-8")

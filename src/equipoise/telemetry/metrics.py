@@ -14,7 +14,7 @@ class MetricsWriter:
         self._fh = self.path.open("a", encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:
-        self._fh.write(json.dumps(_finite(record), separators=(",", ":")) + "\n")
+        self._fh.write(json.dumps(json_safe(record), separators=(",", ":")) + "\n")
         self._fh.flush()
 
     def close(self) -> None:
@@ -32,12 +32,12 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def _finite(v: Any) -> Any:
+def json_safe(v: Any) -> Any:
     """JSON has no NaN/inf: write them as null."""
     if isinstance(v, float) and not math.isfinite(v):
         return None
     if isinstance(v, dict):
-        return {k: _finite(x) for k, x in v.items()}
+        return {k: json_safe(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
-        return [_finite(x) for x in v]
+        return [json_safe(x) for x in v]
     return v
