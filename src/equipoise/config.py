@@ -54,6 +54,7 @@ class Config:
     batch_split: tuple[int, ...] = ()
     batch_policy: str = "proportional"
     predictor: str = "ewma"
+    shadow_predictors: bool = False  # LB-BSP: also run the other predictors (compare errors)
     min_batch: int = 1
     max_batch: int = 0  # 0: no per-worker cap
     hysteresis: float = 0.05

@@ -25,7 +25,9 @@ def test_lbbsp_sizes_follow_observed_speeds_and_sum_to_x():
     assert sum(sizes.values()) == 128
     assert abs(sizes[0] - sizes[1]) <= 1 and min(sizes[0], sizes[1]) > sizes[2] > sizes[3]
     assert abs(sizes[2] - 2 * sizes[3]) <= 2 and abs(sizes[0] - 2 * sizes[2]) <= 2
-    assert set(p.mape()) == {"last", "ewma", "narx"}
+    assert set(p.mape()) == {"last"}  # only the predictor that drives sizes, by default
+    shadowed = Planner(Config(protocol="lbbsp", shadow_predictors=True), [0, 1])
+    assert set(shadowed.mape()) == {"last", "ewma", "narx"}
 
 
 def test_membership_change_redistributes_the_global_batch():

@@ -42,3 +42,14 @@ def test_asp_applies_every_gradient_and_records_staleness(tmp_path, digits):
     summary = run_threads(cfg, tmp_path, digits)
     assert summary["samples"] == 10 * 48
     assert sum(summary["staleness_histogram"].values()) == 10 * 3  # one gradient per μ = 16 samples
+
+
+def test_replayed_predictor_errors_equal_the_ones_measured_in_the_run(tmp_path, digits):
+    from equipoise.report.replay import replay_mape
+
+    cfg = job(protocol="lbbsp", iterations=30, shadow_predictors=True, slowdown=[1.0, 2.0, 3.0])
+    summary = run_threads(cfg, tmp_path, digits)
+    replayed = replay_mape(tmp_path)
+    assert set(replayed) == set(summary["predictor_mape"]) == {"last", "ewma", "narx"}
+    for name, value in summary["predictor_mape"].items():
+        assert replayed[name] == pytest.approx(value, rel=1e-9), name

@@ -23,7 +23,7 @@ class Planner:
         self.cfg = cfg
         self.workers: list[int] = []
         # Predictors only serve LB-BSP; other protocols should not pay for NARX training.
-        names = PREDICTORS if cfg.protocol == "lbbsp" else ()
+        names = () if cfg.protocol != "lbbsp" else PREDICTORS if cfg.shadow_predictors else (cfg.predictor,)
         self.predictors: dict[str, dict[int, Predictor]] = {name: {} for name in names}
         self.comm: dict[int, float] = {}
         self.policy = None
