@@ -31,8 +31,8 @@ Run from the repository root::
 from __future__ import annotations
 
 import json
-import tempfile
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
