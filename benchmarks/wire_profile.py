@@ -118,12 +118,12 @@ def profile_server_process(numel: int, reps: int = 5) -> dict[str, float]:
     `reps` push+pulls, plus what the client saw, for one payload size."""
     client = EquipoiseClient(numel, instrument=True)
     grad = torch.randn(numel) * 1e-3
-    seen: dict[str, list[float]] = {"client: push+ack": [], "client: pull+params": []}
+    seen: dict[str, list[float]] = {"client: push+pull sent, to ack": [], "client: then to params": []}
     try:
         for _ in range(reps):
             push, pull = client.push_pull(grad)
-            seen["client: push+ack"].append(push * 1e3)
-            seen["client: pull+params"].append(pull * 1e3)
+            seen["client: push+pull sent, to ack"].append(push * 1e3)
+            seen["client: then to params"].append(pull * 1e3)
     finally:
         client.close()
     skip = ("server: decode init", "server: encode+send ready", "server: decode stop")
