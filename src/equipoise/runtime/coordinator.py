@@ -68,6 +68,8 @@ class Coordinator:
         self.pending_eval: list[Future] = []
         self.stopped: set[int] = set()
         self.workers: dict[int, bytes] = {}
+        self.server_conns: list = []
+        self._snapshot_at: int | None = None  # a barrier re-entered after a join snapshots once
 
     # -- the job ------------------------------------------------------------------------
     def run(self) -> dict:
@@ -78,14 +80,13 @@ class Coordinator:
             self.server_addresses = servers
             for rank, peer in sorted(held_hellos.items()):
                 self.listener.send(peer, self._welcome(rank))
-            self.metrics.write({"type": "event", "event": "started", "time": start,
-                                "iteration": self.iteration, "resumed": self.resume is not None})
+            self._event("started", self.iteration, time=start, resumed=self.resume is not None)
             self._train()
             return self._finish(start)
         finally:
             self.display.close()
             self.evals.shutdown(wait=True)
-            for conn in getattr(self, "server_conns", []):
+            for conn in self.server_conns:
                 conn.close()
             self.metrics.close()
 
@@ -139,7 +140,7 @@ class Coordinator:
     def _check_resume_blocks(self) -> None:
         if [Block.from_list(r) for r in self.resume.blocks] != self.blocks:
             raise CheckpointError("checkpoint blocks do not match this model and block_size: "
-                           "resume with the configuration the checkpoint was written with")
+                                  "resume with the configuration the checkpoint was written with")
 
     # -- training -----------------------------------------------------------------------
     def _train(self) -> None:
@@ -212,14 +213,12 @@ class Coordinator:
     def _reply_plan(self, worker: int, iteration: int, start: int, size: int, version: int) -> None:
         peer, since = self.waiting.pop(worker)
         self.stats.begin()
-        self.listener.send(peer, Message("plan", {
-            "step": 0, "iteration": iteration, "start": start, "size": size, "stop": False,
-            "version": version, "held_s": time.monotonic() - since, "elapsed": self.stats.elapsed()}))
+        self.listener.send(peer, _plan(iteration, start, size, version, stop=False,
+                                       held_s=time.monotonic() - since, elapsed=self.stats.elapsed()))
 
     def _stop(self, worker: int) -> None:
-        peer, since = self.waiting.pop(worker)
-        self.listener.send(peer, Message("plan", {"step": 0, "iteration": self.iteration, "start": 0, "size": 0,
-                                                  "stop": True, "version": 0, "held_s": 0.0}))
+        peer, _ = self.waiting.pop(worker)
+        self.listener.send(peer, _plan(self.iteration, 0, 0, 0, stop=True, held_s=0.0))
         self.stopped.add(worker)
 
     def _stop_all(self) -> None:
@@ -308,7 +307,7 @@ class Coordinator:
     # -- snapshots: evaluation and checkpoints ------------------------------------------
     def _maybe_snapshot(self, t: int) -> None:
         cfg = self.cfg
-        if getattr(self, "_snapshot_at", None) == t:
+        if self._snapshot_at == t:
             return  # a barrier re-entered after workers joined
         self._snapshot_at = t
         final = t >= self.total
@@ -343,8 +342,7 @@ class Coordinator:
         path = save_checkpoint(self.run_dir, Checkpoint(
             t, self.cursor if not self.sync.barrier() else t * self.cfg.global_batch, version, samples,
             [b.to_list() for b in self.blocks], self.table, values, optim))
-        self.metrics.write({"type": "event", "event": "checkpoint", "iteration": t,
-                            "time": time.time(), "path": str(path)})
+        self._event("checkpoint", t, path=str(path))
 
     def _save_model(self, values) -> None:
         """model.pt: the final weights as a plain state_dict (load with weights_only=True)."""
@@ -417,3 +415,8 @@ class Coordinator:
             silent = sorted(set(self.workers) - set(self.waiting) - self.stopped)
             raise JobError(f"workers {silent} sent nothing for {self.cfg.timeout:.0f} s")
 
+
+def _plan(iteration: int, start: int, size: int, version: int, *, stop: bool, **extra) -> Message:
+    """A plan reply; `step` is the worker's own counter and is not echoed back."""
+    return Message("plan", {"step": 0, "iteration": iteration, "start": start, "size": size,
+                            "stop": stop, "version": version, **extra})
