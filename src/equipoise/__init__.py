@@ -4,10 +4,10 @@
     summary = equipoise.train({"protocol": "bsp", "workers": 4, "servers": 2})
 """
 
-from .config import Config, ConfigError
+from .config import Config, ConfigError, EquipoiseWarning
 
 __version__ = "0.1.0"
-__all__ = ["Config", "ConfigError", "resolve_config", "train", "__version__"]
+__all__ = ["Config", "ConfigError", "EquipoiseWarning", "resolve_config", "train", "__version__"]
 
 
 def __getattr__(name: str):

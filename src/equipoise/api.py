@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
-from .config import Config, ConfigError, read_toml, to_toml
+from .config import Config, ConfigError, EquipoiseWarning, read_toml, to_toml
 from .data import load_dataset
 from .runtime.checkpoint import load_checkpoint
 from .runtime.launch.local import run_local
@@ -52,6 +53,8 @@ def train(config: ConfigLike = None, *, out: str | Path | None = None,
         cfg = resolve_config(config, **overrides)
         run_dir = _new_run_dir(out, cfg)
         ckpt = None
+    for advice in cfg.warnings():
+        warnings.warn(advice, EquipoiseWarning, stacklevel=2)
     data = load_dataset(cfg.dataset, cfg.data_dir or None, seed=cfg.seed)
     if cfg.global_batch > len(data):
         raise ConfigError(f"global_batch = {cfg.global_batch} is more than the {len(data)} "
@@ -65,6 +68,7 @@ def train(config: ConfigLike = None, *, out: str | Path | None = None,
                                  "protocol": cfg.protocol})
         raise
     summary["run_dir"] = str(run_dir)
+    summary["warnings"] = cfg.warnings()
     _write_summary(run_dir, summary)
     return summary
 

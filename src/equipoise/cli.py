@@ -11,6 +11,7 @@ import argparse
 import os
 import signal
 import sys
+import warnings
 
 from .config import ConfigError, parse_override
 
@@ -52,6 +53,15 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    from .config import EquipoiseWarning
+
+    if issubclass(category, EquipoiseWarning):
+        print(f"equipoise: warning: {message}", file=sys.stderr)
+    else:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "report":
@@ -67,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     # server and worker processes (started with -m) see the same folder first.
     sys.path.insert(0, os.getcwd())
     signal.signal(signal.SIGTERM, _terminated)
+    warnings.showwarning = _show_warning
 
     try:
         overrides = dict(parse_override(item) for item in args.overrides)

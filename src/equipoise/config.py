@@ -14,7 +14,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-PROTOCOLS = ("bsp", "asp", "lbbsp")
+PROTOCOLS = ("bsp", "asp", "lbbsp", "softsync", "ssp")
+LR_MODULATIONS = ("none", "per_gradient", "mean")
 OPTIMIZERS = ("sgd", "adam")
 SCHEDULES = ("constant", "step", "cosine")
 BUILTIN_MODELS = ("mlp", "cnn", "resnet20")
@@ -27,6 +28,10 @@ class ConfigError(ValueError):
     """A configuration value is wrong; the message names the key and the value."""
 
 
+class EquipoiseWarning(UserWarning):
+    """Advice about a configuration that runs but may not train well."""
+
+
 @dataclass(frozen=True)
 class Config:
     """The resolved configuration of one job. Field docs live in docs/configuration.md."""
@@ -35,6 +40,12 @@ class Config:
     workers: int = 4
     servers: int = 2
     global_batch: int = 128
+    worker_batch: int = 0  # μ per worker; if set, global_batch = worker_batch × workers
+    reference_batch: int = 0  # warn when μ·λ is far from it (Rudra's μλ finding); 0: off
+    softsync_n: int = 0  # n-softsync: update every ⌊workers/n⌋ gradients; 0: n = workers
+    staleness_bound: int = 0  # SSP: the fastest worker runs at most this many iterations ahead
+    lr_modulation: str = "none"  # none | per_gradient (α0/σ) | mean (α0/⟨σ⟩)
+    overlap: bool = False  # non-barrier protocols: pull the next weights while computing
     iterations: int = 0  # 0: derived from `epochs`
     epochs: float = 1.0
     lr: float = 0.05
@@ -76,6 +87,7 @@ class Config:
     def from_dict(cls, values: Mapping[str, Any]) -> "Config":
         """Build and validate a Config; unknown keys and wrongly typed values raise."""
         known = {f.name: f for f in fields(cls)}
+        values = _derive_global_batch(values)
         kwargs: dict[str, Any] = {}
         for key, value in values.items():
             if key not in known:
@@ -95,7 +107,10 @@ class Config:
         return cls.from_dict(values)
 
     def replace(self, **changes: Any) -> "Config":
-        return Config.from_dict({**self.to_dict(), **changes})
+        base = self.to_dict()
+        if self.worker_batch and "global_batch" not in changes:
+            del base["global_batch"]  # derived again from worker_batch × workers
+        return Config.from_dict({**base, **changes})
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
@@ -116,6 +131,7 @@ class Config:
         _choice("batch_policy", self.batch_policy, BATCH_POLICIES)
         _choice("predictor", self.predictor, PREDICTORS)
         _choice("transport", self.transport, ("tcp", "ipc"))
+        _choice("lr_modulation", self.lr_modulation, LR_MODULATIONS)
         if self.model not in BUILTIN_MODELS and ":" not in self.model:
             raise ConfigError(
                 f"model = {self.model!r} is neither one of {', '.join(BUILTIN_MODELS)} "
@@ -125,7 +141,7 @@ class Config:
                     "max_message_mb"):
             _at_least(key, getattr(self, key), 1)
         for key in ("iterations", "seed", "eval_every", "eval_samples", "checkpoint_every", "lr_step_size",
-                    "max_batch"):
+                    "max_batch", "worker_batch", "reference_batch", "softsync_n", "staleness_bound"):
             _at_least(key, getattr(self, key), 0)
         for key in ("lr", "epochs", "timeout"):
             _positive(key, getattr(self, key))
@@ -138,7 +154,43 @@ class Config:
                 f"workers = {self.workers} is more than global_batch = {self.global_batch}: "
                 "every worker needs at least one sample per iteration"
             )
+        self._validate_protocol()
         self._validate_lists()
+
+    def _validate_protocol(self) -> None:
+        if self.softsync_n and self.protocol != "softsync":
+            raise ConfigError(f"softsync_n = {self.softsync_n} needs protocol = \"softsync\", "
+                              f"not {self.protocol!r}")
+        if self.softsync_n > self.workers:
+            raise ConfigError(f"softsync_n = {self.softsync_n} must be between 1 and workers = "
+                              f"{self.workers} (n = workers is async)")
+        if self.staleness_bound and self.protocol != "ssp":
+            raise ConfigError(f"staleness_bound = {self.staleness_bound} needs protocol = \"ssp\", "
+                              f"not {self.protocol!r}")
+        if self.overlap and self.protocol in ("bsp", "lbbsp"):
+            raise ConfigError(f"overlap = true needs a protocol without a barrier (asp, softsync, ssp), "
+                              f"not {self.protocol!r}: under a barrier the next weights do not exist "
+                              "until every worker has pushed")
+
+    @property
+    def softsync_c(self) -> int:
+        """Gradients per update under n-softsync: c = ⌊λ/n⌋ (n = 0 means n = λ)."""
+        return max(1, self.workers // (self.softsync_n or self.workers))
+
+    def warnings(self) -> list[str]:
+        """Advice that is not an error (printed by the CLI, logged by the API)."""
+        out = []
+        if self.reference_batch:
+            ratio = self.global_batch / self.reference_batch
+            if not 0.5 <= ratio <= 2.0:
+                mu = self.global_batch / self.workers
+                out.append(
+                    f"μ·λ = {self.global_batch} ({mu:g} samples × {self.workers} workers) is {ratio:.3g}× "
+                    f"reference_batch = {self.reference_batch}: Rudra found that accuracy at a fixed "
+                    "number of epochs falls as μ·λ grows when learners are added, and that keeping μ·λ "
+                    f"near the single-learner batch preserves it — try worker_batch ≈ "
+                    f"{max(1, round(self.reference_batch / self.workers))} or retune lr")
+        return out
 
     def _validate_lists(self) -> None:
         if self.batch_split:
@@ -223,6 +275,22 @@ class Config:
 
 
 # -- helpers ---------------------------------------------------------------------------
+
+def _derive_global_batch(values: Mapping[str, Any]) -> Mapping[str, Any]:
+    """With `worker_batch` (μ) set, global_batch is μ × workers; giving both must agree."""
+    mu = values.get("worker_batch", 0)
+    if not mu or not isinstance(mu, int) or isinstance(mu, bool) or mu < 1:
+        return values
+    workers = values.get("workers", Config.workers)
+    if not isinstance(workers, int) or isinstance(workers, bool):
+        return values  # the type error is reported by _coerce
+    derived = mu * workers
+    given = values.get("global_batch")
+    if given is not None and given != derived:
+        raise ConfigError(f"global_batch = {given!r} disagrees with worker_batch = {mu} × workers = "
+                          f"{workers} = {derived}: set one of them")
+    return {**values, "global_batch": derived}
+
 
 def read_toml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
@@ -329,4 +397,4 @@ def _positive(key: str, value: float) -> None:
         raise ConfigError(f"{key} = {value!r} must be a positive number")
 
 
-__all__ = ["Config", "ConfigError", "parse_override", "read_toml", "to_toml", "PROTOCOLS"]
+__all__ = ["Config", "ConfigError", "EquipoiseWarning", "parse_override", "read_toml", "to_toml", "PROTOCOLS"]

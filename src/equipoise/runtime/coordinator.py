@@ -38,7 +38,7 @@ from .store import OptimizerSpec
 log = logging.getLogger("equipoise.coordinator")
 
 
-REPORT_KEYS = ("iteration", "samples", "loss", "staleness", "compute_s", "wait_s", "comm_s")
+REPORT_KEYS = ("iteration", "samples", "loss", "compute_s", "wait_s", "comm_s")
 
 
 class JobError(RuntimeError):
@@ -58,7 +58,8 @@ class Coordinator:
         self.spawn_worker, self.on_tick = spawn_worker, on_tick
         self.events_done: set[int] = set()
         self.total = cfg.total_iterations(len(data))
-        self.sync = make_sync_policy(cfg.protocol)
+        self.sync = make_sync_policy(cfg.protocol, softsync_n=cfg.softsync_n or cfg.workers,
+                                     staleness_bound=cfg.staleness_bound, lr_modulation=cfg.lr_modulation)
         self.iteration = resume.iteration if resume else 0
         self.cursor = resume.cursor if resume else self.iteration * cfg.global_batch
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl")
@@ -67,6 +68,8 @@ class Coordinator:
         self.evals: ThreadPoolExecutor = ThreadPoolExecutor(1, thread_name_prefix="eval")
         self.pending_eval: list[Future] = []
         self.stopped: set[int] = set()
+        self.done: set[int] = set()  # stopped and every request of theirs answered
+        self.histogram: dict[int, int] = {}  # σ of every gradient applied, over all servers
         self.workers: dict[int, bytes] = {}
         self.server_conns: list = []
         self._snapshot_at: int | None = None  # a barrier re-entered after a join snapshots once
@@ -133,7 +136,8 @@ class Coordinator:
             conn.send(Message("init", {
                 "blocks": [b.to_list() for b in mine], "optimizer": spec.to_dict(),
                 "version": version, "samples": samples, "protocol": cfg.protocol,
-                "workers": cfg.workers}, tensors))
+                "workers": cfg.workers, "softsync_n": cfg.softsync_n or cfg.workers,
+                "staleness_bound": cfg.staleness_bound, "lr_modulation": cfg.lr_modulation}, tensors))
         for s, conn in enumerate(self.server_conns):
             self._expect(conn, "ready", f"server {s}")
 
@@ -147,7 +151,7 @@ class Coordinator:
         self.planner = Planner(self.cfg, sorted(self.workers))
         self.waiting: dict[int, tuple[bytes, float]] = {}
         self.reports: dict[int, list[dict]] = {}
-        while len(self.stopped) < len(self.workers):
+        while len(self.done) < len(self.workers):
             self._tick(None, "")
             if self.on_tick is not None and self.stats.t_start is not None:
                 self.on_tick(self.stats.elapsed())
@@ -171,9 +175,11 @@ class Coordinator:
         if worker not in self.workers:
             self.listener.send(peer, Message("error", {"message": f"unknown worker {worker}"}))
             return
-        if f["step"] > 0:
+        if f["step"] > 0 and f["report"]:
             self._collect(worker, f["report"])
         self.waiting[worker] = (peer, time.monotonic())
+        if worker in self.stopped:  # with overlap, a request sent ahead of the stop
+            return self._stop(worker)
         if self.sync.barrier():
             if len(self.waiting) == len(self.workers) - len(self.stopped):
                 self._advance_barrier()
@@ -217,9 +223,20 @@ class Coordinator:
                                        held_s=time.monotonic() - since, elapsed=self.stats.elapsed()))
 
     def _stop(self, worker: int) -> None:
+        """Tell a worker to stop. A worker with requests sent ahead (overlap) is done once
+        it has had a stop for each; under SSP the servers stop counting its clock."""
         peer, _ = self.waiting.pop(worker)
         self.listener.send(peer, _plan(self.iteration, 0, 0, 0, stop=True, held_s=0.0))
+        if worker in self.stopped or not self.cfg.overlap:
+            self.done.add(worker)
+        if worker in self.stopped:
+            return
         self.stopped.add(worker)
+        if self.sync.clocked:
+            active = len(self.workers) - len(self.stopped)
+            for s, conn in enumerate(self.server_conns):
+                conn.send(Message("members", {"workers": max(1, active), "retired": [worker]}))
+                self._expect(conn, "ack", f"server {s}")
 
     def _stop_all(self) -> None:
         for w in sorted(self.waiting):
@@ -283,6 +300,9 @@ class Coordinator:
         missing = [k for k in REPORT_KEYS if not isinstance(report.get(k), (int, float))]
         if missing:
             raise ValueError(f"report of worker {worker} lacks numeric {missing}")
+        stale = report.get("staleness")
+        if not isinstance(stale, list) or not all(isinstance(x, int) and x >= 0 for x in stale):
+            raise ValueError(f"report of worker {worker}: staleness must be a list of σ ≥ 0")
         report["worker"] = worker
         self.stats.add(report)
         t = int(report["iteration"])
@@ -366,7 +386,10 @@ class Coordinator:
     def _finish(self, start: float) -> dict:
         for t in sorted(self.reports):  # ASP: partial last iterations
             self._end_iteration(t)
-        if not self.sync.barrier():  # ASP: the final snapshot once every worker stopped
+        if not self.sync.barrier():  # the final snapshot once every worker stopped
+            for s, conn in enumerate(self.server_conns):  # apply half-filled softsync groups
+                conn.send(Message("flush", {}))
+                self._expect(conn, "ack", f"server {s}")
             values, optim, version, samples = self._fetch_state(0)
             self._checkpoint(self.total, values, optim, version, samples)
             self._save_model(values)
@@ -376,8 +399,11 @@ class Coordinator:
         final = evals[-1] if evals else {}
         for s, conn in enumerate(self.server_conns):
             conn.send(Message("stop", {"reason": "job finished"}))
-            self._expect(conn, "ack", f"server {s}")
-        summary = self.stats.summary(self.cfg, self.total, final, wall_s=time.time() - start)
+            ack = self._expect(conn, "ack", f"server {s}")
+            for sigma, count in ack.fields.get("histogram", []):
+                self.histogram[int(sigma)] = self.histogram.get(int(sigma), 0) + int(count)
+        summary = self.stats.summary(self.cfg, self.total, final, wall_s=time.time() - start,
+                                     staleness=self.histogram)
         summary["resumed_from"] = self.resume.iteration if self.resume else None
         if self.cfg.protocol == "lbbsp":
             summary["predictor_mape"] = self.planner.mape()

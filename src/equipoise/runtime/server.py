@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 from ..policy.placement import Block
@@ -43,6 +44,10 @@ class Server:
         self.copies = _CopyPool()
         self.held: list[_Held] = []
         self.workers = 0
+        self.clocks: dict[int, int] = {}     # SSP: gradients pushed by each active worker
+        self.retired: set[int] = set()       # SSP: workers that stopped (a last push may follow)
+        self.sigmas: dict[int, list[int]] = {}  # σ of each worker's applied gradients, not yet acked
+        self.histogram: Counter[int] = Counter()  # σ of every gradient this server applied
         self.done = False
 
     def serve(self) -> None:
@@ -98,23 +103,51 @@ class Server:
         values = {b.key: msg.tensors[f"b{b.key}"] for b in blocks}
         optim = {name[1:]: t for name, t in msg.tensors.items() if name.startswith("s")}
         self.workers = int(f["workers"])
+        policy = make_sync_policy(f["protocol"], softsync_n=int(f.get("softsync_n") or self.workers),
+                                  staleness_bound=int(f.get("staleness_bound", 0)),
+                                  lr_modulation=str(f.get("lr_modulation", "none")))
         self.store = ParameterStore(blocks, values, OptimizerSpec.from_dict(f["optimizer"]),
-                                    make_sync_policy(f["protocol"]), version=f["version"],
-                                    samples=f["samples"], optim_state=optim)
+                                    policy, version=f["version"], samples=f["samples"], optim_state=optim)
         self.pending, self.held, self.copies = [], [], _CopyPool()
+        self.clocks = {w: 0 for w in range(self.workers)} if policy.clocked else {}
+        self.retired = set()
+        self.sigmas, self.histogram = {}, Counter()
         self.listener.send(peer, Message("ready", {"rank": self.rank}))
 
     def _on_stop(self, peer: bytes, msg: Message) -> None:
         self.done = True
-        self.listener.send(peer, Message("ack", {"version": self.store.version if self.store else 0}))
+        self.listener.send(peer, Message("ack", {
+            "version": self.version() if self.store else 0,
+            "histogram": [[s, n] for s, n in sorted(self.histogram.items())],
+            "unapplied": len(self.pending)}))
+
+    def _on_flush(self, peer: bytes, msg: Message) -> None:
+        """Apply a half-filled softsync group (the end of a run): no gradient is lost."""
+        if self.pending and not self.store.policy.barrier():
+            self._apply(self.pending)
+            self.pending = []
+            self._release()
+        self.listener.send(peer, Message("ack", {"version": self.version()}))
 
     def _on_members(self, peer: bytes, msg: Message) -> None:
-        """Membership changed. The coordinator sends this only at a barrier, when no
-        group is half-filled, so the new group size applies from the next update."""
+        """Membership changed. Under a barrier the coordinator sends this only when no
+        group is half-filled, so the new group size applies from the next update. Under
+        SSP a worker that stopped (`retired`) no longer holds the clock back."""
         if self.pending and self.store.policy.barrier():
             raise PushError(f"server {self.rank}: membership change with {len(self.pending)} pushes pending")
+        for w in msg.fields.get("retired", []):
+            self.clocks.pop(int(w), None)
+            self.retired.add(int(w))
         self.workers = int(msg.fields["workers"])
-        self.listener.send(peer, Message("ack", {"version": self.store.version}))
+        self.listener.send(peer, Message("ack", {"version": self.version()}))
+        self._release()
+
+    def version(self) -> int:
+        """The version this server publishes: updates applied, or under SSP the clock
+        (iterations every active worker has pushed)."""
+        if self.store.policy.clocked:
+            return min(self.clocks.values()) if self.clocks else self.store.version
+        return self.store.version
 
     def _on_pull(self, peer: bytes, msg: Message) -> None:
         self._hold(_Held(peer, "pull", int(msg.fields["min_version"]), time.monotonic()))
@@ -133,13 +166,32 @@ class Server:
                             f"but server {self.rank} is at version {store.version} under {store.policy.name}")
         if any(p.worker == push.worker for p in self.pending) and store.policy.barrier():
             raise PushError(f"worker {push.worker} pushed twice for version {store.version}")
+        if store.policy.clocked and push.worker not in self.clocks and push.worker not in self.retired:
+            raise PushError(f"push from worker {push.worker}, which is not a worker of "
+                            f"server {self.rank} (active: {sorted(self.clocks)})")
+        if push.version > self.version():
+            raise PushError(f"push from worker {push.worker} claims version {push.version}, but server "
+                            f"{self.rank} has only published {self.version()}")
         self.pending.append(push)
         group = store.policy.group_size(self.workers)
         while len(self.pending) >= group:
-            store.apply(self.pending[:group])
+            self._apply(self.pending[:group])
             self.pending = self.pending[group:]
-        self.listener.send(peer, Message("ack", {"version": store.version}))
+        if push.worker in self.clocks:  # SSP; a retired worker's last push no longer counts
+            self.clocks[push.worker] += 1
+        self.listener.send(peer, Message("ack", {"version": self.version(),
+                                                 "staleness": self.sigmas.pop(push.worker, [])}))
         self._release()
+
+    def _apply(self, group: list[Push]) -> None:
+        """One update; σ of each gradient is the published version now minus the one it
+        was computed on, recorded for its worker's next ack and in the histogram."""
+        now = self.version()
+        sigmas = [self.store.policy.staleness(now, p.version) for p in group]
+        self.store.apply(group, sigmas)
+        for p, sigma in zip(group, sigmas):
+            self.sigmas.setdefault(p.worker, []).append(sigma)
+            self.histogram[sigma] += 1
 
     # -- deferred replies -------------------------------------------------------------
     def _hold(self, held: _Held) -> None:
@@ -150,7 +202,7 @@ class Server:
         store = self.store
         keep: list[_Held] = []
         for h in self.held:
-            if store.policy.pull_ready(h.min_version, store.version):
+            if store.policy.pull_ready(h.min_version, self.version()):
                 self._reply(h)
             else:
                 keep.append(h)
@@ -163,7 +215,7 @@ class Server:
         slots = {k: self.copies.take(k, v) for k, v in store.values.items()}
         tensors = {f"b{k}": slot[0] for k, slot in slots.items()}
         if h.kind == "pull":
-            msg = Message("params", {"version": store.version, "held_s": time.monotonic() - h.since}, tensors)
+            msg = Message("params", {"version": self.version(), "held_s": time.monotonic() - h.since}, tensors)
         else:
             tensors.update({f"s{name}": t for name, t in store.optim_state().items()})
             msg = Message("state", {"version": store.version, "samples": store.samples}, tensors)

@@ -15,7 +15,6 @@ class RunStats:
         self.t_last = 0.0
         self.samples = 0
         self.busy = {"compute_s": 0.0, "wait_s": 0.0, "comm_s": 0.0}
-        self.staleness: Counter[int] = Counter()
         self.last_loss = float("nan")
         self._t_prev_record: float | None = None
 
@@ -32,7 +31,6 @@ class RunStats:
         self.samples += int(report["samples"])
         for k in self.busy:
             self.busy[k] += float(report[k])
-        self.staleness[int(report["staleness"])] += 1
 
     def iteration_record(self, t: int, reports: list[dict]) -> dict:
         """One metrics.jsonl record for iteration t from its workers' reports."""
@@ -43,20 +41,25 @@ class RunStats:
         samples = sum(r["samples"] for r in reports)
         loss = sum(r["loss"] * r["samples"] for r in reports) / max(samples, 1)
         self.last_loss = loss
-        stale = [r["staleness"] for r in reports]
+        stale = [s for r in reports for s in r["staleness"]]
         record = {"type": "iteration", "iteration": t, "time": time.time(), "elapsed": self.elapsed(),
                   "workers": [r["worker"] for r in reports],
                   "batch": [r["samples"] for r in reports], "loss": loss,
                   "samples_per_s": samples / elapsed if elapsed > 0 else None,
-                  "staleness_mean": sum(stale) / len(stale), "staleness_max": max(stale)}
+                  "staleness_mean": sum(stale) / len(stale) if stale else None,
+                  "staleness_max": max(stale) if stale else None}
         for key in ("compute_s", "wait_s", "comm_s", "cpu", "mem", "version"):
             record[key] = [r.get(key) for r in reports]
         return record
 
-    def summary(self, cfg: Config, iterations: int, final_eval: dict, *, wall_s: float) -> dict:
+    def summary(self, cfg: Config, iterations: int, final_eval: dict, *, wall_s: float,
+                staleness: dict[int, int] | None = None) -> dict:
+        """The run summary; `staleness` is the servers' histogram of σ over every gradient
+        applied (one count per gradient and server)."""
+        hist = Counter(staleness or {})
         train_s = max(self.t_last - (self.t_start or self.t_last), 1e-9)
         total = sum(self.busy.values())
-        n = sum(self.staleness.values())
+        n = sum(hist.values())
         return {
             "status": "completed",
             "protocol": cfg.protocol, "workers": cfg.workers, "servers": cfg.servers,
@@ -70,8 +73,8 @@ class RunStats:
             "barrier_wait_fraction": self.busy["wait_s"] / total if total > 0 else 0.0,
             "compute_s": self.busy["compute_s"], "wait_s": self.busy["wait_s"],
             "comm_s": self.busy["comm_s"],
-            "staleness_mean": sum(k * v for k, v in self.staleness.items()) / n if n else 0.0,
-            "staleness_max": max(self.staleness, default=0),
-            "staleness_histogram": {str(k): v for k, v in sorted(self.staleness.items())},
+            "staleness_mean": sum(k * v for k, v in hist.items()) / n if n else 0.0,
+            "staleness_max": max(hist, default=0),
+            "staleness_histogram": {str(k): v for k, v in sorted(hist.items())},
             "lost_updates": 0, "recovered": [],
         }

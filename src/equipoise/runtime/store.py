@@ -88,11 +88,18 @@ class ParameterStore:
                 raise PushError(f"push from worker {push.worker}: block {key} holds a non-finite "
                                 "gradient (NaN or inf)")
 
-    def apply(self, group: list[Push]) -> None:
-        """Combine a group of pushes (sorted by worker, for determinism) and step once."""
-        group = sorted(group, key=lambda p: p.worker)
-        weights = self.policy.weights([p.samples for p in group])
-        combined = {k: self._combine(k, [p.tensors[k] for p in group], weights) for k in self.blocks}
+    def apply(self, group: list[Push], staleness: list[int] | None = None) -> None:
+        """Combine a group of pushes (sorted by worker, for determinism) and step once.
+        `staleness` (σ of each push) drives the policy's learning-rate modulation."""
+        staleness = [0] * len(group) if staleness is None else list(staleness)
+        order = sorted(range(len(group)), key=lambda i: group[i].worker)
+        group, staleness = [group[i] for i in order], [staleness[i] for i in order]
+        base = self.policy.weights([p.samples for p in group])
+        weights, lr_factor = self.policy.modulate(base, staleness)
+        # Buffers (BatchNorm statistics) are averaged, never scaled by staleness.
+        combined = {k: self._combine(k, [p.tensors[k] for p in group],
+                                     weights if b.kind == "param" else base)
+                    for k, b in self.blocks.items()}
         for key, param in zip(self._param_keys, self._params):
             param.grad = combined[key]
         for key, b in self.blocks.items():
@@ -101,7 +108,7 @@ class ParameterStore:
         lr = learning_rate(self.spec.lr, self.spec.schedule, self.samples / self.spec.global_batch,
                            total=self.spec.total, step_size=self.spec.step_size, gamma=self.spec.gamma)
         for g in self.optimizer.param_groups:
-            g["lr"] = lr
+            g["lr"] = lr * lr_factor
         if self._params:
             self.optimizer.step()
         self.version += 1

@@ -41,6 +41,10 @@ class Worker:
         self.coord = transport.connect(coordinator)
         self.proc = psutil.Process()
         self.servers: list[Connection] = []
+        self.policy = make_sync_policy(cfg.protocol, softsync_n=cfg.softsync_n or cfg.workers,
+                                       staleness_bound=cfg.staleness_bound)
+        self._pending_staleness: list[int] = []
+        self._stash: dict[int, list[Message]] = {}
         # Neighbours are real processes the launcher runs; the worker only emulates factors.
         self.scenario = Scenario.from_config({k: v for k, v in cfg.scenario_dict().items()
                                               if k != "neighbours"})
@@ -70,7 +74,6 @@ class Worker:
         each server's (ordered) connection, the plan request follows the acks, and the
         next weights and plan arrive while the coordinator and servers close the barrier.
         A report describes one iteration: its compute and the exchange that fed it."""
-        barrier = make_sync_policy(self.cfg.protocol).barrier()
         t0 = time.perf_counter()
         plan = self._recv(self._send_plan(0, {}), "plan")
         if plan.fields["stop"]:
@@ -78,30 +81,76 @@ class Worker:
         self._send_pulls(plan.fields["version"])
         versions, held = self._recv_params()
         exchange = self._exchange_times(t0, held, plan)
+        if self.cfg.overlap:
+            return self._loop_overlapped(data, sampler, plan, versions, exchange)
         step = 0
         while True:
             f = plan.fields
-            cpu0, t1 = self.proc.cpu_times(), time.perf_counter()
-            loss = self._compute(data, sampler, f)
-            self._slow_down(time.perf_counter() - t1, f)
-            t2 = time.perf_counter()
-            cpu1 = self.proc.cpu_times()
+            loss, measured = self._step(data, sampler, f)
             t3 = time.perf_counter()
-            self._send_pushes(versions, f["size"])
-            self._send_pulls(f["iteration"] + 1 if barrier else 0)
-            staleness = self._recv_acks(versions)
-            report = {
-                "iteration": f["iteration"], "samples": f["size"], "loss": loss,
-                "version": min(versions), "staleness": staleness, "compute_s": t2 - t1,
-                "cpu": _clamp01((cpu1.user + cpu1.system - cpu0.user - cpu0.system) / max(t2 - t1, 1e-9)),
-                "mem": self.proc.memory_percent() / 100.0, **exchange}
+            self._send_pushes(self._pushes(), versions, f["size"])
+            self._send_pulls(self.policy.pull_version(step + 1, f["iteration"]))
+            staleness = self._recv_acks()
             step += 1
-            self._send_plan(step, report)
+            self._send_plan(step, self._report(f, loss, versions, staleness, measured, exchange))
             versions, held = self._recv_params()
             plan = self._recv(self.coord, "plan")
             if plan.fields["stop"]:
                 return
             exchange = self._exchange_times(t3, held, plan)
+
+    def _loop_overlapped(self, data, sampler: SliceSampler, plan: Message, versions: list[int],
+                         exchange: dict) -> None:
+        """Rudra-adv*: communication decoupled from compute. Exchange k (push of step k,
+        pull, next plan request) is sent and left in flight while step k+1 computes on
+        the weights that exchange k−1 brought; the transport's I/O threads move the
+        bytes meanwhile. Every gradient is tagged with the version it was really
+        computed on, so the extra staleness is measured, not hidden. Plans are requested
+        one step ahead; a stop therefore answers two requests, and both are awaited."""
+        self.coord.send(Message("plan_req", {"worker": self.rank, "step": 1, "report": {}}))
+        step = 0
+        while True:
+            f = plan.fields
+            loss, measured = self._step(data, sampler, f)
+            t3 = time.perf_counter()
+            # Copies: the next backward overwrites .grad while these may still be queued.
+            self._send_pushes({k: t.clone() for k, t in self._pushes().items()}, versions, f["size"])
+            # The weights this pull brings feed the step after next: ask for that step's clock.
+            self._send_pulls(self.policy.pull_version(step + 2, f["iteration"]))
+            step += 1
+            self._send_plan(step + 1, self._report(f, loss, versions, [], measured, exchange))
+            if step > 1:  # exchange k−1: its acks and weights arrived during this compute
+                self._pending_staleness += self._recv_acks()
+                versions, held = self._recv_params()
+            else:
+                held = 0.0
+            plan = self._recv(self.coord, "plan")
+            if plan.fields["stop"]:
+                self._recv_acks()
+                self._recv_params()
+                self._recv(self.coord, "plan")  # the answer to the request sent ahead
+                return
+            exchange = self._exchange_times(t3, held, plan)
+
+    def _step(self, data, sampler: SliceSampler, f: dict) -> tuple[float, dict]:
+        """Compute one gradient (and emulate a slower machine); returns the loss and the
+        measured compute time and CPU use."""
+        cpu0, t1 = self.proc.cpu_times(), time.perf_counter()
+        loss = self._compute(data, sampler, f)
+        self._slow_down(time.perf_counter() - t1, f)
+        t2 = time.perf_counter()
+        cpu1 = self.proc.cpu_times()
+        return loss, {"compute_s": t2 - t1,
+                      "cpu": _clamp01((cpu1.user + cpu1.system - cpu0.user - cpu0.system) / max(t2 - t1, 1e-9))}
+
+    def _report(self, f: dict, loss: float, versions: list[int], staleness: list[int], measured: dict,
+                exchange: dict) -> dict:
+        """One iteration's report. `staleness` lists σ of this worker's gradients that
+        servers applied since the last report (one per server and gradient)."""
+        staleness, self._pending_staleness = self._pending_staleness + staleness, []
+        return {"iteration": f["iteration"], "samples": f["size"], "loss": loss,
+                "version": min(versions), "staleness": staleness, **measured,
+                "mem": self.proc.memory_percent() / 100.0, **exchange}
 
     def _exchange_times(self, since: float, pull_held: float, plan: Message) -> dict:
         """Split an exchange into waiting (a server or the coordinator held our request
@@ -150,23 +199,29 @@ class Worker:
         if factor > 1.0:
             time.sleep((factor - 1.0) * compute_s)
 
-    def _send_pushes(self, versions: list[int], samples: int) -> None:
-        """Push gradients tagged with the version they were computed on. The gradient
-        tensors are sent without copying; they are not touched again until the acks
-        (which follow the server's receipt) are in."""
-        pushes = read_pushes(self.model, self.blocks)
+    def _pushes(self) -> dict:
+        return read_pushes(self.model, self.blocks)
+
+    def _send_pushes(self, pushes: dict, versions: list[int], samples: int) -> None:
+        """Push gradients tagged with the version they were computed on. Without overlap
+        the gradient tensors are sent without copying; they are not touched again until
+        the acks (which follow the server's receipt) are in."""
         for s, conn in enumerate(self.servers):
             tensors = {f"g{b.key}": pushes[b.key] for b in self.by_server[s]}
             conn.send(Message("push", {"worker": self.rank, "version": versions[s],
                                        "samples": samples}, tensors))
 
-    def _recv_acks(self, versions: list[int]) -> int:
-        """Wait for every server's ack; returns the largest staleness σ among them.
-        An ack carries the version after our push was handled. If the push completed an
-        update, that update made version v_ack, so σ = (v_ack − 1) − v; under a barrier a
-        push that only joined the group is acked at v itself, i.e. σ = 0."""
-        acks = [int(self._recv(c, "ack").fields["version"]) for c in self.servers]
-        return max(max(0, a - 1 - v) for a, v in zip(acks, versions))
+    def _recv_acks(self) -> list[int]:
+        """Wait for every server's ack; returns σ of each of our gradients the servers
+        applied since their last ack (under softsync a push may wait in a group and be
+        applied when another worker's push completes it: its σ comes with our next ack)."""
+        out: list[int] = []
+        for c in self.servers:
+            sigmas = self._recv(c, "ack").fields.get("staleness", [])
+            if not isinstance(sigmas, list) or not all(isinstance(x, int) for x in sigmas):
+                raise WorkerError(f"worker {self.rank}: {c.address} sent a malformed ack")
+            out += sigmas
+        return out
 
     # -- messaging ----------------------------------------------------------------------
     def _request(self, conn: Connection, msg: Message, expect: str) -> Message:
@@ -174,9 +229,21 @@ class Worker:
         return self._recv(conn, expect)
 
     def _recv(self, conn: Connection, expect: str) -> Message:
-        reply = conn.recv(timeout=self.cfg.timeout)
-        if reply.type == "error":
-            raise WorkerError(f"worker {self.rank}: {conn.address} refused: {reply.fields['message']}")
-        if reply.type != expect:
-            raise WorkerError(f"worker {self.rank}: expected {expect!r} from {conn.address}, got {reply.type!r}")
-        return reply
+        """The next `expect` reply on `conn`. With overlap a server may answer out of
+        request order (a held pull is overtaken by the ack of a later push), so replies
+        of another expected type are kept, in order, for their own `_recv`."""
+        stash = self._stash.setdefault(id(conn), [])
+        for i, m in enumerate(stash):
+            if m.type == expect:
+                return stash.pop(i)
+        deadline = time.monotonic() + self.cfg.timeout
+        while True:
+            reply = conn.recv(timeout=max(0.001, deadline - time.monotonic()))
+            if reply.type == "error":
+                raise WorkerError(f"worker {self.rank}: {conn.address} refused: {reply.fields['message']}")
+            if reply.type == expect:
+                return reply
+            if not self.cfg.overlap or reply.type not in ("ack", "params") or len(stash) > 8:
+                raise WorkerError(f"worker {self.rank}: expected {expect!r} from {conn.address}, "
+                                  f"got {reply.type!r}")
+            stash.append(reply)

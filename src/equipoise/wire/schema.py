@@ -45,7 +45,8 @@ SCHEMA: dict[str, dict[str, FieldType]] = {
     "state_req": {"version": int},
     "state": {"version": int, "samples": int},
     # membership: the number of workers a barrier update waits for
-    "members": {"workers": int},
+    "members": {"workers": int},  # optional "retired": [worker ranks] (SSP clocks)
+    "flush": {},  # apply a half-filled softsync group (end of a run)
     # control
     "stop": {"reason": str},
     "error": {"message": str},
