@@ -7,13 +7,13 @@
 from .config import Config, ConfigError, EquipoiseWarning
 
 __version__ = "0.1.0"
-__all__ = ["Config", "ConfigError", "EquipoiseWarning", "resolve_config", "train", "__version__"]
+__all__ = ["Config", "ConfigError", "EquipoiseWarning", "control", "resolve_config", "train", "__version__"]
 
 
 def __getattr__(name: str):
     # The API pulls in the runtime, data and models; server and worker processes import
     # `equipoise.config` without paying for all of that.
-    if name in ("train", "resolve_config"):
+    if name in ("train", "resolve_config", "control"):
         from . import api
         return getattr(api, name)
     raise AttributeError(f"module 'equipoise' has no attribute {name!r}")

@@ -73,6 +73,25 @@ def train(config: ConfigLike = None, *, out: str | Path | None = None,
     return summary
 
 
+def control(run_dir: str | Path, action: str, **fields: int) -> None:
+    """Ask a running job to change its servers at its next barrier (BSP/LB-BSP):
+    ``control(run, "add_server")``, ``control(run, "remove_server", server=2)`` or
+    ``control(run, "move", block=5, to=1)``. The request is appended to
+    run_dir/control.jsonl; the outcome appears as an event in metrics.jsonl."""
+    from .runtime.coordinator import parse_control
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.toml").exists():
+        raise ConfigError(f"{str(run_dir)!r} is not a run directory (no config.toml)")
+    line = json.dumps({"action": action, **fields})
+    try:
+        parse_control(line)
+    except ValueError as exc:
+        raise ConfigError(f"control request {line}: {exc}") from None
+    with (run_dir / "control.jsonl").open("a", encoding="utf-8") as fh:
+        fh.write(line + "\n")
+
+
 def model_spec(model: Any) -> str:
     """The config string for a model: names pass through; a callable becomes
     'module:qualname', or 'path/to/script.py:qualname' when defined in the running script

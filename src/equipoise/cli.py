@@ -35,6 +35,11 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--out", help="run directory to write (default runs/<time>-<protocol>)")
     t.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its checkpoint")
     t.add_argument("--quiet", action="store_true", help="no progress bar or summary table")
+    c = sub.add_parser("ctl", help="change the servers of a running job (at its next barrier)")
+    c.add_argument("run_dir", help="the run directory of a running job")
+    c.add_argument("action", choices=["add-server", "remove-server", "move"])
+    c.add_argument("args", nargs="*", type=int, metavar="N",
+                   help="remove-server: RANK; move: BLOCK RANK")
     r = sub.add_parser("report", help="plot a run directory (batch sizes, time split, accuracy)")
     r.add_argument("run_dir", help="a run directory written by `equipoise train`")
     r.add_argument("--out", help="folder for the PNG files (default RUN_DIR/report)")
@@ -62,10 +67,32 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
         sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
+def _ctl(args: argparse.Namespace) -> int:
+    from . import api
+    from .config import ConfigError
+
+    want = {"add-server": 0, "remove-server": 1, "move": 2}[args.action]
+    if len(args.args) != want:
+        print(f"equipoise: error: ctl {args.action} takes {want} number(s), got {len(args.args)}", file=sys.stderr)
+        return 2
+    fields = ({} if want == 0 else {"server": args.args[0]} if want == 1
+              else {"block": args.args[0], "to": args.args[1]})
+    try:
+        api.control(args.run_dir, args.action.replace("-", "_"), **fields)
+    except ConfigError as exc:
+        print(f"equipoise: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"requested {args.action} {' '.join(map(str, args.args))}".rstrip() +
+          f"; the outcome will be an event in {args.run_dir}/metrics.jsonl")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "report":
         return _report(args)
+    if args.command == "ctl":
+        return _ctl(args)
     from . import api
     from .data import DataError
     from .models import ModelError

@@ -21,6 +21,7 @@ SCHEDULES = ("constant", "step", "cosine")
 BUILTIN_MODELS = ("mlp", "cnn", "resnet20")
 DATASETS = ("fashion-mnist", "mnist", "digits", "cifar10", "synthetic")
 BATCH_POLICIES = ("proportional", "step")
+PLACEMENTS = ("round_robin", "mxnet", "byteps", "greedy", "psld", "oracle")
 PREDICTORS = ("last", "ewma", "narx")
 
 
@@ -75,6 +76,15 @@ class Config:
     cpu_limit: tuple[float, ...] = ()  # CPUs per worker, enforced with a cgroup v1 quota
     membership: tuple[dict, ...] = ()  # {iteration, leave = rank} or {iteration, join = count}
     block_size: int = 262144
+    placement: str = "greedy"  # round_robin | mxnet | byteps | greedy | psld | oracle
+    server_slowdown: tuple[float, ...] = ()  # per server: extra time ∝ bytes, (f − 1)·bytes/server_rate
+    server_trace: str = ""  # CSV of (time|iteration, server, factor)
+    server_rate: float = 1000.0  # MB/s a server at factor 1 is charged for the slowdown (not a cap)
+    server_bandwidth: tuple[float, ...] = ()  # per server MB/s cap (token bucket); 0: none
+    server_events: tuple[dict, ...] = ()  # {iteration, add = 1} | {iteration, remove = rank} | {iteration, move = block, to = rank}
+    psld_interval: int = 10  # iterations between server measurements (and PSLD decisions)
+    psld_epsilon: float = 0.1  # PSLD: probability of exploring instead of exploiting
+    psld_max_servers: int = 0  # PSLD may add servers up to this many; 0: never adds
     threads: int = 1
     timeout: float = 120.0
     host: str = "127.0.0.1"
@@ -132,6 +142,7 @@ class Config:
         _choice("predictor", self.predictor, PREDICTORS)
         _choice("transport", self.transport, ("tcp", "ipc"))
         _choice("lr_modulation", self.lr_modulation, LR_MODULATIONS)
+        _choice("placement", self.placement, PLACEMENTS)
         if self.model not in BUILTIN_MODELS and ":" not in self.model:
             raise ConfigError(
                 f"model = {self.model!r} is neither one of {', '.join(BUILTIN_MODELS)} "
@@ -141,9 +152,13 @@ class Config:
                     "max_message_mb"):
             _at_least(key, getattr(self, key), 1)
         for key in ("iterations", "seed", "eval_every", "eval_samples", "checkpoint_every", "lr_step_size",
-                    "max_batch", "worker_batch", "reference_batch", "softsync_n", "staleness_bound"):
+                    "max_batch", "worker_batch", "reference_batch", "softsync_n", "staleness_bound",
+                    "psld_max_servers"):
             _at_least(key, getattr(self, key), 0)
-        for key in ("lr", "epochs", "timeout"):
+        _at_least("psld_interval", self.psld_interval, 1)
+        if not 0.0 <= self.psld_epsilon <= 1.0:
+            raise ConfigError(f"psld_epsilon = {self.psld_epsilon!r} must be in [0, 1]")
+        for key in ("lr", "epochs", "timeout", "server_rate"):
             _positive(key, getattr(self, key))
         if not 0.0 <= self.hysteresis < 1.0:
             raise ConfigError(f"hysteresis = {self.hysteresis!r} must be in [0, 1)")
@@ -218,6 +233,7 @@ class Config:
                                   f"(workers = {self.workers}), each between 0.01 and 64 CPUs")
         self._validate_scenario()
         self._validate_membership()
+        self._validate_servers()
         if self.min_batch * self.workers > self.global_batch:
             raise ConfigError(f"min_batch = {self.min_batch} × workers = {self.workers} is more than "
                               f"global_batch = {self.global_batch}")
@@ -261,6 +277,37 @@ class Config:
             if not 0 <= n.worker < self.workers:
                 raise ConfigError(f"neighbours: worker = {n.worker} is not a worker rank "
                                   f"(workers = {self.workers})")
+
+    def _validate_servers(self) -> None:
+        if self.server_slowdown:
+            if len(self.server_slowdown) != self.servers or any(
+                    not (math.isfinite(f) and f >= 1.0) for f in self.server_slowdown):
+                raise ConfigError(f"server_slowdown = {list(self.server_slowdown)} needs one factor ≥ 1 per "
+                                  f"server (servers = {self.servers})")
+        if self.server_bandwidth:
+            if len(self.server_bandwidth) != self.servers or any(
+                    not (math.isfinite(b) and b >= 0.0) for b in self.server_bandwidth):
+                raise ConfigError(f"server_bandwidth = {list(self.server_bandwidth)} needs one MB/s value ≥ 0 "
+                                  f"per server (servers = {self.servers}; 0 = no cap)")
+        if self.server_trace:
+            from .scenario import Trace
+            try:
+                Trace.from_csv(self.server_trace, column="server")
+            except (ValueError, OSError) as exc:
+                raise ConfigError(f"server_trace = {self.server_trace!r}: {exc}") from None
+        moving = self.placement == "psld" or self.server_events
+        if moving and self.protocol not in ("bsp", "lbbsp"):
+            raise ConfigError(f"placement = \"psld\" and server_events move blocks at barriers: they need "
+                              f"protocol bsp or lbbsp, not {self.protocol!r}")
+        if self.psld_max_servers and self.psld_max_servers < self.servers:
+            raise ConfigError(f"psld_max_servers = {self.psld_max_servers} is less than servers = {self.servers}")
+        for i, ev in enumerate(self.server_events):
+            keys = set(ev)
+            ok = keys in ({"iteration", "add"}, {"iteration", "remove"}, {"iteration", "move", "to"})
+            if not ok or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ev.values()):
+                raise ConfigError(f"server_events[{i}] = {ev!r} must be {{iteration = N, add = COUNT}}, "
+                                  "{iteration = N, remove = RANK} or {iteration = N, move = BLOCK, to = RANK} "
+                                  "with non-negative integers")
 
     def _validate_membership(self) -> None:
         if self.membership and self.protocol not in ("bsp", "lbbsp"):
@@ -371,7 +418,8 @@ def _coerce_list(key: str, value: Any, default: tuple) -> tuple:
 
 
 _TABLE_LISTS = {"neighbours": ("worker", "start", "stop", "share"),
-                "membership": ("iteration", "leave", "join")}
+                "membership": ("iteration", "leave", "join"),
+                "server_events": ("iteration", "add", "remove", "move", "to")}
 
 
 def _type_name(default: Any) -> str:

@@ -111,8 +111,9 @@ class Trace:
         return factors[k - 1] if k else 1.0
 
     @classmethod
-    def from_csv(cls, path: str | Path) -> "Trace":
-        """Read ``time,worker,factor`` or ``iteration,worker,factor`` CSV (with header).
+    def from_csv(cls, path: str | Path, column: str = "worker") -> "Trace":
+        """Read ``time,worker,factor`` or ``iteration,worker,factor`` CSV (with header);
+        ``column = "server"`` reads a server trace (``time,server,factor``).
 
         Blank lines and lines starting with '#' are skipped.  Any bad row raises
         ValueError naming ``file:line`` and the offending value.
@@ -122,12 +123,12 @@ class Trace:
             lines = [(n, line) for n, line in enumerate(fh, start=1)
                      if line.strip() and not line.lstrip().startswith("#")]
         if not lines:
-            raise ValueError(f"{path}: empty trace, expected a header 'time,worker,factor'")
+            raise ValueError(f"{path}: empty trace, expected a header 'time,{column},factor'")
         n, header = lines[0]
         cols = [c.strip() for c in header.strip().split(",")]
-        if len(cols) != 3 or cols[0] not in _UNITS or cols[1:] != ["worker", "factor"]:
-            raise ValueError(f"{path}:{n}: header must be 'time,worker,factor' or "
-                             f"'iteration,worker,factor', got {header.strip()!r}")
+        if len(cols) != 3 or cols[0] not in _UNITS or cols[1:] != [column, "factor"]:
+            raise ValueError(f"{path}:{n}: header must be 'time,{column},factor' or "
+                             f"'iteration,{column},factor', got {header.strip()!r}")
         rows = [_parse_row(path, n, next(csv.reader([line])), cols[0])
                 for n, line in lines[1:]]
         return cls(tuple(rows), cols[0])

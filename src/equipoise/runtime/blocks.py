@@ -8,13 +8,19 @@ from torch import nn
 from ..policy.placement import Block, make_blocks
 
 
-def model_blocks(model: nn.Module, block_size: int) -> list[Block]:
-    """Blocks of the model's parameters (stepped by the optimizer), then of its floating
-    point buffers such as BatchNorm running statistics (averaged by sample count)."""
+def model_tensors(model: nn.Module) -> list[tuple[str, int, str, int]]:
+    """(name, numel, kind, itemsize) of the model's parameters (stepped by the
+    optimizer), then of its floating point buffers such as BatchNorm running statistics
+    (averaged by sample count), in creation order."""
     tensors = [(n, p.numel(), "param", p.element_size()) for n, p in model.named_parameters()]
     tensors += [(n, b.numel(), "buffer", b.element_size())
                 for n, b in model.named_buffers() if b.is_floating_point()]
-    return make_blocks(tensors, block_size)
+    return tensors
+
+
+def model_blocks(model: nn.Module, block_size: int) -> list[Block]:
+    """The model's tensors cut into blocks of at most `block_size` elements."""
+    return make_blocks(model_tensors(model), block_size)
 
 
 def _flat(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -23,15 +23,17 @@ import torch
 
 from ..config import Config
 from ..models import build_model
-from ..policy.placement import Block, greedy_placement
+from ..policy.placement import Block, greedy_placement, make_blocks, oracle_placement, placement_blocks
 from ..policy.sync import make_sync_policy
 from ..telemetry.metrics import MetricsWriter
 from ..telemetry.progress import ProgressDisplay
 from ..wire import Listener, Message, Transport
-from .blocks import model_blocks, read_values, write_values
+from .blocks import model_tensors, read_values, write_values
 from .checkpoint import Checkpoint, CheckpointError, save_checkpoint
+from .elastic import ServerPool
 from .evaluate import evaluate
 from .planner import Planner
+from .psld import PsldController
 from .stats import RunStats
 from .store import OptimizerSpec
 
@@ -49,10 +51,15 @@ class Coordinator:
     def __init__(self, cfg: Config, run_dir: Path, transport: Transport, listener: Listener, data,
                  *, check_peers: Callable[[], None] = lambda: None, resume: Checkpoint | None = None,
                  spawn_worker: Callable[[int], None] | None = None,
-                 on_tick: Callable[[float], None] | None = None):
+                 on_tick: Callable[[float], None] | None = None,
+                 spawn_server: Callable[[int], None] | None = None,
+                 retire_server: Callable[[int], None] | None = None):
         """`check_peers` raises if a peer process died; `spawn_worker(rank)` starts a
         worker process for a membership join; `on_tick(elapsed)` is called about every
-        0.1 s of training with the seconds since training started (noisy neighbours)."""
+        0.1 s of training with the seconds since training started (noisy neighbours);
+        `spawn_server(rank)` starts a server process and `retire_server(rank)` says one
+        stopped on purpose (elastic servers)."""
+        self.spawn_server, self.retire_server = spawn_server, retire_server
         self.cfg, self.run_dir, self.transport, self.listener = cfg, Path(run_dir), transport, listener
         self.data, self.check_peers, self.resume = data, check_peers, resume
         self.spawn_worker, self.on_tick = spawn_worker, on_tick
@@ -71,8 +78,20 @@ class Coordinator:
         self.done: set[int] = set()  # stopped and every request of theirs answered
         self.histogram: dict[int, int] = {}  # σ of every gradient applied, over all servers
         self.workers: dict[int, bytes] = {}
-        self.server_conns: list = []
+        self.pool: ServerPool | None = None
+        self.known_table: dict[int, int] = {}  # the table version each worker was sent
         self._snapshot_at: int | None = None  # a barrier re-entered after a join snapshots once
+        self.servers_done: set[int] = set()  # iterations whose server work is done (re-entered barriers)
+        self.psld = None
+        self._barrier_at: dict[int, float] = {}
+        self._pauses: list[tuple[int, float]] = []
+        self._control_offset = 0
+        self._factors: dict[int, tuple] = {}
+        self._added: list[int] = []
+        self._spawning: dict[int, tuple[float, bool]] = {}  # rank -> (started, asked by PSLD)
+        self._hellos: dict[int, str] = {}  # servers that registered while training ran
+        self._planned: dict[int, int] = {}  # server_events additions: rank -> join iteration
+        self._last_rates: dict[int, float] = {}
 
     # -- the job ------------------------------------------------------------------------
     def run(self) -> dict:
@@ -80,7 +99,6 @@ class Coordinator:
         try:
             servers, held_hellos = self._register()
             self._init_servers(servers)
-            self.server_addresses = servers
             for rank, peer in sorted(held_hellos.items()):
                 self.listener.send(peer, self._welcome(rank))
             self._event("started", self.iteration, time=start, resumed=self.resume is not None)
@@ -89,8 +107,8 @@ class Coordinator:
         finally:
             self.display.close()
             self.evals.shutdown(wait=True)
-            for conn in self.server_conns:
-                conn.close()
+            if self.pool is not None:
+                self.pool.close()
             self.metrics.close()
 
     def _register(self) -> tuple[list[str], dict[int, bytes]]:
@@ -118,8 +136,7 @@ class Coordinator:
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
         self.model = build_model(cfg.model, self.data.input_shape, self.data.num_classes)
-        self.blocks = model_blocks(self.model, cfg.block_size)
-        self.table = greedy_placement([b.nbytes for b in self.blocks], cfg.servers)
+        self.blocks, table = self._place(model_tensors(self.model))
         values, optim, version, samples = read_values(self.model, self.blocks), {}, 0, 0
         if self.resume is not None:
             self._check_resume_blocks()
@@ -127,19 +144,60 @@ class Coordinator:
             version, samples = self.resume.version, self.resume.samples
         spec = OptimizerSpec(cfg.optimizer, cfg.lr, cfg.momentum, cfg.weight_decay, cfg.lr_schedule,
                              self.total, cfg.lr_step_size, cfg.lr_gamma, cfg.global_batch)
-        self.server_conns = [self.transport.connect(a) for a in addresses]
-        for s, conn in enumerate(self.server_conns):
-            mine = [b for b in self.blocks if self.table[b.key] == s]
-            keys = {b.key for b in mine}
-            tensors = {f"b{b.key}": values[b.key] for b in mine}
-            tensors.update({f"s{n}": t for n, t in optim.items() if int(n.split(".")[0]) in keys})
-            conn.send(Message("init", {
-                "blocks": [b.to_list() for b in mine], "optimizer": spec.to_dict(),
-                "version": version, "samples": samples, "protocol": cfg.protocol,
-                "workers": cfg.workers, "softsync_n": cfg.softsync_n or cfg.workers,
-                "staleness_bound": cfg.staleness_bound, "lr_modulation": cfg.lr_modulation}, tensors))
-        for s, conn in enumerate(self.server_conns):
-            self._expect(conn, "ready", f"server {s}")
+        self.spec = spec
+        self.pool = ServerPool(self, addresses, table, self.blocks)
+        for s in self.pool.live():
+            mine = [b for b in self.blocks if table[b.key] == s]
+            self.pool.conns[s].send(self._init_message(s, mine, values, optim, version, samples))
+        for s in self.pool.live():
+            self._expect(self.pool.conns[s], "ready", f"server {s}")
+        if cfg.placement == "psld":
+            self.psld = PsldController([b.nbytes for b in self.blocks], epsilon=cfg.psld_epsilon,
+                                       max_servers=cfg.psld_max_servers, seed=cfg.seed)
+
+    def _place(self, tensors) -> tuple[list[Block], list[int]]:
+        """Blocks and their servers by the `placement` policy. `oracle` is the best
+        static assignment for the configured `server_slowdown` (throughput 1/factor)."""
+        cfg = self.cfg
+        if cfg.placement == "oracle":
+            blocks = make_blocks(tensors, cfg.block_size)
+            rates = [1.0 / f for f in (cfg.server_slowdown or [1.0] * cfg.servers)]
+            return blocks, oracle_placement([b.nbytes for b in blocks], rates)
+        if cfg.placement in ("greedy", "psld"):
+            blocks = make_blocks(tensors, cfg.block_size)
+            return blocks, greedy_placement([b.nbytes for b in blocks], cfg.servers)
+        return placement_blocks(cfg.placement, tensors, cfg.servers, cfg.block_size)
+
+    def _init_message(self, rank: int, mine: list[Block], values, optim, version: int, samples: int) -> Message:
+        cfg = self.cfg
+        keys = {b.key for b in mine}
+        tensors = {f"b{b.key}": values[b.key] for b in mine}
+        tensors.update({f"s{n}": t for n, t in optim.items() if int(n.split(".")[0]) in keys})
+        return Message("init", {
+            "blocks": [b.to_list() for b in mine], "optimizer": self.spec.to_dict(),
+            "version": version, "samples": samples, "protocol": cfg.protocol,
+            "workers": len(self.workers) - len(self.stopped) if self.workers else cfg.workers,
+            "softsync_n": cfg.softsync_n or cfg.workers,
+            "staleness_bound": cfg.staleness_bound, "lr_modulation": cfg.lr_modulation,
+            "straggler": self._straggler(rank, 0.0, 0)}, tensors)
+
+    def _straggler(self, rank: int, elapsed: float, t: int) -> dict:
+        """Server `rank`'s emulated slowdown now (static factor or trace) and link cap."""
+        cfg = self.cfg
+        factor = cfg.server_slowdown[rank] if rank < len(cfg.server_slowdown) else 1.0
+        if cfg.server_trace:
+            trace = self._server_trace()
+            factor = trace.factor(rank, elapsed if trace.unit == "time" else t) if rank in trace._index else factor
+        out = {"factor": factor, "rate_mbps": cfg.server_rate}
+        if rank < len(cfg.server_bandwidth):
+            out["bandwidth_mbps"] = cfg.server_bandwidth[rank]
+        return out
+
+    def _server_trace(self):
+        if not hasattr(self, "_trace"):
+            from ..scenario import Trace
+            self._trace = Trace.from_csv(self.cfg.server_trace, column="server")
+        return self._trace
 
     def _check_resume_blocks(self) -> None:
         if [Block.from_list(r) for r in self.resume.blocks] != self.blocks:
@@ -148,6 +206,7 @@ class Coordinator:
 
     # -- training -----------------------------------------------------------------------
     def _train(self) -> None:
+        self._start_planned_servers()
         self.planner = Planner(self.cfg, sorted(self.workers))
         self.waiting: dict[int, tuple[bytes, float]] = {}
         self.reports: dict[int, list[dict]] = {}
@@ -160,6 +219,9 @@ class Coordinator:
                 self._check_stalled()
                 continue
             peer, msg = got
+            if msg.type == "hello" and msg.fields.get("role") == "server" and msg.fields.get("rank") in self._spawning:
+                self._hellos[int(msg.fields["rank"])] = str(msg.fields["address"])
+                continue
             if msg.type != "plan_req":
                 self.listener.send(peer, Message("error", {"message": f"coordinator does not accept {msg.type!r} now"}))
                 continue
@@ -197,6 +259,7 @@ class Coordinator:
             return self._stop_all()
         if self._membership(t):
             return  # a joining worker's first plan request completes the barrier
+        self._servers_at_barrier(t)
         sizes = self.planner.sizes()
         for w, (offset, size) in self.planner.slices(sizes).items():
             self._reply_plan(w, t, t * self.cfg.global_batch + offset, size, version=t)
@@ -219,8 +282,12 @@ class Coordinator:
     def _reply_plan(self, worker: int, iteration: int, start: int, size: int, version: int) -> None:
         peer, since = self.waiting.pop(worker)
         self.stats.begin()
+        extra = {}
+        if self.known_table.get(worker, 0) < self.pool.version:  # route by the new table
+            extra = {"table": self.pool.table, "servers": self.pool.addresses}
+            self.known_table[worker] = self.pool.version
         self.listener.send(peer, _plan(iteration, start, size, version, stop=False,
-                                       held_s=time.monotonic() - since, elapsed=self.stats.elapsed()))
+                                       held_s=time.monotonic() - since, elapsed=self.stats.elapsed(), **extra))
 
     def _stop(self, worker: int) -> None:
         """Tell a worker to stop. A worker with requests sent ahead (overlap) is done once
@@ -234,13 +301,179 @@ class Coordinator:
         self.stopped.add(worker)
         if self.sync.clocked:
             active = len(self.workers) - len(self.stopped)
-            for s, conn in enumerate(self.server_conns):
-                conn.send(Message("members", {"workers": max(1, active), "retired": [worker]}))
-                self._expect(conn, "ack", f"server {s}")
+            self.pool.broadcast(Message("members", {"workers": max(1, active), "retired": [worker]}), "ack")
 
     def _stop_all(self) -> None:
         for w in sorted(self.waiting):
             self._stop(w)
+
+    # -- servers: measurements, stragglers, migration, elasticity (PSLD) ---------------------
+    def _servers_at_barrier(self, t: int) -> None:
+        """At the barrier of iteration t (every server at version t, nothing pending):
+        update emulated server slowdowns, measure the servers every `psld_interval`
+        iterations, and carry out due block moves and server additions and removals —
+        from `server_events`, from run_dir/control.jsonl, and from PSLD's decisions."""
+        if t in self.servers_done:
+            return
+        self.servers_done.add(t)
+        cfg = self.cfg
+        self._barrier_at[t] = time.perf_counter()
+        if cfg.server_trace:
+            for r in self.pool.live():
+                now = self._straggler(r, self.stats.elapsed(), t)
+                if self._factors.get(r) != tuple(sorted(now.items())):
+                    self._factors[r] = tuple(sorted(now.items()))
+                    self.pool.request(r, Message("straggle", now), "ack")
+        actions: list[tuple] = []
+        for rank, at in sorted(self._planned.items()):
+            if at <= t:  # started when the job did; joins now, waiting for it if need be
+                del self._planned[rank]
+                actions.append(("join", rank, self._await_server(rank)))
+        for ev in cfg.server_events:
+            if ev["iteration"] == t and "add" not in ev:
+                actions.append(("remove", ev["remove"]) if "remove" in ev else ("move", ev["move"], None, ev["to"]))
+        actions += self._control_actions()
+        actions += self._arrived_servers(t)
+        if t > 0 and t % cfg.psld_interval == 0:
+            measured = self._measure_servers(t)
+            if self.psld is not None and not actions:
+                actions = self.psld.decide(self.pool.table, self.pool.live(), measured["throughput"],
+                                           measured["iteration_s"], set(self._added))
+        pause = 0.0
+        for action in actions:
+            try:
+                pause += self._server_action(t, action)
+            except (ValueError, KeyError) as exc:  # a bad request is refused, training goes on
+                log.warning("server action %s refused: %s", action, exc)
+                self._event("server_action_refused", t, action=list(action), reason=str(exc))
+        if pause and self.psld is not None:
+            self.psld.charge(pause)
+        if pause:
+            self._pauses.append((t, pause))
+
+    def _server_action(self, t: int, action: tuple) -> float:
+        kind = action[0]
+        if kind == "move":
+            done = self.pool.move([int(action[1])], int(action[3]))
+            if done["blocks"]:
+                self._event("block_moved", t, **done, table_version=self.pool.version)
+            return done["pause_s"]
+        if kind == "add":  # start the process now; it joins at a barrier once registered
+            if self.spawn_server is None:
+                raise ValueError("this launcher cannot add servers while training runs")
+            rank = max([len(self.pool.conns) - 1, *self._spawning]) + 1
+            self._spawning[rank] = (time.monotonic(), len(action) > 1)
+            self.spawn_server(rank)
+            self._event("server_starting", t, server=rank)
+            return 0.0
+        if kind == "join":  # a started server registered: initialise it empty
+            rank, address = int(action[1]), str(action[2])
+            version, samples = self._server_progress()
+            done = self.pool.add(rank, address, self._init_message(rank, [], {}, {}, version, samples))
+            self._added.append(rank)
+            self._event("server_added", t, **done, table_version=self.pool.version)
+            return done["pause_s"]
+        if kind == "remove":
+            rank = int(action[1])
+            done = self.pool.remove(rank, self._last_rates)
+            self._event("server_removed", t, **done, table_version=self.pool.version)
+            return done["pause_s"]
+        raise ValueError(f"unknown server action {action!r}")
+
+    def _server_progress(self) -> tuple[int, int]:
+        """(version, samples) every server holds at this barrier."""
+        r = self.pool.live()[0]
+        reply = self.pool.request(r, Message("state_req", {"version": 0}), "state")
+        return int(reply.fields["version"]), int(reply.fields["samples"])
+
+    def _measure_servers(self, t: int) -> dict:
+        """Each server's busy seconds, bytes and load since the last measurement, and the
+        mean iteration time (migration pauses excluded) — written as a "servers" record."""
+        interval = self.cfg.psld_interval
+        stats = self.pool.broadcast(Message("stats_req", {}), "stats")
+        since = self._barrier_at.get(t - interval)
+        paused = sum(p for at, p in self._pauses if t - interval <= at < t)
+        iteration_s = (self._barrier_at[t] - since - paused) / interval if since is not None else None
+        throughput = {r: m.fields["bytes"] / m.fields["busy_s"] for r, m in stats.items()
+                      if m.fields["busy_s"] > 0 and m.fields["bytes"] > 0}
+        self._last_rates = throughput
+        ranks = sorted(stats)
+        self.metrics.write({
+            "type": "servers", "iteration": t, "time": time.time(), "elapsed": self.stats.elapsed(),
+            "servers": ranks, "load_bytes": [stats[r].fields["load_bytes"] for r in ranks],
+            "blocks": [stats[r].fields["blocks"] for r in ranks],
+            "busy_s": [stats[r].fields["busy_s"] for r in ranks],
+            "bytes": [stats[r].fields["bytes"] for r in ranks],
+            "throughput_mbps": [throughput.get(r, 0.0) / 1e6 for r in ranks],
+            "iteration_s": iteration_s, "table_version": self.pool.version})
+        return {"throughput": throughput, "iteration_s": iteration_s or 0.0}
+
+    def _control_actions(self) -> list[tuple]:
+        """Requests a user appended to run_dir/control.jsonl while the job runs
+        (`equipoise ctl`); a malformed line is reported and skipped."""
+        path = self.run_dir / "control.jsonl"
+        try:
+            with path.open("rb") as fh:
+                fh.seek(self._control_offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return []
+        end = data.rfind(b"\n") + 1  # only whole lines
+        self._control_offset += end
+        out = []
+        for line in data[:end].decode("utf-8", "replace").splitlines():
+            try:
+                out.append(parse_control(line))
+            except ValueError as exc:
+                log.warning("control.jsonl: %s", exc)
+                self._event("control_refused", self.iteration, line=line[:200], reason=str(exc))
+        return out
+
+    def _start_planned_servers(self) -> None:
+        """Servers that `server_events` add at iteration N start with the job, so the
+        join at N costs an initialisation, not a process start."""
+        for ev in sorted(self.cfg.server_events, key=lambda e: e["iteration"]):
+            for _ in range(ev.get("add", 0)):
+                if self.spawn_server is None:
+                    raise JobError("this launcher cannot add servers while training runs")
+                rank = max([len(self.pool.conns) - 1, *self._spawning, *self._planned]) + 1
+                self._planned[rank] = ev["iteration"]
+                self._spawning[rank] = (time.monotonic(), False)
+                self.spawn_server(rank)
+
+    def _await_server(self, rank: int) -> str:
+        deadline = time.monotonic() + self.cfg.timeout
+        while rank not in self._hellos:
+            self._tick(deadline, f"waiting for new server {rank} to register")
+            got = self.listener.recv(timeout=0.2)
+            if got is None:
+                continue
+            peer, msg = got
+            if msg.type == "hello" and msg.fields.get("role") == "server" and msg.fields.get("rank") in self._spawning:
+                self._hellos[int(msg.fields["rank"])] = str(msg.fields["address"])
+            elif msg.type == "plan_req":  # cannot happen at a barrier, but never drop one
+                self.waiting[int(msg.fields["worker"])] = (peer, time.monotonic())
+        del self._spawning[rank]
+        return self._hellos.pop(rank)
+
+    def _arrived_servers(self, t: int) -> list[tuple]:
+        """Servers started earlier that have registered since: join them now (PSLD's
+        then get blocks by its next decision). A server that never registers fails
+        the job after `timeout`."""
+        out = []
+        for rank, (started, _) in sorted(self._spawning.items()):
+            if rank in self._planned:
+                continue
+            if rank in self._hellos:
+                out.append(("join", rank, self._hellos.pop(rank)))
+                del self._spawning[rank]
+            elif time.monotonic() - started > self.cfg.timeout:
+                raise JobError(f"new server {rank} did not register within {self.cfg.timeout:.0f} s")
+        return out
+
+    def retire_server_process(self, rank: int) -> None:
+        if self.retire_server is not None:
+            self.retire_server(rank)
 
     # -- membership -----------------------------------------------------------------------
     def _membership(self, t: int) -> bool:
@@ -263,9 +496,7 @@ class Coordinator:
             raise JobError(f"no worker left at iteration {t}")
         if active != self.planner.workers:
             self.planner.set_workers(active)
-            for s, conn in enumerate(self.server_conns):
-                conn.send(Message("members", {"workers": len(active)}))
-                self._expect(conn, "ack", f"server {s}")
+            self.pool.broadcast(Message("members", {"workers": len(active)}), "ack")
         return joined
 
     def _join(self, t: int) -> None:
@@ -289,7 +520,8 @@ class Coordinator:
         self._event("worker_joined", t, worker=rank)
 
     def _welcome(self, rank: int) -> Message:
-        return Message("welcome", {"rank": rank, "servers": self.server_addresses, "table": self.table,
+        self.known_table[rank] = self.pool.version
+        return Message("welcome", {"rank": rank, "servers": self.pool.addresses, "table": self.pool.table,
                                    "blocks": [b.to_list() for b in self.blocks]})
 
     def _event(self, name: str, t: int, **fields) -> None:
@@ -344,11 +576,8 @@ class Coordinator:
             self.pending_eval.append(self.evals.submit(self._evaluate, t, values, self.stats.elapsed()))
 
     def _fetch_state(self, version: int):
-        for conn in self.server_conns:
-            conn.send(Message("state_req", {"version": version}))
         values, optim, versions, samples = {}, {}, [], []
-        for s, conn in enumerate(self.server_conns):
-            reply = self._expect(conn, "state", f"server {s}")
+        for reply in self.pool.broadcast(Message("state_req", {"version": version}), "state").values():
             for name, t in reply.tensors.items():
                 if name[0] == "b":
                     values[int(name[1:])] = t
@@ -361,7 +590,7 @@ class Coordinator:
     def _checkpoint(self, t, values, optim, version, samples) -> None:
         path = save_checkpoint(self.run_dir, Checkpoint(
             t, self.cursor if not self.sync.barrier() else t * self.cfg.global_batch, version, samples,
-            [b.to_list() for b in self.blocks], self.table, values, optim))
+            [b.to_list() for b in self.blocks], self.pool.table, values, optim))
         self._event("checkpoint", t, path=str(path))
 
     def _save_model(self, values) -> None:
@@ -387,9 +616,7 @@ class Coordinator:
         for t in sorted(self.reports):  # ASP: partial last iterations
             self._end_iteration(t)
         if not self.sync.barrier():  # the final snapshot once every worker stopped
-            for s, conn in enumerate(self.server_conns):  # apply half-filled softsync groups
-                conn.send(Message("flush", {}))
-                self._expect(conn, "ack", f"server {s}")
+            self.pool.broadcast(Message("flush", {}), "ack")  # apply half-filled softsync groups
             values, optim, version, samples = self._fetch_state(0)
             self._checkpoint(self.total, values, optim, version, samples)
             self._save_model(values)
@@ -397,9 +624,7 @@ class Coordinator:
                                                        self.stats.elapsed()))
         evals = [f.result(timeout=max(60.0, self.cfg.timeout)) for f in self.pending_eval]
         final = evals[-1] if evals else {}
-        for s, conn in enumerate(self.server_conns):
-            conn.send(Message("stop", {"reason": "job finished"}))
-            ack = self._expect(conn, "ack", f"server {s}")
+        for ack in self.pool.broadcast(Message("stop", {"reason": "job finished"}), "ack").values():
             for sigma, count in ack.fields.get("histogram", []):
                 self.histogram[int(sigma)] = self.histogram.get(int(sigma), 0) + int(count)
         summary = self.stats.summary(self.cfg, self.total, final, wall_s=time.time() - start,
@@ -440,6 +665,34 @@ class Coordinator:
         if time.monotonic() - oldest > self.cfg.timeout:
             silent = sorted(set(self.workers) - set(self.waiting) - self.stopped)
             raise JobError(f"workers {silent} sent nothing for {self.cfg.timeout:.0f} s")
+
+
+def parse_control(line: str) -> tuple:
+    """One control.jsonl request as a server action: {"action": "add_server"},
+    {"action": "remove_server", "server": R} or {"action": "move", "block": K, "to": R}."""
+    import json
+
+    try:
+        req = json.loads(line)
+    except json.JSONDecodeError:
+        raise ValueError(f"not JSON: {line[:80]!r}") from None
+    if not isinstance(req, dict):
+        raise ValueError(f"not an object: {line[:80]!r}")
+    action = req.get("action")
+
+    def number(key: str) -> int:
+        v = req.get(key)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ValueError(f"{action}: {key} = {v!r} must be an integer ≥ 0")
+        return v
+
+    if action == "add_server":
+        return ("add",)
+    if action == "remove_server":
+        return ("remove", number("server"))
+    if action == "move":
+        return ("move", number("block"), None, number("to"))
+    raise ValueError(f"unknown action {action!r} (add_server, remove_server, move)")
 
 
 def _plan(iteration: int, start: int, size: int, version: int, *, stop: bool, **extra) -> Message:

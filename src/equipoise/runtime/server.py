@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from ..policy.placement import Block
 from ..policy.sync import make_sync_policy
 from ..wire import Message, Transport
+from ..wire.bandwidth import TokenBucket
 from .store import OptimizerSpec, ParameterStore, Push, PushError
 
 log = logging.getLogger("equipoise.server")
@@ -49,10 +50,16 @@ class Server:
         self.sigmas: dict[int, list[int]] = {}  # σ of each worker's applied gradients, not yet acked
         self.histogram: Counter[int] = Counter()  # σ of every gradient this server applied
         self.done = False
+        # Server stragglers (PSLD): extra time (factor − 1)·bytes / rate, a bandwidth cap,
+        # and the busy time and bytes handled since the coordinator last asked.
+        self.factor, self.rate = 1.0, 1000e6
+        self.bucket: TokenBucket | None = None
+        self.busy_s, self.bytes = 0.0, 0
 
     def serve(self) -> None:
         """Register with the coordinator, then handle messages until `stop`. Raises
         TimeoutError if nobody talks to this server for `timeout` seconds."""
+        _warm_up()  # so that a server added while training runs joins without a long pause
         log.info("server %d listening on %s", self.rank, self.listener.address)
         # Kept open while serving: closing at once (linger 0) could drop the hello unsent.
         conn = self.transport.connect(self.coordinator)
@@ -111,6 +118,7 @@ class Server:
         self.pending, self.held, self.copies = [], [], _CopyPool()
         self.clocks = {w: 0 for w in range(self.workers)} if policy.clocked else {}
         self.retired = set()
+        self._straggle(f.get("straggler", {}))
         self.sigmas, self.histogram = {}, Counter()
         self.listener.send(peer, Message("ready", {"rank": self.rank}))
 
@@ -120,6 +128,101 @@ class Server:
             "version": self.version() if self.store else 0,
             "histogram": [[s, n] for s, n in sorted(self.histogram.items())],
             "unapplied": len(self.pending)}))
+
+    def _straggle(self, f: dict) -> None:
+        self.factor = float(f.get("factor", self.factor))
+        self.rate = float(f.get("rate_mbps", self.rate / 1e6)) * 1e6
+        bandwidth = float(f.get("bandwidth_mbps", 0.0))
+        if "bandwidth_mbps" in f:
+            self.bucket = TokenBucket(bandwidth * 1e6) if bandwidth > 0 else None
+
+    def _on_straggle(self, peer: bytes, msg: Message) -> None:
+        """The coordinator changes this server's emulated slowdown (a server trace)."""
+        self._straggle(msg.fields)
+        self.listener.send(peer, Message("ack", {"version": self.version()}))
+
+    def _charge(self, nbytes: int, since: float) -> None:
+        """Emulate a slower server or link for `nbytes` handled, then book the busy time."""
+        extra = (self.factor - 1.0) * nbytes / self.rate
+        if self.bucket is not None:
+            extra = max(extra, self.bucket.delay(nbytes))
+        if extra > 0:
+            time.sleep(extra)
+        self.busy_s += time.perf_counter() - since
+        self.bytes += nbytes
+
+    def _on_stats_req(self, peer: bytes, msg: Message) -> None:
+        """Busy seconds and bytes handled since the last request (PSLD's measurements)."""
+        nbytes = sum(b.nbytes for b in self.store.blocks.values())
+        self.listener.send(peer, Message("stats", {"busy_s": self.busy_s, "bytes": self.bytes,
+                                                   "load_bytes": nbytes, "blocks": len(self.store.blocks)}))
+        self.busy_s, self.bytes = 0.0, 0
+
+    def _on_migrate(self, peer: bytes, msg: Message) -> None:
+        """Hand blocks, with their optimizer state, to the server at `to`. Only at a
+        barrier (nothing pending), so no update is lost or applied twice."""
+        keys = [int(k) for k in msg.fields["keys"]]
+        store = self.store
+        if self.pending or self.held:
+            raise PushError(f"server {self.rank}: cannot migrate with {len(self.pending)} pushes pending "
+                            f"and {len(self.held)} pulls held (not at a barrier)")
+        missing = [k for k in keys if k not in store.blocks]
+        if missing:
+            raise KeyError(f"server {self.rank} does not hold blocks {missing}")
+        t0 = time.perf_counter()
+        moved = set(keys)
+        state = {n: t for n, t in store.optim_state().items() if int(n.split(".")[0]) in moved}
+        tensors = {f"b{k}": store.values[k] for k in keys}
+        tensors.update({f"s{n}": t for n, t in state.items()})
+        conn = self.transport.connect(str(msg.fields["to"]))
+        try:
+            conn.send(Message("adopt", {"blocks": [store.blocks[k].to_list() for k in keys],
+                                        "version": store.version, "samples": store.samples}, tensors))
+            reply = conn.recv(timeout=self.timeout)
+        except TimeoutError:
+            raise PushError(f"server {self.rank}: {msg.fields['to']} did not take the blocks within "
+                            f"{self.timeout:.0f} s") from None
+        finally:
+            conn.close()
+        if reply.type != "ack":
+            raise PushError(f"server {self.rank}: {msg.fields['to']} refused the blocks: "
+                            f"{reply.fields.get('message', reply.type)}")
+        self._rebuild([b for k, b in store.blocks.items() if k not in moved], {}, {})
+        nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+        self.listener.send(peer, Message("ack", {"version": self.version(), "bytes": nbytes,
+                                                 "seconds": time.perf_counter() - t0}))
+
+    def _on_adopt(self, peer: bytes, msg: Message) -> None:
+        """Take over blocks from another server, values and optimizer state."""
+        f = msg.fields
+        store = self.store
+        if not store.blocks:  # an empty server saw no updates: it joins the sender's version
+            store.version, store.samples = int(f["version"]), int(f["samples"])
+        if int(f["version"]) != store.version or int(f["samples"]) != store.samples:
+            raise PushError(f"server {self.rank} at version {store.version} cannot adopt blocks of "
+                            f"version {f['version']}")
+        blocks = [Block.from_list(r) for r in f["blocks"]]
+        clash = [b.key for b in blocks if b.key in store.blocks]
+        if clash:
+            raise KeyError(f"server {self.rank} already holds blocks {clash}")
+        values = {b.key: msg.tensors[f"b{b.key}"] for b in blocks}
+        state = {n[1:]: t for n, t in msg.tensors.items() if n.startswith("s")}
+        self._rebuild(list(store.blocks.values()) + blocks, values, state)
+        self.listener.send(peer, Message("ack", {"version": self.version()}))
+
+    def _rebuild(self, blocks: list[Block], extra_values: dict, extra_state: dict) -> None:
+        """A new store over `blocks`: kept blocks carry their values and optimizer state,
+        adopted ones come in `extra_*`. Elementwise optimizers step a block the same on
+        any server, so the numbers do not change."""
+        old = self.store
+        values = {**{k: v for k, v in old.values.items()}, **extra_values}
+        state = {**old.optim_state(), **extra_state}
+        keys = {b.key for b in blocks}
+        state = {n: t for n, t in state.items() if int(n.split(".")[0]) in keys}
+        self.store = ParameterStore(sorted(blocks, key=lambda b: b.key), {b.key: values[b.key] for b in blocks},
+                                    old.spec, old.policy, version=old.version, samples=old.samples,
+                                    optim_state=state)
+        self.copies = _CopyPool()
 
     def _on_flush(self, peer: bytes, msg: Message) -> None:
         """Apply a half-filled softsync group (the end of a run): no gradient is lost."""
@@ -156,6 +259,7 @@ class Server:
         self._hold(_Held(peer, "state", int(msg.fields["version"]), time.monotonic()))
 
     def _on_push(self, peer: bytes, msg: Message) -> None:
+        t0 = time.perf_counter()
         store = self.store
         f = msg.fields
         tensors = {int(name[1:]): t for name, t in msg.tensors.items() if name[:1] == "g" and name[1:].isdigit()}
@@ -179,6 +283,7 @@ class Server:
             self.pending = self.pending[group:]
         if push.worker in self.clocks:  # SSP; a retired worker's last push no longer counts
             self.clocks[push.worker] += 1
+        self._charge(sum(t.numel() * t.element_size() for t in push.tensors.values()), t0)
         self.listener.send(peer, Message("ack", {"version": self.version(),
                                                  "staleness": self.sigmas.pop(push.worker, [])}))
         self._release()
@@ -209,6 +314,7 @@ class Server:
         self.held = keep
 
     def _reply(self, h: _Held) -> None:
+        t0 = time.perf_counter()
         store = self.store
         # Send copies: the transport may read the tensors after send() returns, and the
         # next update must not change bytes still on their way.
@@ -219,9 +325,21 @@ class Server:
         else:
             tensors.update({f"s{name}": t for name, t in store.optim_state().items()})
             msg = Message("state", {"version": store.version, "samples": store.samples}, tensors)
+        if h.kind == "pull":
+            self._charge(sum(t.numel() * t.element_size() for t in tensors.values()), t0)
         done = self.listener.send(h.peer, msg)
         for slot in slots.values():
             slot[1] = done
+
+
+def _warm_up() -> None:
+    """Build and step each optimizer once: their first use imports a lot of torch."""
+    import torch
+
+    p = torch.nn.Parameter(torch.zeros(1))
+    p.grad = torch.zeros(1)
+    for opt in (torch.optim.SGD([p], lr=0.1, momentum=0.9), torch.optim.Adam([p])):
+        opt.step()
 
 
 class _CopyPool:

@@ -40,7 +40,7 @@ class Worker:
         self.cfg, self.rank, self.transport = cfg, rank, transport
         self.coord = transport.connect(coordinator)
         self.proc = psutil.Process()
-        self.servers: list[Connection] = []
+        self.servers: list[Connection | None] = []
         self.policy = make_sync_policy(cfg.protocol, softsync_n=cfg.softsync_n or cfg.workers,
                                        staleness_bound=cfg.staleness_bound)
         self._pending_staleness: list[int] = []
@@ -56,17 +56,40 @@ class Worker:
         welcome = self._request(self.coord, Message("hello", {
             "role": "worker", "rank": self.rank, "address": "", "pid": os.getpid()}), "welcome")
         self.blocks = [Block.from_list(r) for r in welcome.fields["blocks"]]
-        table = welcome.fields["table"]
-        self.servers = [self.transport.connect(a) for a in welcome.fields["servers"]]
-        self.by_server = [[b for b in self.blocks if table[b.key] == s] for s in range(len(self.servers))]
+        self._set_table(welcome.fields["table"], welcome.fields["servers"])
         self.model = build_model(cfg.model, data.input_shape, data.num_classes)
         self.model.train()
         sampler = SliceSampler(len(data), cfg.global_batch, cfg.seed)
         try:
             self._loop(data, sampler)
         finally:
-            for c in self.servers + [self.coord]:
+            for c in [c for c in self.servers if c is not None] + [self.coord]:
                 c.close()
+
+    def _set_table(self, table: list[int], addresses: list[str]) -> None:
+        """Route by a (new) block → server table. `addresses[r]` is server r's address,
+        "" for a server that was removed; servers that hold no block are not talked to."""
+        while len(self.servers) < len(addresses):
+            self.servers.append(None)
+        for r, address in enumerate(addresses):
+            conn = self.servers[r]
+            if conn is not None and (not address or conn.address != address):
+                conn.close()
+                self.servers[r] = conn = None
+            if conn is None and address:
+                self.servers[r] = self.transport.connect(address)
+        self.by_server = [[b for b in self.blocks if table[b.key] == r] for r in range(len(self.servers))]
+        self.active = [r for r in range(len(self.servers)) if self.by_server[r]]
+        if any(self.servers[r] is None for r in self.active):
+            raise WorkerError(f"worker {self.rank}: the block table names a server without an address")
+
+    def _plan_table(self, plan: Message, versions: dict[int, int]) -> dict[int, int]:
+        """Apply a block table that came with a plan (a barrier: every server is at the
+        plan's version, so the weights just pulled are current on the new owners too)."""
+        if "table" not in plan.fields:
+            return versions
+        self._set_table(plan.fields["table"], plan.fields["servers"])
+        return {r: int(plan.fields["version"]) for r in self.active}
 
     # -- the loop -----------------------------------------------------------------------
     def _loop(self, data, sampler: SliceSampler) -> None:
@@ -78,6 +101,7 @@ class Worker:
         plan = self._recv(self._send_plan(0, {}), "plan")
         if plan.fields["stop"]:
             return
+        self._plan_table(plan, {})
         self._send_pulls(plan.fields["version"])
         versions, held = self._recv_params()
         exchange = self._exchange_times(t0, held, plan)
@@ -88,8 +112,16 @@ class Worker:
             f = plan.fields
             loss, measured = self._step(data, sampler, f)
             t3 = time.perf_counter()
-            self._send_pushes(self._pushes(), versions, f["size"])
-            self._send_pulls(self.policy.pull_version(step + 1, f["iteration"]))
+            pull = self.policy.pull_version(step + 1, f["iteration"])
+            if self.policy.barrier():
+                # Pull first: the server holds it until the update, so by the time every
+                # ack is in, every pull-ahead is answered — nothing is in flight at the
+                # barrier, when blocks may move between servers.
+                self._send_pulls(pull)
+                self._send_pushes(self._pushes(), versions, f["size"])
+            else:  # push first: the weights this pull brings include our own gradient
+                self._send_pushes(self._pushes(), versions, f["size"])
+                self._send_pulls(pull)
             staleness = self._recv_acks()
             step += 1
             self._send_plan(step, self._report(f, loss, versions, staleness, measured, exchange))
@@ -97,9 +129,10 @@ class Worker:
             plan = self._recv(self.coord, "plan")
             if plan.fields["stop"]:
                 return
+            versions = self._plan_table(plan, versions)
             exchange = self._exchange_times(t3, held, plan)
 
-    def _loop_overlapped(self, data, sampler: SliceSampler, plan: Message, versions: list[int],
+    def _loop_overlapped(self, data, sampler: SliceSampler, plan: Message, versions: dict[int, int],
                          exchange: dict) -> None:
         """Rudra-adv*: communication decoupled from compute. Exchange k (push of step k,
         pull, next plan request) is sent and left in flight while step k+1 computes on
@@ -149,7 +182,7 @@ class Worker:
         servers applied since the last report (one per server and gradient)."""
         staleness, self._pending_staleness = self._pending_staleness + staleness, []
         return {"iteration": f["iteration"], "samples": f["size"], "loss": loss,
-                "version": min(versions), "staleness": staleness, **measured,
+                "version": min(versions.values()), "staleness": staleness, **measured,
                 "mem": self.proc.memory_percent() / 100.0, **exchange}
 
     def _exchange_times(self, since: float, pull_held: float, plan: Message) -> dict:
@@ -164,18 +197,18 @@ class Worker:
         return self.coord
 
     def _send_pulls(self, min_version: int) -> None:
-        for conn in self.servers:
-            conn.send(Message("pull", {"worker": self.rank, "min_version": min_version}))
+        for s in self.active:
+            self.servers[s].send(Message("pull", {"worker": self.rank, "min_version": min_version}))
 
-    def _recv_params(self) -> tuple[list[int], float]:
+    def _recv_params(self) -> tuple[dict[int, int], float]:
         """Write every server's blocks into the model; returns each server's version and
         the longest time a server held the pull back (time spent waiting, not moving)."""
-        versions, held = [], 0.0
-        for s, conn in enumerate(self.servers):
-            reply = self._recv(conn, "params")
+        versions, held = {}, 0.0
+        for s in self.active:
+            reply = self._recv(self.servers[s], "params")
             values = {b.key: reply.tensors[f"b{b.key}"] for b in self.by_server[s]}
             write_values(self.model, self.by_server[s], values)
-            versions.append(int(reply.fields["version"]))
+            versions[s] = int(reply.fields["version"])
             held = max(held, float(reply.fields["held_s"]))
         return versions, held
 
@@ -202,13 +235,13 @@ class Worker:
     def _pushes(self) -> dict:
         return read_pushes(self.model, self.blocks)
 
-    def _send_pushes(self, pushes: dict, versions: list[int], samples: int) -> None:
+    def _send_pushes(self, pushes: dict, versions: dict[int, int], samples: int) -> None:
         """Push gradients tagged with the version they were computed on. Without overlap
         the gradient tensors are sent without copying; they are not touched again until
         the acks (which follow the server's receipt) are in."""
-        for s, conn in enumerate(self.servers):
+        for s in self.active:
             tensors = {f"g{b.key}": pushes[b.key] for b in self.by_server[s]}
-            conn.send(Message("push", {"worker": self.rank, "version": versions[s],
+            self.servers[s].send(Message("push", {"worker": self.rank, "version": versions[s],
                                        "samples": samples}, tensors))
 
     def _recv_acks(self) -> list[int]:
@@ -216,7 +249,7 @@ class Worker:
         applied since their last ack (under softsync a push may wait in a group and be
         applied when another worker's push completes it: its σ comes with our next ack)."""
         out: list[int] = []
-        for c in self.servers:
+        for c in (self.servers[s] for s in self.active):
             sigmas = self._recv(c, "ack").fields.get("staleness", [])
             if not isinstance(sigmas, list) or not all(isinstance(x, int) for x in sigmas):
                 raise WorkerError(f"worker {self.rank}: {c.address} sent a malformed ack")

@@ -47,6 +47,12 @@ SCHEMA: dict[str, dict[str, FieldType]] = {
     # membership: the number of workers a barrier update waits for
     "members": {"workers": int},  # optional "retired": [worker ranks] (SSP clocks)
     "flush": {},  # apply a half-filled softsync group (end of a run)
+    # PSLD: measurements, emulated server stragglers, block migration
+    "stats_req": {},
+    "stats": {"busy_s": float, "bytes": int, "load_bytes": int, "blocks": int},
+    "straggle": {},  # optional factor, rate_mbps, bandwidth_mbps
+    "migrate": {"keys": list, "to": str},  # coordinator -> source server
+    "adopt": {"blocks": list, "version": int, "samples": int},  # source -> destination, + tensors
     # control
     "stop": {"reason": str},
     "error": {"message": str},

@@ -35,6 +35,7 @@ class Children:
         self.env = dict(os.environ, OMP_NUM_THREADS=str(cfg.threads), MKL_NUM_THREADS=str(cfg.threads))
         self.cfg_json = json.dumps(cfg.to_dict())
         self.limits: dict[int, CpuLimit] = {}
+        self.retired: set[str] = set()  # servers removed on purpose (elastic)
         tag = f"equipoise-{os.getpid()}"
         for rank, cpus in enumerate(cfg.cpu_limit):
             self.limits[rank] = CpuLimit(f"{tag}-worker{rank}", cpus)
@@ -58,7 +59,7 @@ class Children:
         to stop; servers only after the job."""
         for name, proc in self.procs.items():
             code = proc.poll()
-            if code is not None and (code != 0 or name.startswith("server")):
+            if code is not None and (code != 0 or (name.startswith("server") and name not in self.retired)):
                 raise JobError(f"{name} (pid {proc.pid}) exited with code {code}: {self.last_error(name)}")
 
     def last_error(self, name: str) -> str:
@@ -124,7 +125,9 @@ def run_local(cfg: Config, run_dir: Path, data, resume: Checkpoint | None = None
         neighbours = Neighbours(cfg, children)
         coord = Coordinator(cfg, run_dir, transport, listener, data, check_peers=children.check,
                             resume=resume, spawn_worker=lambda r: children.spawn("worker", r),
-                            on_tick=neighbours.tick if cfg.neighbours else None)
+                            on_tick=neighbours.tick if cfg.neighbours else None,
+                            spawn_server=lambda r: children.spawn("server", r),
+                            retire_server=lambda r: children.retired.add(f"server{r}"))
         summary = coord.run()
         clean = True
         return summary

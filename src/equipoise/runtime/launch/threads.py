@@ -51,9 +51,14 @@ def run_threads(cfg: Config, run_dir: Path, data, resume: Checkpoint | None = No
         peers.append(peer)
         peer.start()
 
+    def spawn_server(rank: int) -> None:
+        peer = _Peer(f"server{rank}", Server(rank, transport, listener.address, timeout=cfg.timeout).serve)
+        peers.append(peer)
+        peer.start()
+
     try:
         return Coordinator(cfg, run_dir, transport, listener, data, check_peers=check,
-                           resume=resume, spawn_worker=spawn_worker).run()
+                           resume=resume, spawn_worker=spawn_worker, spawn_server=spawn_server).run()
     finally:
         for p in peers:
             p.join(timeout=10)

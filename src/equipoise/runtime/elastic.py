@@ -1,0 +1,122 @@
+"""The coordinator's servers and the versioned block → server table (PSLD, PAPERS.md §3).
+
+`ServerPool` owns one connection per server rank (None once a server is removed), the
+table, and its version. Every change happens at a BSP barrier, when every server is at
+the same version with nothing pending: blocks migrate server to server with their
+optimizer state (the source sends them straight to the destination, the coordinator
+only orders it), servers are started and initialised empty, or emptied and stopped.
+Workers learn the new table with their next plan, before they push again.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from ..policy.placement import Block
+from ..wire import Message
+
+if TYPE_CHECKING:
+    from .coordinator import Coordinator
+
+
+class ServerPool:
+    def __init__(self, coord: "Coordinator", addresses: list[str], table: list[int], blocks: list[Block]):
+        self.coord = coord
+        self.addresses = list(addresses)
+        self.conns = [coord.transport.connect(a) for a in addresses]
+        self.table = list(table)
+        self.blocks = blocks
+        self.version = 0
+
+    # -- plumbing ---------------------------------------------------------------------
+    def live(self) -> list[int]:
+        return [r for r, c in enumerate(self.conns) if c is not None]
+
+    def request(self, rank: int, msg: Message, kind: str) -> Message:
+        self.conns[rank].send(msg)
+        return self.coord._expect(self.conns[rank], kind, f"server {rank}")
+
+    def broadcast(self, msg: Message, kind: str) -> dict[int, Message]:
+        ranks = self.live()
+        for r in ranks:
+            self.conns[r].send(msg)
+        return {r: self.coord._expect(self.conns[r], kind, f"server {r}") for r in ranks}
+
+    def close(self) -> None:
+        for c in self.conns:
+            if c is not None:
+                c.close()
+
+    def loads(self) -> dict[int, int]:
+        out = {r: 0 for r in self.live()}
+        for b in self.blocks:
+            out[self.table[b.key]] += b.nbytes
+        return out
+
+    # -- changes (at a barrier only) ------------------------------------------------------
+    def move(self, keys: list[int], dst: int) -> dict:
+        """Migrate blocks `keys` to server `dst`; returns bytes moved and seconds."""
+        if dst not in self.live():
+            raise ValueError(f"server {dst} is not running (running: {self.live()})")
+        bad = [k for k in keys if not 0 <= k < len(self.table)]
+        if bad:
+            raise ValueError(f"blocks {bad} do not exist (0..{len(self.table) - 1})")
+        t0, nbytes = time.perf_counter(), 0
+        by_src: dict[int, list[int]] = {}
+        for k in keys:
+            if self.table[k] != dst:
+                by_src.setdefault(self.table[k], []).append(k)
+        for src, ks in sorted(by_src.items()):  # one at a time: a server blocks while it hands over
+            ack = self.request(src, Message("migrate", {"keys": ks, "to": self.addresses[dst]}), "ack")
+            nbytes += int(ack.fields.get("bytes", 0))
+            for k in ks:
+                self.table[k] = dst
+        if by_src:
+            self.version += 1
+        return {"blocks": sorted(k for ks in by_src.values() for k in ks), "to": dst,
+                "from": sorted(by_src), "bytes": nbytes, "pause_s": time.perf_counter() - t0}
+
+    def add(self, rank: int, address: str, init: Message) -> dict:
+        """Take server `rank` (started earlier, registered at `address`) into the job,
+        initialised with no blocks."""
+        t0 = time.perf_counter()
+        while len(self.conns) <= rank:
+            self.conns.append(None)
+            self.addresses.append("")
+        self.addresses[rank] = address
+        self.conns[rank] = self.coord.transport.connect(address)
+        self.request(rank, init, "ready")
+        self.version += 1
+        return {"server": rank, "pause_s": time.perf_counter() - t0}
+
+    def remove(self, rank: int, rates: dict[int, float] | None = None) -> dict:
+        """Move every block off server `rank` (each to the server that would finish it
+        soonest), stop it and forget it."""
+        live = self.live()
+        if rank not in live:
+            raise ValueError(f"server {rank} is not running (running: {live})")
+        if len(live) == 1:
+            raise ValueError(f"server {rank} is the last one running")
+        t0 = time.perf_counter()
+        others = [r for r in live if r != rank]
+        rates = {r: (rates or {}).get(r) or 1.0 for r in others}
+        loads = {r: v for r, v in self.loads().items() if r != rank}
+        plan: dict[int, list[int]] = {}
+        for b in sorted((b for b in self.blocks if self.table[b.key] == rank), key=lambda b: -b.nbytes):
+            dst = min(others, key=lambda r: ((loads[r] + b.nbytes) / rates[r], r))
+            loads[dst] += b.nbytes
+            plan.setdefault(dst, []).append(b.key)
+        moved = 0
+        for dst, keys in sorted(plan.items()):
+            moved += self.move(keys, dst)["bytes"]
+        self.request(rank, Message("stop", {"reason": "server removed"}), "ack")
+        self.conns[rank].close()
+        self.conns[rank] = None
+        self.addresses[rank] = ""
+        self.coord.retire_server_process(rank)
+        self.version += 1
+        return {"server": rank, "bytes": moved, "pause_s": time.perf_counter() - t0}
+
+
+__all__ = ["ServerPool"]
