@@ -409,16 +409,56 @@ def plot_accuracy(runs: Mapping[str, Run | str | Path], path: str | Path, x: str
     return _save(fig, path)
 
 
+def plot_servers(run_dir: str | Path, path: str | Path) -> Path:
+    """PSLD's view of a run: each server's load (bytes it holds) and busy seconds per
+    measurement interval, against iteration, with block moves and server additions and
+    removals marked; from the "servers" records and events of metrics.jsonl."""
+    metrics = Path(run_dir) / "metrics.jsonl"
+    records = [r for r in read_metrics(metrics) if isinstance(r, dict)] if metrics.is_file() else []
+    rows = [r for r in records if r.get("type") == "servers"]
+    changes = [r for r in records if r.get("type") == "event"
+               and r.get("event") in ("block_moved", "server_added", "server_removed")]
+    fig = _figure(WIDTH, HEIGHT * 1.5)
+    top, bottom = fig.add_subplot(2, 1, 1), fig.add_subplot(2, 1, 2, sharex=None)
+    ranks = sorted({s for r in rows for s in r["servers"]})
+    for s in ranks:
+        pts = [(r["iteration"], r["load_bytes"][r["servers"].index(s)], r["busy_s"][r["servers"].index(s)])
+               for r in rows if s in r["servers"]]
+        colour = _colour(s, max(len(ranks), 1))
+        top.step([p[0] for p in pts], [p[1] / 1e6 for p in pts], where="post", color=colour, label=f"server {s}")
+        bottom.plot([p[0] for p in pts], [p[2] for p in pts], marker="o", markersize=3, color=colour,
+                    label=f"server {s}")
+    for ax in (top, bottom):
+        for ev in changes:
+            style = {"block_moved": ("tab:grey", ":"), "server_added": ("tab:green", "--"),
+                     "server_removed": ("tab:red", "--")}[ev["event"]]
+            ax.axvline(ev["iteration"], color=style[0], linestyle=style[1], linewidth=1, alpha=0.8)
+        ax.grid(True, alpha=0.3)
+    if not rows:
+        _no_data(top, "no server measurements")
+    top.set_ylabel("load (MB held)")
+    top.set_title("Per-server load and busy time (dotted: block moves; dashed: servers added/removed)")
+    bottom.set_ylabel("busy s per interval")
+    bottom.set_xlabel("iteration")
+    if ranks:
+        top.legend(fontsize=8, loc="upper right")
+    return _save(fig, path)
+
+
 def report(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
     """Write batch_sizes.png, time_split.png, timeline.png and accuracy.png for a run into
-    out_dir (default run_dir/report) and return their paths."""
+    out_dir (default run_dir/report), and servers.png when the servers were measured;
+    return their paths."""
     run = load_run(run_dir)
     out = Path(out_dir) if out_dir is not None else run.path / "report"
     out.mkdir(parents=True, exist_ok=True)
-    return [plot_batch_sizes(run, out / "batch_sizes.png"),
-            plot_time_split(run, out / "time_split.png"),
-            plot_timeline(run, out / "timeline.png"),
-            plot_accuracy({run.label: run}, out / "accuracy.png")]
+    paths = [plot_batch_sizes(run, out / "batch_sizes.png"),
+             plot_time_split(run, out / "time_split.png"),
+             plot_timeline(run, out / "timeline.png"),
+             plot_accuracy({run.label: run}, out / "accuracy.png")]
+    if any('"type":"servers"' in line for line in (run.path / "metrics.jsonl").open()):
+        paths.append(plot_servers(run.path, out / "servers.png"))
+    return paths
 
 
 def _mean(values: Iterable[float]) -> float | None:

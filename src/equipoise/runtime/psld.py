@@ -51,6 +51,7 @@ class PsldController:
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
         self.undone: set[int] = set()  # servers whose moves were undone
+        self.known: dict[int, float] = {}  # last measured bytes/s of each server
 
     def decide(self, table: list[int], live: list[int], throughput: dict[int, float],
                iteration_s: float, added: set[int] = frozenset()) -> list[Action]:
@@ -110,11 +111,14 @@ class PsldController:
         if self.trial is not None:
             self.trial.pause_s += pause_s
 
-    @staticmethod
-    def _rates(live: list[int], throughput: dict[int, float]) -> dict[int, float]:
-        known = [throughput[r] for r in live if throughput.get(r, 0) > 0]
-        fallback = max(known) if known else 1.0  # an idle server: as good as the best
-        return {r: throughput[r] if throughput.get(r, 0) > 0 else fallback for r in live}
+    def _rates(self, live: list[int], throughput: dict[int, float]) -> dict[int, float]:
+        """Measured rates; a server idle this interval keeps its last measured rate, and
+        one never measured (new) is assumed as fast as the best."""
+        for r in live:
+            if throughput.get(r, 0) > 0:
+                self.known[r] = throughput[r]
+        fallback = max((self.known[r] for r in live if r in self.known), default=1.0)
+        return {r: self.known.get(r, fallback) for r in live}
 
 
 __all__ = ["PsldController", "Trial"]

@@ -144,8 +144,8 @@ class Server:
     def _charge(self, nbytes: int, since: float) -> None:
         """Emulate a slower server or link for `nbytes` handled, then book the busy time."""
         extra = (self.factor - 1.0) * nbytes / self.rate
-        if self.bucket is not None:
-            extra = max(extra, self.bucket.delay(nbytes))
+        if self.bucket is not None:  # the link's own time; with rate = bandwidth, factor f is f× slower
+            extra += self.bucket.delay(nbytes)
         if extra > 0:
             time.sleep(extra)
         self.busy_s += time.perf_counter() - since
