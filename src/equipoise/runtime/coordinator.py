@@ -88,6 +88,7 @@ class Coordinator:
         self._control_offset = 0
         self._factors: dict[int, tuple] = {}
         self._added: list[int] = []
+        self._table_at = 0
         self._spawning: dict[int, tuple[float, bool]] = {}  # rank -> (started, asked by PSLD)
         self._hellos: dict[int, str] = {}  # servers that registered while training ran
         self._planned: dict[int, int] = {}  # server_events additions: rank -> join iteration
@@ -222,6 +223,12 @@ class Coordinator:
             if msg.type == "hello" and msg.fields.get("role") == "server" and msg.fields.get("rank") in self._spawning:
                 self._hellos[int(msg.fields["rank"])] = str(msg.fields["address"])
                 continue
+            if msg.type == "table_req":
+                try:
+                    self._on_table_req(peer, msg.fields)
+                except (KeyError, TypeError, ValueError) as exc:
+                    self.listener.send(peer, Message("error", {"message": f"bad table request: {exc}"}))
+                continue
             if msg.type != "plan_req":
                 self.listener.send(peer, Message("error", {"message": f"coordinator does not accept {msg.type!r} now"}))
                 continue
@@ -259,11 +266,14 @@ class Coordinator:
             return self._stop_all()
         if self._membership(t):
             return  # a joining worker's first plan request completes the barrier
-        self._servers_at_barrier(t)
+        actions = self._servers_at_barrier(t)
         sizes = self.planner.sizes()
         for w, (offset, size) in self.planner.slices(sizes).items():
-            self._reply_plan(w, t, t * self.cfg.global_batch + offset, size, version=t)
+            self._reply_plan(w, t, t * self.cfg.global_batch + offset, size, version=t,
+                             await_table=bool(actions))
         self.iteration += 1
+        if actions:  # workers compute meanwhile; they ask for the table before pushing
+            self._carry_out(t, actions)
         self._end_iteration(t - 1)
 
     def _advance_async(self, worker: int) -> None:
@@ -279,11 +289,14 @@ class Coordinator:
         if self.iteration > before:
             self._maybe_snapshot(self.iteration)
 
-    def _reply_plan(self, worker: int, iteration: int, start: int, size: int, version: int) -> None:
+    def _reply_plan(self, worker: int, iteration: int, start: int, size: int, version: int,
+                    await_table: bool = False) -> None:
         peer, since = self.waiting.pop(worker)
         self.stats.begin()
         extra = {}
-        if self.known_table.get(worker, 0) < self.pool.version:  # route by the new table
+        if await_table:  # blocks move while this iteration computes: ask before pushing
+            extra = {"await_table": True}
+        elif self.known_table.get(worker, 0) < self.pool.version:  # route by the new table
             extra = {"table": self.pool.table, "servers": self.pool.addresses}
             self.known_table[worker] = self.pool.version
         self.listener.send(peer, _plan(iteration, start, size, version, stop=False,
@@ -308,13 +321,14 @@ class Coordinator:
             self._stop(w)
 
     # -- servers: measurements, stragglers, migration, elasticity (PSLD) ---------------------
-    def _servers_at_barrier(self, t: int) -> None:
-        """At the barrier of iteration t (every server at version t, nothing pending):
-        update emulated server slowdowns, measure the servers every `psld_interval`
-        iterations, and carry out due block moves and server additions and removals —
-        from `server_events`, from run_dir/control.jsonl, and from PSLD's decisions."""
+    def _servers_at_barrier(self, t: int) -> list[tuple]:
+        """At the barrier of iteration t (every server at version t, nothing pending or
+        in flight): update emulated server slowdowns, measure the servers every
+        `psld_interval` iterations, and return the block moves and server additions and
+        removals due — from `server_events`, run_dir/control.jsonl and PSLD — which
+        `_carry_out` performs once the plans of t are out."""
         if t in self.servers_done:
-            return
+            return []
         self.servers_done.add(t)
         cfg = self.cfg
         self._barrier_at[t] = time.perf_counter()
@@ -339,6 +353,12 @@ class Coordinator:
             if self.psld is not None and not actions:
                 actions = self.psld.decide(self.pool.table, self.pool.live(), measured["throughput"],
                                            measured["iteration_s"], set(self._added))
+        return actions
+
+    def _carry_out(self, t: int, actions: list[tuple]) -> None:
+        """Perform server actions while the workers compute iteration t on the weights
+        they already pulled; each asks for the resulting table (`table_req`) before its
+        first push, so a worker waits only if the moves outlast its compute."""
         pause = 0.0
         for action in actions:
             try:
@@ -346,10 +366,17 @@ class Coordinator:
             except (ValueError, KeyError) as exc:  # a bad request is refused, training goes on
                 log.warning("server action %s refused: %s", action, exc)
                 self._event("server_action_refused", t, action=list(action), reason=str(exc))
+        self._table_at = t
         if pause and self.psld is not None:
             self.psld.charge(pause)
         if pause:
             self._pauses.append((t, pause))
+
+    def _on_table_req(self, peer: bytes, f: dict) -> None:
+        worker = int(f["worker"])
+        self.known_table[worker] = self.pool.version
+        self.listener.send(peer, Message("table", {"table": self.pool.table, "servers": self.pool.addresses,
+                                                   "version": self._table_at}))
 
     def _server_action(self, t: int, action: tuple) -> float:
         kind = action[0]
@@ -382,7 +409,7 @@ class Coordinator:
 
     def _server_progress(self) -> tuple[int, int]:
         """(version, samples) every server holds at this barrier."""
-        r = self.pool.live()[0]
+        r = self.pool.table[0]  # a server that holds blocks, so is at the current version
         reply = self.pool.request(r, Message("state_req", {"version": 0}), "state")
         return int(reply.fields["version"]), int(reply.fields["samples"])
 
@@ -578,6 +605,8 @@ class Coordinator:
     def _fetch_state(self, version: int):
         values, optim, versions, samples = {}, {}, [], []
         for reply in self.pool.broadcast(Message("state_req", {"version": version}), "state").values():
+            if reply.fields.get("blocks", 1) == 0:
+                continue  # an empty server's version stood still: it has nothing to say
             for name, t in reply.tensors.items():
                 if name[0] == "b":
                     values[int(name[1:])] = t

@@ -307,7 +307,9 @@ class Server:
         store = self.store
         keep: list[_Held] = []
         for h in self.held:
-            if store.policy.pull_ready(h.min_version, self.version()):
+            # An empty server applies no updates, so its version stands still: it has
+            # nothing to wait for.
+            if not store.blocks or store.policy.pull_ready(h.min_version, self.version()):
                 self._reply(h)
             else:
                 keep.append(h)
@@ -324,7 +326,8 @@ class Server:
             msg = Message("params", {"version": self.version(), "held_s": time.monotonic() - h.since}, tensors)
         else:
             tensors.update({f"s{name}": t for name, t in store.optim_state().items()})
-            msg = Message("state", {"version": store.version, "samples": store.samples}, tensors)
+            msg = Message("state", {"version": store.version, "samples": store.samples,
+                                    "blocks": len(store.blocks)}, tensors)
         if h.kind == "pull":
             self._charge(sum(t.numel() * t.element_size() for t in tensors.values()), t0)
         done = self.listener.send(h.peer, msg)

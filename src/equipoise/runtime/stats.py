@@ -50,6 +50,8 @@ class RunStats:
                   "staleness_max": max(stale) if stale else None}
         for key in ("compute_s", "wait_s", "comm_s", "cpu", "mem", "version"):
             record[key] = [r.get(key) for r in reports]
+        if any("table_wait_s" in r for r in reports):  # blocks moved during this iteration
+            record["table_wait_s"] = [r.get("table_wait_s", 0.0) for r in reports]
         return record
 
     def summary(self, cfg: Config, iterations: int, final_eval: dict, *, wall_s: float,

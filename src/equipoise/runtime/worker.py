@@ -112,6 +112,10 @@ class Worker:
             f = plan.fields
             loss, measured = self._step(data, sampler, f)
             t3 = time.perf_counter()
+            if f.get("await_table"):  # blocks moved during this compute: route by the new table
+                table = self._request(self.coord, Message("table_req", {"worker": self.rank}), "table")
+                versions = self._plan_table(table, versions)
+                measured["table_wait_s"] = time.perf_counter() - t3
             pull = self.policy.pull_version(step + 1, f["iteration"])
             if self.policy.barrier():
                 # Pull first: the server holds it until the update, so by the time every

@@ -53,6 +53,8 @@ SCHEMA: dict[str, dict[str, FieldType]] = {
     "straggle": {},  # optional factor, rate_mbps, bandwidth_mbps
     "migrate": {"keys": list, "to": str},  # coordinator -> source server
     "adopt": {"blocks": list, "version": int, "samples": int},  # source -> destination, + tensors
+    "table_req": {"worker": int},  # a worker whose plan said await_table, before its first push
+    "table": {"table": list, "servers": list, "version": int},
     # control
     "stop": {"reason": str},
     "error": {"message": str},
