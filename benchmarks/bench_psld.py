@@ -91,12 +91,14 @@ def run_policy(spec: Spec, policy: str, tmp: Path) -> dict[str, Any]:
     iters = [r for r in records if r.get("type") == "iteration"]
     servers = [r for r in records if r.get("type") == "servers" and r.get("iteration_s")]
     moves = [r for r in records if r.get("type") == "event" and r.get("event") == "block_moved"]
+    waits = [max(r["table_wait_s"]) for r in iters if r.get("table_wait_s")]
     last = [r["iteration_s"] for r in servers if r["iteration"] > spec.iterations - spec.settled]
     settled_s = sum(last) / len(last) if last else math.nan
     result = {"policy": policy, "samples_per_s": summary["samples_per_s"], "train_s": summary["train_s"],
               "iteration_s_mean": summary["train_s"] / max(len(iters), 1), "settled_iteration_s": settled_s,
               "moves": len(moves), "pause_s_max": max((m["pause_s"] for m in moves), default=0.0),
               "pause_s_mean": sum(m["pause_s"] for m in moves) / len(moves) if moves else 0.0,
+              "worker_pause_s_max": max(waits, default=0.0),
               "final_accuracy": summary["final_accuracy"], "run_dir": str(out),
               "interval_iteration_s": [[r["iteration"], r["iteration_s"]] for r in servers]}
     if spec.scenario == "dynamic":
@@ -123,9 +125,10 @@ def table(results: dict[str, dict], oracle: dict) -> str:
     for name, r in results.items():
         rows.append([name, r["iteration_s_mean"], r["settled_iteration_s"],
                      r["settled_iteration_s"] / oracle["settled_iteration_s"], r["samples_per_s"], r["moves"],
-                     r["pause_s_max"], r.get("settle_iterations", "–")])
+                     r["pause_s_max"], r["worker_pause_s_max"], r.get("settle_iterations", "–")])
     return markdown_table(["placement", "iteration s (whole run)", "iteration s (settled)", "settled × oracle",
-                           "samples/s", "block moves", "max pause s", "settle iterations"], rows)
+                           "samples/s", "block moves", "longest migration s", "longest worker pause s",
+                           "settle iterations"], rows)
 
 
 def run(preset: str, results_path: str | None = None, plots: str | None = None) -> dict[str, Any]:
