@@ -84,7 +84,6 @@ class Coordinator:
         self.servers_done: set[int] = set()  # iterations whose server work is done (re-entered barriers)
         self.psld = None
         self._barrier_at: dict[int, float] = {}
-        self._pauses: list[tuple[int, float]] = []
         self._control_offset = 0
         self._factors: dict[int, tuple] = {}
         self._added: list[int] = []
@@ -350,7 +349,7 @@ class Coordinator:
         actions += self._arrived_servers(t)
         if t > 0 and t % cfg.psld_interval == 0:
             measured = self._measure_servers(t)
-            if self.psld is not None and not actions:
+            if self.psld is not None and not actions and measured["iteration_s"]:
                 actions = self.psld.decide(self.pool.table, self.pool.live(), measured["throughput"],
                                            measured["iteration_s"], set(self._added))
         return actions
@@ -369,8 +368,6 @@ class Coordinator:
         self._table_at = t
         if pause and self.psld is not None:
             self.psld.charge(pause)
-        if pause:
-            self._pauses.append((t, pause))
 
     def _on_table_req(self, peer: bytes, f: dict) -> None:
         worker = int(f["worker"])
@@ -415,12 +412,13 @@ class Coordinator:
 
     def _measure_servers(self, t: int) -> dict:
         """Each server's busy seconds, bytes and load since the last measurement, and the
-        mean iteration time (migration pauses excluded) — written as a "servers" record."""
+        mean iteration time — written as a "servers" record."""
         interval = self.cfg.psld_interval
         stats = self.pool.broadcast(Message("stats_req", {}), "stats")
         since = self._barrier_at.get(t - interval)
-        paused = sum(p for at, p in self._pauses if t - interval <= at < t)
-        iteration_s = (self._barrier_at[t] - since - paused) / interval if since is not None else None
+        # Wall time per iteration, any worker pause for migrations included: that is the
+        # migrations' measured cost.
+        iteration_s = (self._barrier_at[t] - since) / interval if since is not None else None
         throughput = {r: m.fields["bytes"] / m.fields["busy_s"] for r, m in stats.items()
                       if m.fields["busy_s"] > 0 and m.fields["bytes"] > 0}
         self._last_rates = throughput
@@ -433,7 +431,7 @@ class Coordinator:
             "bytes": [stats[r].fields["bytes"] for r in ranks],
             "throughput_mbps": [throughput.get(r, 0.0) / 1e6 for r in ranks],
             "iteration_s": iteration_s, "table_version": self.pool.version})
-        return {"throughput": throughput, "iteration_s": iteration_s or 0.0}
+        return {"throughput": throughput, "iteration_s": iteration_s}
 
     def _control_actions(self) -> list[tuple]:
         """Requests a user appended to run_dir/control.jsonl while the job runs
