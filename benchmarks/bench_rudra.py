@@ -55,6 +55,7 @@ class Spec:
     ssp_momentum: float = 0.9
     cpu: float = 0.4
     bounds: tuple[int, ...] = (0, 1, 4)
+    ssp_rotate: int = 0             # > 0: the slow worker changes every this many iterations
     sections: tuple[str, ...] = ("study", "ssp")
     transport: str = "ipc"
     seed: int = 0
@@ -66,6 +67,8 @@ PRESETS = {
     "study": Spec(sections=("study",)),
     "study-long": Spec(sections=("study",), epochs=6.0, eval_every=300),
     "ssp": Spec(sections=("ssp",)),
+    # A transient straggler: the 4× slowdown moves to the next worker every 4 iterations.
+    "ssp-rotating": Spec(sections=("ssp",), ssp_rotate=4),
     "full": Spec(),
 }
 
@@ -110,6 +113,14 @@ def ssp(spec: Spec, tmp: Path) -> list[dict[str, Any]]:
                 global_batch=spec.ssp_batch, iterations=spec.ssp_iterations, lr=spec.ssp_lr,
                 momentum=spec.ssp_momentum, servers=2, eval_every=0, transport=spec.transport, seed=spec.seed,
                 slowdown=list(spec.ssp_slowdown), cpu_limit=[spec.cpu] * spec.ssp_workers)
+    if spec.ssp_rotate:
+        n, slow = spec.ssp_workers, max(spec.ssp_slowdown)
+        rows = ["iteration,worker,factor"]
+        for k in range(0, spec.ssp_iterations * 2, spec.ssp_rotate):
+            rows += [f"{k},{w},{slow if w == (k // spec.ssp_rotate) % n else 1.0}" for w in range(n)]
+        (tmp / "rotate.csv").write_text("\n".join(rows) + "\n")
+        del base["slowdown"]
+        base["trace"] = str(tmp / "rotate.csv")
     rows = [run_job(tmp, "bsp", protocol="bsp", **base)]
     # SSP and ASP apply every gradient as its own update, λ times as many updates as BSP:
     # at BSP's α they diverge here (NaN within ~20 iterations), so they run at α/λ.
@@ -188,9 +199,10 @@ def run(preset: str, results_path: str | None = None, plots: str | None = None) 
         if "ssp" in spec.sections:
             rows = ssp(spec, tmp)
             result["ssp"] = rows
+            who = (f"the {max(spec.ssp_slowdown)}× slowdown moving to the next worker every {spec.ssp_rotate} "
+                   "iterations" if spec.ssp_rotate else f"slowdown {list(spec.ssp_slowdown)}")
             print(f"\n## SSP under a slow worker, preset {preset}: {spec.ssp_model}, {spec.ssp_workers} workers at "
-                  f"{spec.cpu} CPU, slowdown {list(spec.ssp_slowdown)}, X = {spec.ssp_batch}, "
-                  f"{spec.ssp_iterations} iterations\n")
+                  f"{spec.cpu} CPU, {who}, X = {spec.ssp_batch}, {spec.ssp_iterations} iterations\n")
             print(ssp_table(rows))
     for section in ("study", "ssp"):
         for r in result.get(section, []):
