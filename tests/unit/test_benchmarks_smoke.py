@@ -105,3 +105,33 @@ def test_common_helpers():
     assert calls == ["a", "b", "a", "b", "a", "b"] and out == {"a": [1, 1], "b": [2, 2]}
     table = common.markdown_table(["x", "y"], [[1, 0.5], [None, float("nan")]])
     assert table.splitlines()[2] == "| 1 | 0.5 |"
+
+
+def test_rudra_study_table_and_plot(tmp_path):
+    from benchmarks import bench_rudra
+
+    rows = [dict(n=0, modulation="–", overlap=False, final_accuracy=0.86, staleness_mean=0.0, staleness_max=0,
+                 samples_per_s=7000.0, wall_s=28.0)]
+    for n, acc in [(1, 0.84), (2, 0.82), (4, 0.3), (8, 0.2)]:
+        for mod in bench_rudra.MODULATIONS:
+            rows.append(dict(n=n, modulation=mod, overlap=False, final_accuracy=acc if mod == "none" else 0.85,
+                             staleness_mean=float(n), staleness_max=2 * n, samples_per_s=8000.0, wall_s=25.0))
+    rows.append(dict(n=8, modulation="mean", overlap=False, error="JobError: diverged", final_accuracy=math.nan,
+                     staleness_mean=math.nan, staleness_max=None, samples_per_s=math.nan, wall_s=3.0))
+    text = bench_rudra.study_table(rows)
+    assert "hardsync (bsp)" in text and "8-softsync" in text and "failed: JobError" in text
+    assert "-56.0" in text  # Δ of the n = 4, none row, in points
+    path = bench_rudra.plot_study(rows, tmp_path / "acc.png")
+    assert path.stat().st_size > 10_000
+
+
+def test_psld_settling_is_counted_from_the_switch():
+    from benchmarks import bench_psld
+
+    spec = bench_psld.Spec(scenario="dynamic", iterations=60, switch=20, interval=5, settled=20)
+    times = {5: 0.05, 10: 0.05, 15: 0.05, 20: 0.05, 25: 0.2, 30: 0.12, 35: 0.052, 40: 0.05, 45: 0.05,
+             50: 0.05, 55: 0.05, 60: 0.05}
+    records = [{"iteration": i, "iteration_s": t} for i, t in times.items()]
+    assert bench_psld.settle_after(records, spec) == 15  # the interval ending at 35 is back within 1.1×
+    slow = [{"iteration": i, "iteration_s": 0.2 if 20 < i < 45 else 0.05} for i in times]
+    assert bench_psld.settle_after(slow, spec) == 25
