@@ -93,9 +93,11 @@ class Worker:
 
     # -- the loop -----------------------------------------------------------------------
     def _loop(self, data, sampler: SliceSampler) -> None:
-        """Compute, then one pipelined exchange: push and pull-ahead go out together on
-        each server's (ordered) connection, the plan request follows the acks, and the
-        next weights and plan arrive while the coordinator and servers close the barrier.
+        """Compute, then one pipelined exchange: pull-ahead and push go out together on
+        each server's (ordered) connection (under a barrier the pull first, so it is
+        registered before our push can complete the update), the plan request follows
+        the acks, and the next weights and plan arrive while the coordinator and servers
+        close the barrier.
         A report describes one iteration: its compute and the exchange that fed it."""
         t0 = time.perf_counter()
         plan = self._recv(self._send_plan(0, {}), "plan")
@@ -180,7 +182,7 @@ class Worker:
         return loss, {"compute_s": t2 - t1,
                       "cpu": _clamp01((cpu1.user + cpu1.system - cpu0.user - cpu0.system) / max(t2 - t1, 1e-9))}
 
-    def _report(self, f: dict, loss: float, versions: list[int], staleness: list[int], measured: dict,
+    def _report(self, f: dict, loss: float, versions: dict[int, int], staleness: list[int], measured: dict,
                 exchange: dict) -> dict:
         """One iteration's report. `staleness` lists σ of this worker's gradients that
         servers applied since the last report (one per server and gradient)."""
