@@ -63,3 +63,13 @@ def test_control_requests_parse(line, action):
 def test_bad_control_requests_are_refused_with_a_reason(line):
     with pytest.raises(ValueError):
         parse_control(line)
+
+
+def test_an_undone_trial_is_not_retried_at_once():
+    c = PsldController(SIZES, epsilon=0.0, tabu_decisions=2)
+    table, live = [0, 1, 2, 3, 0, 1], [0, 1, 2, 3]
+    rates = {0: 25.0, 1: 100.0, 2: 100.0, 3: 100.0}
+    first = c.decide(table, live, rates, 1.0)
+    assert first and c.decide(table, live, rates, 1.0)  # judged: no gain, undone
+    assert c.decide(table, live, rates, 1.0) == []      # the same plan is not tried again now
+    assert c.decide(table, live, rates, 1.0) == first   # ... but it is later

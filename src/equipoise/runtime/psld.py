@@ -44,6 +44,7 @@ class PsldController:
     max_servers: int = 0
     threshold: float = 0.03
     horizon: int = 50  # iterations a migration's pause is amortised over
+    tabu_decisions: int = 6  # an undone trial is not proposed again for this many decisions
     seed: int = 0
     trial: Trial | None = None
     log: list[dict] = field(default_factory=list)
@@ -52,6 +53,7 @@ class PsldController:
         self.rng = random.Random(self.seed)
         self.undone: set[int] = set()  # servers whose moves were undone
         self.known: dict[int, float] = {}  # last measured bytes/s of each server
+        self.tabu: dict[tuple, int] = {}  # undone trials -> decisions before they may be retried
 
     def decide(self, table: list[int], live: list[int], throughput: dict[int, float],
                iteration_s: float, added: set[int] = frozenset()) -> list[Action]:
@@ -66,8 +68,10 @@ class PsldController:
                              "kept": keep})
             if not keep:
                 self.undone |= {a[3] for a in trial.actions if a[0] == "move"}
+                self.tabu[tuple(trial.actions)] = self.tabu_decisions  # do not retry at once
                 return trial.undo
             return []
+        self.tabu = {k: n - 1 for k, n in self.tabu.items() if n > 1}
         empty = [r for r in live if r in added and r in self.undone and r not in table]
         if empty:
             self.undone -= set(empty)
@@ -80,9 +84,11 @@ class PsldController:
             moves, new_owner = exploit_moves(self.sizes, owner, [rates[r] for r in live])
             now = predicted_time(server_loads(self.sizes, owner, len(live)), [rates[r] for r in live])
             then = predicted_time(server_loads(self.sizes, new_owner, len(live)), [rates[r] for r in live])
-            if moves and then < now * (1 - self.threshold):
-                actions = [("move", m.block, live[m.src], live[m.dst]) for m in moves]
+            actions = [("move", m.block, live[m.src], live[m.dst]) for m in moves]
+            if moves and then < now * (1 - self.threshold) and tuple(actions) not in self.tabu:
                 return self._start(actions, iteration_s)
+            if moves and tuple(actions) in self.tabu:
+                return []  # the best plan was just tried and undone: keep what we have
         return self._explore(table, live, rates, iteration_s)
 
     def _explore(self, table, live, rates, iteration_s) -> list[Action]:
