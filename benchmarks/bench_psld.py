@@ -49,6 +49,7 @@ class Spec:
     switch: int = 100
     switch_to: int = 2
     policies: tuple[str, ...] = POLICIES
+    sweep: tuple[int, ...] = ()  # run every policy once with each of these servers slowed
     transport: str = "ipc"
     seed: int = 0
 
@@ -58,6 +59,8 @@ PRESETS = {
                interval=5, policies=("mxnet", "psld", "oracle")),
     "full": Spec(),
     "dynamic": Spec(scenario="dynamic", iterations=220, policies=("psld", "oracle")),
+    # Which server is slow decides how badly a fixed rule does: try each in turn.
+    "sweep": Spec(iterations=100, settled=40, policies=("mxnet", "byteps", "psld", "oracle"), sweep=(0, 1, 2, 3)),
 }
 
 
@@ -131,8 +134,41 @@ def table(results: dict[str, dict], oracle: dict) -> str:
                            "settle iterations"], rows)
 
 
+def run_sweep(spec: Spec, preset: str, results_path: str | None) -> dict[str, Any]:
+    """Every policy with each server in `spec.sweep` slowed; the geometric mean over the
+    sweep of each policy's whole-run iteration time relative to PSLD's."""
+    from dataclasses import replace
+
+    result: dict[str, Any] = {"preset": preset, "spec": asdict(spec), "loadavg_at_start": load_average(), "runs": []}
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-psld-") as name:
+        for slow in spec.sweep:
+            one = replace(spec, slow=slow)
+            for p in spec.policies:
+                r = run_policy(one, p, Path(name))
+                r.pop("run_dir")
+                r["slow"] = slow
+                result["runs"].append(r)
+    by = {(r["slow"], r["policy"]): r for r in result["runs"]}
+    ratios = {}
+    for p in spec.policies:
+        logs = [math.log(by[(s, p)]["iteration_s_mean"] / by[(s, "psld")]["iteration_s_mean"]) for s in spec.sweep]
+        ratios[p] = math.exp(sum(logs) / len(logs))
+    for s in spec.sweep:
+        rows.append([s] + [by[(s, p)]["iteration_s_mean"] for p in spec.policies])
+    rows.append(["geo-mean × psld"] + [ratios[p] for p in spec.policies])
+    result["vs_psld_geomean"] = ratios
+    print(f"## PSLD sweep, preset {preset}: {spec.model}, {spec.servers} servers behind {spec.bandwidth} MB/s, "
+          f"one {spec.factor}× slower (each in turn), {spec.iterations} iterations; whole-run s per iteration\n")
+    print(markdown_table(["slow server"] + list(spec.policies), rows))
+    print(f"\nwrote {write_results(f'{NAME}_{preset}', result, results_path)}")
+    return result
+
+
 def run(preset: str, results_path: str | None = None, plots: str | None = None) -> dict[str, Any]:
     spec = PRESETS[preset]
+    if spec.sweep:
+        return run_sweep(spec, preset, results_path)
     result: dict[str, Any] = {"preset": preset, "spec": asdict(spec), "loadavg_at_start": load_average()}
     with tempfile.TemporaryDirectory(prefix="bench-psld-") as name:
         tmp = Path(name)
