@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import load_average, markdown_table, ratio, write_results
+from benchmarks.common import preset_main, load_average, markdown_table, ratio, write_results
 from benchmarks.ddp_straggler import run_ddp_straggler
 from equipoise.report.replay import replay_mape
 
@@ -242,11 +242,4 @@ def run(preset: str, results_path: str | None = None, plots: str | None = None) 
 
 
 if __name__ == "__main__":
-    import argparse
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="ci")
-    parser.add_argument("--results", default=None)
-    parser.add_argument("--plots", default=None, help="folder for PNG plots of the runs (e.g. docs/img)")
-    args = parser.parse_args()
-    run(args.preset, args.results, args.plots)
+    preset_main(__doc__, PRESETS, run, "folder for PNG plots of the runs (e.g. docs/img)")

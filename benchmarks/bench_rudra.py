@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import load_average, markdown_table, write_results
+from benchmarks.common import preset_main, load_average, markdown_table, write_results
 
 NAME = "bench_rudra"
 MODULATIONS = ("none", "per_gradient", "mean")
@@ -212,11 +212,4 @@ def run(preset: str, results_path: str | None = None, plots: str | None = None) 
 
 
 if __name__ == "__main__":
-    import argparse
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="ci")
-    parser.add_argument("--results", default=None)
-    parser.add_argument("--plots", default=None, help="folder for the accuracy-vs-n plot (e.g. docs/img)")
-    args = parser.parse_args()
-    run(args.preset, args.results, args.plots)
+    preset_main(__doc__, PRESETS, run, "folder for the accuracy-vs-n plot (e.g. docs/img)")

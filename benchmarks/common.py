@@ -188,3 +188,15 @@ class scoped_env:
 __all__ = ["RESULTS_DIR", "fmt", "free_port", "git_state", "interleave", "load_average",
            "machine_info", "markdown_table", "median", "ratio", "scoped_env", "timed",
            "write_results"]
+
+
+def preset_main(doc: str, presets: Mapping[str, Any], run: Callable[..., Any], plots_help: str) -> None:
+    """The command line of a preset benchmark: --preset, --results, --plots."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--preset", choices=sorted(presets), default="ci")
+    parser.add_argument("--results", default=None, help="JSON path (default benchmarks/results/)")
+    parser.add_argument("--plots", default=None, help=plots_help)
+    args = parser.parse_args()
+    run(args.preset, args.results, args.plots)

@@ -2,7 +2,7 @@
 measured iteration time (keep or undo), remember idle servers' rates, explore."""
 
 from equipoise.runtime.psld import PsldController
-from equipoise.runtime.coordinator import parse_control
+from equipoise.runtime.coord_servers import parse_control
 
 import pytest
 
