@@ -34,10 +34,17 @@ def test_softsync_mean_staleness_is_about_n(tmp_path, n):
 
 @pytest.mark.parametrize("s", [0, 1, 4])
 def test_ssp_never_exceeds_its_bound_with_a_slow_worker(tmp_path, s):
+    # One worker at a time is 3× slower than the rest, a different one every 3 iterations:
+    # a transient straggler the fast workers can run ahead of (a persistent one would pin
+    # everyone to its pace, and σ in clocks would almost always be 0).
+    rows = ["iteration,worker,factor"] + [f"{k},{w},{30.0 if w == (k // 3) % 4 else 10.0}"
+                                          for k in range(0, 120, 3) for w in range(4)]
+    trace = tmp_path / "rotate.csv"
+    trace.write_text("\n".join(rows) + "\n")
     summary = equipoise.train(dict(protocol="ssp", staleness_bound=s, dataset="digits", model="mlp",
-                                   workers=4, servers=2, global_batch=64, iterations=40,
-                                   slowdown=[1.0, 1.0, 1.0, 8.0], eval_every=0, checkpoint_every=0,
-                                   progress=False, timeout=60.0), out=tmp_path / "run")
+                                   workers=4, servers=2, global_batch=64, iterations=40, trace=str(trace),
+                                   eval_every=0, checkpoint_every=0, progress=False, timeout=60.0),
+                              out=tmp_path / "run")
     hist = {int(k): v for k, v in summary["staleness_histogram"].items()}
     assert sum(hist.values()) == 40 * 4 * 2  # each gradient once on each of 2 servers
     assert max(hist) <= s, hist
