@@ -172,18 +172,18 @@ def test_ssp_server_holds_a_pull_more_than_s_clocks_ahead_of_the_slowest():
     assert h.push(0, 0, 1.0) == (0, [0])           # applied at once; clock = min(1, 0) = 0
     h.pull(0, policy.pull_version(1, 0))            # 1 ahead of worker 1: allowed
     assert h.params(0) == (0, pytest.approx(-1.0))
-    assert h.push(0, 0, 1.0) == (0, [0])
+    assert h.push(0, 0, 1.0) == (0, [1])           # σ: worker 0 read clock 0 one push ahead
     h.pull(0, policy.pull_version(2, 0))            # 2 ahead: held until worker 1 pushes
     assert h.params(0, timeout=0.3) is None
     assert h.push(1, 0, 1.0) == (1, [0])            # clock 1 releases the held pull
     assert h.params(0) == (1, pytest.approx(-3.0))
     # A worker that stopped no longer holds the clock back.
-    assert h.push(0, 1, 1.0) == (1, [0])
+    assert h.push(0, 1, 1.0) == (1, [1])           # two pushed before, read clock 1: σ = 1 ≤ s
     h.pull(0, policy.pull_version(3, 0))
     assert h.params(0, timeout=0.3) is None
     assert h.admin_call(Message("members", {"workers": 1, "retired": [1]})).type == "ack"
     assert h.params(0)[0] == 3
-    assert h.close() == {0: 4}
+    assert h.close() == {0: 2, 1: 2}
 
 
 def test_ssp_server_refuses_a_push_claiming_an_unpublished_version():

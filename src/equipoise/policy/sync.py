@@ -121,9 +121,10 @@ class SSP(SyncPolicy):
     """Stale synchronous parallel with bound s (Ho et al. 2013; ps-lite's τ): gradients
     are applied on arrival, and the published version is the *clock* — iterations
     finished by every worker. A worker that has pushed p gradients may read only once
-    the clock is ≥ p − s, i.e. it runs at most s iterations ahead of the slowest. A
-    gradient's σ (clock at apply − clock at read) is therefore ≤ s; s = 0 runs in lock
-    step like BSP, but applies the λ gradients of a clock one by one."""
+    the clock is ≥ p − s, i.e. it runs at most s iterations ahead of the slowest. The
+    server measures a gradient's σ against the pushing worker's own clock (p − the clock
+    it read), so σ ≤ s; s = 0 runs in lock step like BSP, but applies the λ gradients of
+    a clock one by one."""
 
     name: str = "ssp"
     bound: int = 0

@@ -46,7 +46,7 @@ class Server:
         self.held: list[_Held] = []
         self.workers = 0
         self.clocks: dict[int, int] = {}     # SSP: gradients pushed by each active worker
-        self.retired: set[int] = set()       # SSP: workers that stopped (a last push may follow)
+        self.retired: dict[int, int] = {}    # SSP: stopped workers' clocks (a last push may follow)
         self.sigmas: dict[int, list[int]] = {}  # σ of each worker's applied gradients, not yet acked
         self.histogram: Counter[int] = Counter()  # σ of every gradient this server applied
         self.done = False
@@ -117,7 +117,7 @@ class Server:
                                     policy, version=f["version"], samples=f["samples"], optim_state=optim)
         self.pending, self.held, self.copies = [], [], _CopyPool()
         self.clocks = {w: 0 for w in range(self.workers)} if policy.clocked else {}
-        self.retired = set()
+        self.retired = {}
         self._straggle(f.get("straggler", {}))
         self.sigmas, self.histogram = {}, Counter()
         self.listener.send(peer, Message("ready", {"rank": self.rank}))
@@ -239,11 +239,17 @@ class Server:
         if self.pending and self.store.policy.barrier():
             raise PushError(f"server {self.rank}: membership change with {len(self.pending)} pushes pending")
         for w in msg.fields.get("retired", []):
-            self.clocks.pop(int(w), None)
-            self.retired.add(int(w))
+            if int(w) in self.clocks:
+                self.retired[int(w)] = self.clocks.pop(int(w))
         self.workers = int(msg.fields["workers"])
         self.listener.send(peer, Message("ack", {"version": self.version()}))
         self._release()
+
+    def _clock_of(self, worker: int) -> int:
+        """SSP: the gradients `worker` pushed before the one being applied."""
+        if worker in self.clocks:
+            return self.clocks[worker]
+        return self.retired[worker]
 
     def version(self) -> int:
         """The version this server publishes: updates applied, or under SSP the clock
@@ -289,10 +295,14 @@ class Server:
         self._release()
 
     def _apply(self, group: list[Push]) -> None:
-        """One update; σ of each gradient is the published version now minus the one it
-        was computed on, recorded for its worker's next ack and in the histogram."""
+        """One update; σ of each gradient is the version now minus the one it was
+        computed on, recorded for its worker's next ack and in the histogram. Under SSP
+        "now" is the pushing worker's own clock (the gradients it pushed before): σ is
+        how far ahead of the slowest worker it read, ≤ s by construction — also at the
+        end of a run, when stopped workers leave the published clock free to jump."""
         now = self.version()
-        sigmas = [self.store.policy.staleness(now, p.version) for p in group]
+        sigmas = [self.store.policy.staleness(self._clock_of(p.worker) if self.store.policy.clocked else now,
+                                              p.version) for p in group]
         self.store.apply(group, sigmas)
         for p, sigma in zip(group, sigmas):
             self.sigmas.setdefault(p.worker, []).append(sigma)
