@@ -35,7 +35,8 @@ class ServerDuties:
         factor = cfg.server_slowdown[rank] if rank < len(cfg.server_slowdown) else 1.0
         if cfg.server_trace:
             trace = self._server_trace()
-            factor = trace.factor(rank, elapsed if trace.unit == "time" else t) if rank in trace._index else factor
+            if trace.rows and any(row[1] == rank for row in trace.rows):  # else the static factor holds
+                factor = trace.factor(rank, elapsed if trace.unit == "time" else t)
         out = {"factor": factor, "rate_mbps": cfg.server_rate}
         if rank < len(cfg.server_bandwidth):
             out["bandwidth_mbps"] = cfg.server_bandwidth[rank]
@@ -53,11 +54,13 @@ class ServerDuties:
         `psld_interval` iterations, and return the block moves and server additions and
         removals due — from `server_events`, run_dir/control.jsonl and PSLD — which
         `_carry_out` performs once the plans of t are out."""
-        if t in self.servers_done:
-            return []
-        self.servers_done.add(t)
+        if self.servers_done_at == t:
+            return []  # a barrier re-entered after workers joined
+        self.servers_done_at = t
         cfg = self.cfg
         self._barrier_at[t] = time.perf_counter()
+        for old in [k for k in self._barrier_at if k < t - cfg.psld_interval]:
+            del self._barrier_at[old]
         if cfg.server_trace:
             for r in self.pool.live():
                 now = self._straggler(r, self.stats.elapsed(), t)

@@ -82,7 +82,7 @@ class Coordinator(ServerDuties):
         self.pool: ServerPool | None = None
         self.known_table: dict[int, int] = {}  # the table version each worker was sent
         self._snapshot_at: int | None = None  # a barrier re-entered after a join snapshots once
-        self.servers_done: set[int] = set()  # iterations whose server work is done (re-entered barriers)
+        self.servers_done_at: int | None = None  # the barrier whose server work is done
         self.psld = None
         self._barrier_at: dict[int, float] = {}
         self._control_offset = 0
