@@ -115,10 +115,7 @@ class ServerDuties:
         if kind == "add":  # start the process now; it joins at a barrier once registered
             if self.spawn_server is None:
                 raise ValueError("this launcher cannot add servers while training runs")
-            rank = max([len(self.pool.conns) - 1, *self._spawning]) + 1
-            self._spawning[rank] = (time.monotonic(), len(action) > 1)
-            self.spawn_server(rank)
-            self._event("server_starting", t, server=rank)
+            self._event("server_starting", t, server=self._start_server())
             return 0.0
         if kind == "join":  # a started server registered: initialise it empty
             rank, address = int(action[1]), str(action[2])
@@ -137,7 +134,7 @@ class ServerDuties:
     def _server_progress(self) -> tuple[int, int]:
         """(version, samples) every server holds at this barrier."""
         r = self.pool.table[0]  # a server that holds blocks, so is at the current version
-        reply = self.pool.request(r, Message("state_req", {"version": 0}), "state")
+        reply = self.pool.request(r, Message("ping", {}), "pong")
         return int(reply.fields["version"]), int(reply.fields["samples"])
 
     def _measure_servers(self, t: int) -> dict:
@@ -191,23 +188,19 @@ class ServerDuties:
             for _ in range(ev.get("add", 0)):
                 if self.spawn_server is None:
                     raise _job_error("this launcher cannot add servers while training runs")
-                rank = max([len(self.pool.conns) - 1, *self._spawning, *self._planned]) + 1
-                self._planned[rank] = ev["iteration"]
-                self._spawning[rank] = (time.monotonic(), False)
-                self.spawn_server(rank)
+                self._planned[self._start_server()] = ev["iteration"]
+
+    def _start_server(self) -> int:
+        """Start the process of the next server rank; it registers with a hello later."""
+        rank = max([len(self.pool.conns) - 1, *self._spawning]) + 1
+        self._spawning[rank] = time.monotonic()
+        self.spawn_server(rank)
+        return rank
 
     def _await_server(self, rank: int) -> str:
-        deadline = time.monotonic() + self.cfg.timeout
-        while rank not in self._hellos:
-            self._tick(deadline, f"waiting for new server {rank} to register")
-            got = self.listener.recv(timeout=0.2)
-            if got is None:
-                continue
-            peer, msg = got
-            if msg.type == "hello" and msg.fields.get("role") == "server" and msg.fields.get("rank") in self._spawning:
-                self._hellos[int(msg.fields["rank"])] = str(msg.fields["address"])
-            elif msg.type == "plan_req":  # cannot happen at a barrier, but never drop one
-                self.waiting[int(msg.fields["worker"])] = (peer, time.monotonic())
+        if rank not in self._hellos:
+            self._await(f"new server {rank} to register", lambda m: m.fields.get("role") == "server"
+                        and m.fields.get("rank") == rank)
         del self._spawning[rank]
         return self._hellos.pop(rank)
 
@@ -216,7 +209,7 @@ class ServerDuties:
         then get blocks by its next decision). A server that never registers fails
         the job after `timeout`."""
         out = []
-        for rank, (started, _) in sorted(self._spawning.items()):
+        for rank, started in sorted(self._spawning.items()):
             if rank in self._planned:
                 continue
             if rank in self._hellos:

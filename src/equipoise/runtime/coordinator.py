@@ -89,7 +89,7 @@ class Coordinator(ServerDuties):
         self._factors: dict[int, tuple] = {}
         self._added: list[int] = []
         self._table_at = 0
-        self._spawning: dict[int, tuple[float, bool]] = {}  # rank -> (started, asked by PSLD)
+        self._spawning: dict[int, float] = {}  # servers started, not yet joined: rank -> start time
         self._hellos: dict[int, str] = {}  # servers that registered while training ran
         self._planned: dict[int, int] = {}  # server_events additions: rank -> join iteration
         self._last_rates: dict[int, float] = {}
@@ -189,8 +189,7 @@ class Coordinator(ServerDuties):
                 self._check_stalled()
                 continue
             peer, msg = got
-            if msg.type == "hello" and msg.fields.get("role") == "server" and msg.fields.get("rank") in self._spawning:
-                self._hellos[int(msg.fields["rank"])] = str(msg.fields["address"])
+            if self._note_server_hello(msg):
                 continue
             if msg.type == "table_req":
                 try:
@@ -318,20 +317,34 @@ class Coordinator(ServerDuties):
             raise JobError("this launcher cannot add workers while training runs")
         rank = max(self.workers) + 1
         self.spawn_worker(rank)
+        peer = self._await(f"joining worker {rank} to register",
+                           lambda m: m.fields.get("role") == "worker" and m.fields.get("rank") == rank)
+        self.workers[rank] = peer
+        self.listener.send(peer, self._welcome(rank))
+        self._event("worker_joined", t, worker=rank)
+
+    def _await(self, what: str, wanted: Callable[[Message], bool]) -> bytes:
+        """At a barrier, wait up to `timeout` for the hello `wanted` accepts; returns its
+        sender. Meanwhile a plan request is kept (it cannot come at a barrier, but is never
+        dropped) and a started server's hello is recorded in `_hellos`."""
         deadline = time.monotonic() + self.cfg.timeout
         while True:
-            self._tick(deadline, f"waiting for joining worker {rank} to register")
+            self._tick(deadline, f"waiting for {what}")
             got = self.listener.recv(timeout=0.2)
             if got is None:
                 continue
             peer, msg = got
-            if msg.type == "hello" and msg.fields["role"] == "worker" and msg.fields["rank"] == rank:
-                break
-            if msg.type == "plan_req":  # cannot happen at a barrier, but never drop one
+            if not self._note_server_hello(msg) and msg.type == "plan_req":
                 self.waiting[int(msg.fields["worker"])] = (peer, time.monotonic())
-        self.workers[rank] = peer
-        self.listener.send(peer, self._welcome(rank))
-        self._event("worker_joined", t, worker=rank)
+            if msg.type == "hello" and wanted(msg):
+                return peer
+
+    def _note_server_hello(self, msg: Message) -> bool:
+        """Record the hello of a server started while training runs (it joins later)."""
+        if msg.type == "hello" and msg.fields.get("role") == "server" and msg.fields.get("rank") in self._spawning:
+            self._hellos[int(msg.fields["rank"])] = str(msg.fields["address"])
+            return True
+        return False
 
     def _welcome(self, rank: int) -> Message:
         self.known_table[rank] = self.pool.version

@@ -102,7 +102,8 @@ class Server:
         self.listener.send(peer, Message("error", {"message": reason}))
 
     def _on_ping(self, peer: bytes, msg: Message) -> None:
-        self.listener.send(peer, Message("pong", {}))
+        fields = {"version": self.store.version, "samples": self.store.samples} if self.store else {}
+        self.listener.send(peer, Message("pong", fields))
 
     def _on_init(self, peer: bytes, msg: Message) -> None:
         f = msg.fields
@@ -188,7 +189,7 @@ class Server:
             raise PushError(f"server {self.rank}: {msg.fields['to']} refused the blocks: "
                             f"{reply.fields.get('message', reply.type)}")
         self._rebuild([b for k, b in store.blocks.items() if k not in moved], {}, {})
-        nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+        nbytes = _nbytes(tensors.values())
         self.listener.send(peer, Message("ack", {"version": self.version(), "bytes": nbytes,
                                                  "seconds": time.perf_counter() - t0}))
 
@@ -289,7 +290,7 @@ class Server:
             self.pending = self.pending[group:]
         if push.worker in self.clocks:  # SSP; a retired worker's last push no longer counts
             self.clocks[push.worker] += 1
-        self._charge(sum(t.numel() * t.element_size() for t in push.tensors.values()), t0)
+        self._charge(_nbytes(push.tensors.values()), t0)
         self.listener.send(peer, Message("ack", {"version": self.version(),
                                                  "staleness": self.sigmas.pop(push.worker, [])}))
         self._release()
@@ -339,10 +340,14 @@ class Server:
             msg = Message("state", {"version": store.version, "samples": store.samples,
                                     "blocks": len(store.blocks)}, tensors)
         if h.kind == "pull":
-            self._charge(sum(t.numel() * t.element_size() for t in tensors.values()), t0)
+            self._charge(_nbytes(tensors.values()), t0)
         done = self.listener.send(h.peer, msg)
         for slot in slots.values():
             slot[1] = done
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _warm_up() -> None:
