@@ -1,15 +1,19 @@
 """LB-BSP under worker stragglers: BSP, LB-BSP (each predictor), ASP and PyTorch DDP.
 
-Four emulated machines on this 2-core box: every worker is held to `cpu` CPUs by a
-cgroup v1 quota (so the four together fit the machine, as four separate machines would
-not compete), and worker i is made `slowdown[i]` times slower on top (compute time
-stretched in-process). The ideal throughput is the sum of the workers' standalone speeds:
-each factor's worker run alone (one worker, same CPU quota, batch X/λ) in the same run of
-this benchmark.
+Four emulated machines on this 2-core box. Each is `base` times slower than one core
+here (every step stretched in-process, equipoise.runtime.stretch: spread through the
+forward and backward passes, charged on the step's usual CPU time), so the four together
+use about 0.7 of a core and fit the box as four separate machines would; worker i is
+`slowdown[i]` times slower again. The ideal throughput is the sum of the workers'
+standalone speeds: each factor's worker run alone (one worker, batch X/λ, the same
+stretch) in the same invocation, once before the systems and once after (averaged, so a
+drift of the shared host over the run does not favour either side).
 
 Scenarios: "static" (slowdown = [1, 1, 2, 4]); "trace" (the 4× worker changes every
-`period` seconds, from a generated CSV); "neighbour" (no emulated slowdown: a real CPU
-burner joins one worker's cgroup at a time, halving its CPU, moving every `period` s).
+`period` seconds, from a generated CSV); "neighbour" (no emulated slowdown between the
+workers: a real CPU burner joins one worker's cgroup at a time and competes for its CPU
+quota, moving every `period` s; the ideal counts one worker at its measured speed beside
+such a burner).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import json
 import math
 import tempfile
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,16 +41,17 @@ class Spec:
     dataset: str = "fashion-mnist"
     workers: int = 4
     servers: int = 2
-    global_batch: int = 128
-    iterations: int = 500
-    lr: float = 0.05
+    global_batch: int = 512
+    iterations: int = 240
+    lr: float = 0.1
     momentum: float = 0.9
     slowdown: tuple[float, ...] = (1.0, 1.0, 2.0, 4.0)
-    cpu: float = 0.4
+    base: float = 4.0  # every emulated machine is this many times slower than one core here
+    cpu: float = 0.0  # a cgroup CPU quota per worker on top (0: none)
     period: float = 20.0
-    eval_every: int = 25
+    eval_every: int = 10
     eval_samples: int = 2000
-    standalone_iterations: int = 60
+    standalone_iterations: int = 25
     transport: str = "ipc"
     seed: int = 0
 
@@ -54,7 +59,7 @@ class Spec:
         base = dict(model=self.model, dataset=self.dataset, workers=self.workers,
                     servers=self.servers, global_batch=self.global_batch,
                     iterations=self.iterations, lr=self.lr, momentum=self.momentum,
-                    cpu_limit=[self.cpu] * self.workers, eval_every=self.eval_every,
+                    cpu_limit=[self.cpu] * self.workers if self.cpu else [], eval_every=self.eval_every,
                     eval_samples=self.eval_samples, checkpoint_every=0, progress=False,
                     transport=self.transport, seed=self.seed, timeout=300.0)
         base.update(kw)
@@ -65,11 +70,13 @@ PRESETS = {
     "ci": Spec(dataset="digits", model="mlp", global_batch=64, iterations=40, eval_every=20,
                eval_samples=0, standalone_iterations=20),
     "full": Spec(),
-    # The same stragglers with 4× the compute per iteration: the barrier's fixed costs
-    # (last push → update → pulls, ≈ 20 ms here) weigh a quarter as much.
-    "large-batch": Spec(global_batch=512, iterations=240, lr=0.1, eval_every=10),
-    "trace": Spec(scenario="trace", iterations=900, period=20.0),
-    "neighbour": Spec(scenario="neighbour", iterations=900, period=20.0, slowdown=(1, 1, 1, 1)),
+    # X = 128: the barrier's fixed costs (last push → update → pulls) weigh 4× as much.
+    "small-batch": Spec(global_batch=128, iterations=500, lr=0.05, eval_every=25,
+                        standalone_iterations=60),
+    "trace": Spec(scenario="trace", iterations=300, period=20.0),
+    # cpu: each worker's cgroup quota, which the burner shares; the worker alone uses
+    # about 1/base of it.
+    "neighbour": Spec(scenario="neighbour", iterations=300, period=20.0, slowdown=(1, 1, 1, 1), cpu=0.5),
 }
 
 
@@ -78,7 +85,7 @@ PRESETS = {
 def scenario_keys(spec: Spec, tmp: Path) -> dict[str, Any]:
     """Config keys that create the scenario's stragglers."""
     if spec.scenario == "static":
-        return {"slowdown": list(spec.slowdown)}
+        return {"slowdown": [spec.base * f for f in spec.slowdown]}
     if spec.scenario == "trace":
         rows = ["time,worker,factor"]
         for k in range(64):  # the slow worker moves every `period` seconds
@@ -86,9 +93,9 @@ def scenario_keys(spec: Spec, tmp: Path) -> dict[str, Any]:
                      for w in range(spec.workers)]
         path = tmp / "trace.csv"
         path.write_text("\n".join(rows) + "\n")
-        return {"trace": str(path)}
+        return {"trace": str(path), "slowdown": [spec.base] * spec.workers}  # the trace multiplies it
     if spec.scenario == "neighbour":
-        return {"neighbours": [{"worker": k % spec.workers, "start": k * spec.period,
+        return {"slowdown": [spec.base] * spec.workers, "neighbours": [{"worker": k % spec.workers, "start": k * spec.period,
                                 "stop": (k + 1) * spec.period} for k in range(64)]}
     raise ValueError(f"scenario = {spec.scenario!r}")
 
@@ -119,27 +126,32 @@ def time_to_accuracy(evals: list[dict], target: float = ACCURACY) -> float:
     return math.nan
 
 
-def standalone_speeds(spec: Spec, tmp: Path) -> dict[float, float]:
-    """samples/s of one worker alone at each distinct slowdown factor (batch X/λ)."""
+def standalone_speeds(spec: Spec, tmp: Path, tag: str = "") -> dict[str, float]:
+    """samples/s of one worker alone (batch X/λ) at each distinct slowdown factor, and in
+    the neighbour scenario beside a burner for the whole run ("neighbour")."""
     import equipoise
 
-    speeds = {}
+    runs: dict[str, dict[str, Any]] = {}
     for factor in sorted(set(spec.slowdown) | {1.0}):
+        runs[str(float(factor))] = {"slowdown": [spec.base * factor]}
+    if spec.scenario == "neighbour":
+        runs["neighbour"] = {"slowdown": [spec.base], "neighbours": [{"worker": 0, "start": 0.0}]}
+    speeds = {}
+    for name, keys in runs.items():
         cfg = spec.job(protocol="bsp", workers=1, global_batch=spec.global_batch // spec.workers,
-                       iterations=spec.standalone_iterations, cpu_limit=[spec.cpu],
-                       slowdown=[factor], eval_every=0)
-        out = tmp / f"standalone-{factor}"
-        speeds[factor] = equipoise.train(cfg, out=out)["samples_per_s"]
+                       iterations=spec.standalone_iterations, cpu_limit=[spec.cpu] if spec.cpu else [],
+                       eval_every=0, **keys)
+        speeds[name] = equipoise.train(cfg, out=tmp / f"standalone-{name}{tag}")["samples_per_s"]
     return speeds
 
 
-def ideal_throughput(spec: Spec, speeds: dict[float, float]) -> float:
+def ideal_throughput(spec: Spec, speeds: dict[str, float]) -> float:
     """Σ standalone speeds. In the trace scenario the factors are a rotation of
     `slowdown`, so the sum is the same at every moment; in the neighbour scenario one
-    worker at a time runs at about half speed (measured as factor 2)."""
+    worker at a time has the burner beside it."""
     if spec.scenario == "neighbour":
-        return speeds[1.0] * (spec.workers - 1) + speeds.get(2.0, speeds[1.0] / 2)
-    return sum(speeds[f] for f in spec.slowdown)
+        return speeds["1.0"] * (spec.workers - 1) + speeds["neighbour"]
+    return sum(speeds[str(float(f))] for f in spec.slowdown)
 
 
 def run_all(spec: Spec, plots: Path | None = None) -> dict[str, Any]:
@@ -166,12 +178,7 @@ def make_plots(result: dict[str, Any], folder: Path, spec: Spec) -> list[Path]:
 
 
 def _run_all(spec: Spec, tmp: Path) -> dict[str, Any]:
-    if spec.scenario == "neighbour":
-        spec_alone = replace(spec, slowdown=(1.0, 2.0))
-        speeds = standalone_speeds(spec_alone, tmp)
-    else:
-        speeds = standalone_speeds(spec, tmp)
-    ideal = ideal_throughput(spec, speeds)
+    before = standalone_speeds(spec, tmp, "-before")
     systems = {
         "bsp": lambda: run_equipoise(spec, "bsp", tmp),
         "lbbsp-last": lambda: run_equipoise(spec, "lbbsp", tmp, predictor="last"),
@@ -184,13 +191,16 @@ def _run_all(spec: Spec, tmp: Path) -> dict[str, Any]:
     if spec.scenario == "static":
         systems["ddp"] = lambda: run_ddp_straggler(spec)
     results = {name: _attempt(fn) for name, fn in systems.items()}
+    after = standalone_speeds(spec, tmp, "-after")
+    speeds = {k: (before[k] + after[k]) / 2 for k in before}
+    ideal = ideal_throughput(spec, speeds)
     bsp = results["bsp"]
     for r in results.values():
         r["vs_ideal"] = ratio(r["samples_per_s"], ideal)
         r["vs_bsp"] = ratio(r["samples_per_s"], bsp["samples_per_s"])
         r["time_to_accuracy_vs_bsp"] = ratio(r["time_to_accuracy_s"], bsp["time_to_accuracy_s"])
-    return {"spec": asdict(spec), "standalone_speeds": {str(k): v for k, v in speeds.items()},
-            "ideal_samples_per_s": ideal, "results": results}
+    return {"spec": asdict(spec), "standalone_speeds": speeds, "standalone_before": before,
+            "standalone_after": after, "ideal_samples_per_s": ideal, "results": results}
 
 
 def _attempt(fn) -> dict[str, Any]:
@@ -229,10 +239,12 @@ def run(preset: str, results_path: str | None = None, plots: str | None = None) 
     load = load_average()
     result = run_all(spec, Path(plots) if plots else None)
     result["preset"], result["loadavg_at_start"] = preset, load
-    print(f"## LB-BSP benchmark, preset {preset} (scenario {spec.scenario}, {spec.workers} workers at "
-          f"{spec.cpu} CPU each, slowdown {list(spec.slowdown)}, {spec.model} on {spec.dataset}, "
+    print(f"## LB-BSP benchmark, preset {preset} (scenario {spec.scenario}, {spec.workers} workers, each "
+          f"{spec.base}x slower than a core" + (f" in a {spec.cpu}-CPU quota" if spec.cpu else "") +
+          f", slowdown {list(spec.slowdown)}, {spec.model} on {spec.dataset}, "
           f"X = {spec.global_batch}, {spec.iterations} iterations)\n")
-    print(f"standalone speeds (samples/s by factor): {result['standalone_speeds']}; "
+    print(f"standalone speeds (samples/s, mean of before and after): "
+          f"{ {k: round(v) for k, v in result['standalone_speeds'].items()} }; "
           f"ideal = {result['ideal_samples_per_s']:.0f} samples/s\n")
     print(table(result))
     print("\nPredictor error (every predictor replayed over each LB-BSP run's recorded speeds):\n")

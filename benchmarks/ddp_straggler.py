@@ -1,6 +1,7 @@
 """PyTorch DDP (gloo) with equal batches under the same stragglers as equipoise's
-LB-BSP benchmark: each rank held to the same cgroup CPU quota and stretched by the same
-slowdown factor. Rank 0 snapshots the weights every `eval_every` iterations with the
+LB-BSP benchmark: each rank stretched by the same slowdown factor with the same hooks as
+an equipoise worker (equipoise.runtime.stretch: every layer's forward and backward), and
+held to the same cgroup CPU quota if the benchmark uses one. Rank 0 snapshots the weights every `eval_every` iterations with the
 training seconds so far, and evaluates the snapshots after training, so time to accuracy
 is measured like equipoise's (whose evaluation runs beside training)."""
 
@@ -26,8 +27,11 @@ def _rank(rank: int, spec: Any, port: int, cgroups: list[str], results: Any) -> 
     from equipoise.models import build_model
     from equipoise.runtime.evaluate import evaluate
 
-    with open(os.path.join(cgroups[rank], "cgroup.procs"), "w") as fh:
-        fh.write(str(os.getpid()))
+    from equipoise.runtime.stretch import Stretch
+
+    if cgroups:
+        with open(os.path.join(cgroups[rank], "cgroup.procs"), "w") as fh:
+            fh.write(str(os.getpid()))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=spec.workers, timeout=timedelta(seconds=300))
@@ -38,22 +42,20 @@ def _rank(rank: int, spec: Any, port: int, cgroups: list[str], results: Any) -> 
         model = DistributedDataParallel(net)
         opt = torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=spec.momentum)
         sampler = SliceSampler(len(data), spec.global_batch, spec.seed)
-        mu, factor = spec.global_batch // spec.workers, float(spec.slowdown[rank])
-        # DDP all-reduces inside backward, so a rank cannot time its own backward alone.
-        # The stretch is therefore (factor − 1) × forward time × r, r = (fwd + bwd) / fwd
-        # measured here on a plain copy of the model (no DDP hooks).
-        r = _fwd_bwd_ratio(build_model(spec.model, data.input_shape, data.num_classes), data, mu)
+        mu = spec.global_batch // spec.workers
+        stretch = Stretch(net)
+        stretch.factor = spec.base * float(spec.slowdown[rank])
         snapshots = []
         dist.barrier()
         t0 = time.perf_counter()
         for t in range(spec.iterations):
             model.train()
             x, y = data.train_batch(sampler.slice(t, rank * mu, mu))
-            c0 = time.perf_counter()
+            stretch.start(len(y))
             opt.zero_grad(set_to_none=False)
             loss = F.cross_entropy(model(x), y)
-            time.sleep((factor - 1.0) * r * (time.perf_counter() - c0))
-            loss.backward()
+            loss.backward()  # DDP all-reduces inside: the last stretch waits on the slowest rank
+            stretch.finish()
             opt.step()
             if rank == 0 and spec.eval_every and (t + 1) % spec.eval_every == 0:
                 snapshots.append((t + 1, time.perf_counter() - t0,
@@ -64,20 +66,6 @@ def _rank(rank: int, spec: Any, port: int, cgroups: list[str], results: Any) -> 
             results.put(_score(spec, data, net, snapshots, seconds, evaluate))
     finally:
         dist.destroy_process_group()
-
-
-def _fwd_bwd_ratio(net, data, mu: int, reps: int = 5) -> float:
-    import torch.nn.functional as F
-
-    x, y = data.train_batch(torch.arange(mu))
-    fwd = total = 0.0
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        loss = F.cross_entropy(net(x), y)
-        t1 = time.perf_counter()
-        loss.backward()
-        fwd, total = fwd + t1 - t0, total + time.perf_counter() - t0
-    return total / max(fwd, 1e-9)
 
 
 def _score(spec, data, net, snapshots, seconds, evaluate) -> dict[str, float]:
@@ -98,7 +86,8 @@ def run_ddp_straggler(spec: Any) -> dict[str, Any]:
 
     from equipoise.runtime.launch.cgroup import CpuLimit
 
-    limits = [CpuLimit(f"equipoise-bench-ddp-{os.getpid()}-{r}", spec.cpu) for r in range(spec.workers)]
+    limits = [CpuLimit(f"equipoise-bench-ddp-{os.getpid()}-{r}", spec.cpu)
+              for r in range(spec.workers)] if spec.cpu else []
     ctx = torch_mp.get_context("spawn")
     results = ctx.SimpleQueue()
     try:

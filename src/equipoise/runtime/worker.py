@@ -25,6 +25,7 @@ from ..policy.sync import make_sync_policy
 from ..scenario import Scenario
 from ..wire import Connection, Message, Transport
 from .blocks import read_pushes, write_values
+from .stretch import Stretch
 
 
 def _clamp01(x: float) -> float:
@@ -59,6 +60,8 @@ class Worker:
         self._set_table(welcome.fields["table"], welcome.fields["servers"])
         self.model = build_model(cfg.model, data.input_shape, data.num_classes)
         self.model.train()
+        self.stretch = Stretch(self.model)
+        self._mem_total = psutil.virtual_memory().total
         sampler = SliceSampler(len(data), cfg.global_batch, cfg.seed)
         try:
             self._loop(data, sampler)
@@ -172,15 +175,16 @@ class Worker:
             exchange = self._exchange_times(t3, held, plan)
 
     def _step(self, data, sampler: SliceSampler, f: dict) -> tuple[float, dict]:
-        """Compute one gradient (and emulate a slower machine); returns the loss and the
-        measured compute time and CPU use."""
-        cpu0, t1 = self.proc.cpu_times(), time.perf_counter()
+        """Compute one gradient, stretched by this worker's slowdown factor (a slower
+        machine, emulated); returns the loss and the measured compute time and CPU use."""
+        self.stretch.factor = self.scenario.worker_factor(
+            self.rank, elapsed=float(f.get("elapsed", 0.0)), iteration=f["iteration"])
+        cpu0, t1 = time.process_time(), time.perf_counter()
+        self.stretch.start(f["size"])
         loss = self._compute(data, sampler, f)
-        self._slow_down(time.perf_counter() - t1, f)
+        self.stretch.finish()
         t2 = time.perf_counter()
-        cpu1 = self.proc.cpu_times()
-        return loss, {"compute_s": t2 - t1,
-                      "cpu": _clamp01((cpu1.user + cpu1.system - cpu0.user - cpu0.system) / max(t2 - t1, 1e-9))}
+        return loss, {"compute_s": t2 - t1, "cpu": _clamp01((time.process_time() - cpu0) / max(t2 - t1, 1e-9))}
 
     def _report(self, f: dict, loss: float, versions: dict[int, int], staleness: list[int], measured: dict,
                 exchange: dict) -> dict:
@@ -189,7 +193,7 @@ class Worker:
         staleness, self._pending_staleness = self._pending_staleness + staleness, []
         return {"iteration": f["iteration"], "samples": f["size"], "loss": loss,
                 "version": min(versions.values()), "staleness": staleness, **measured,
-                "mem": self.proc.memory_percent() / 100.0, **exchange}
+                "mem": self.proc.memory_info().rss / self._mem_total, **exchange}
 
     def _exchange_times(self, since: float, pull_held: float, plan: Message) -> dict:
         """Split an exchange into waiting (a server or the coordinator held our request
@@ -222,7 +226,9 @@ class Worker:
         idx = sampler.positions(plan["start"], plan["size"])
         x, y = data.train_batch(idx)
         # Seeded by the slice, so dropout-like randomness is the same on any split or resume.
-        torch.manual_seed(self.cfg.seed * 1_000_003 + plan["start"])
+        # (The CPU generator alone: torch.manual_seed would also queue a CUDA seeding
+        # with a stack capture, a millisecond per step.)
+        torch.default_generator.manual_seed(self.cfg.seed * 1_000_003 + plan["start"])
         self.model.zero_grad(set_to_none=False)
         loss = F.cross_entropy(self.model(x), y)
         if not math.isfinite(loss.item()):
@@ -230,13 +236,6 @@ class Worker:
                               f"{plan['iteration']} (diverged: try a smaller lr)")
         loss.backward()
         return float(loss.item())
-
-    def _slow_down(self, compute_s: float, plan: dict) -> None:
-        """Emulate a slower machine: stretch compute time by this worker's factor."""
-        factor = self.scenario.worker_factor(self.rank, elapsed=float(plan.get("elapsed", 0.0)),
-                                             iteration=plan["iteration"])
-        if factor > 1.0:
-            time.sleep((factor - 1.0) * compute_s)
 
     def _pushes(self) -> dict:
         return read_pushes(self.model, self.blocks)
