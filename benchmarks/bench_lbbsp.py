@@ -73,10 +73,10 @@ PRESETS = {
     # X = 128: the barrier's fixed costs (last push → update → pulls) weigh 4× as much.
     "small-batch": Spec(global_batch=128, iterations=500, lr=0.05, eval_every=25,
                         standalone_iterations=60),
-    "trace": Spec(scenario="trace", iterations=300, period=20.0),
+    "trace": Spec(scenario="trace", iterations=240, period=20.0),
     # cpu: each worker's cgroup quota, which the burner shares; the worker alone uses
     # about 1/base of it.
-    "neighbour": Spec(scenario="neighbour", iterations=300, period=20.0, slowdown=(1, 1, 1, 1), cpu=0.5),
+    "neighbour": Spec(scenario="neighbour", iterations=240, period=20.0, slowdown=(1, 1, 1, 1), cpu=0.5),
 }
 
 
