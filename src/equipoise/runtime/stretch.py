@@ -55,9 +55,12 @@ class Stretch:
         self._samples = 0
         self._t0 = self._last = self._since = self._expected = self._total = 0.0  # CPU seconds
         self._carry = 0.0  # seconds the last step overslept (<= 0), taken off the next
-        self._handles = [m.register_forward_hook(self._after_forward)
-                         for m in model.modules() if not any(True for _ in m.children())]
-        self._handles += [p.register_hook(self._at_backward) for p in model.parameters() if p.requires_grad]
+        for m in model.modules():
+            if not any(True for _ in m.children()):
+                m.register_forward_hook(self._after_forward)
+        for p in model.parameters():
+            if p.requires_grad:
+                p.register_hook(self._at_backward)
 
     def start(self, samples: int) -> None:
         """A step on `samples` samples begins."""
@@ -82,11 +85,6 @@ class Stretch:
                 self._total = (self.factor - 1.0) * compute
             self._sleep(self._total - self.slept, final=True)
         self._history.append(compute / self._samples)
-
-    def remove(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
 
     def _after_forward(self, module: nn.Module, inputs, output) -> None:
         if self.factor <= 1.0:
