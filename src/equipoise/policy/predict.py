@@ -123,8 +123,10 @@ class NARX(Predictor):
 
     Input: the last ``delays`` speeds divided by the window's mean speed, and the last
     ``delays`` cpu and mem readings (the current ones included).  One hidden layer of
-    ``hidden`` tanh units; output = 1 + net(x) is the next speed over that mean, so an
-    untrained net predicts the window mean.  After every observation it takes
+    ``hidden`` tanh units plus a linear skip term on (newest speed / mean − 1), whose
+    weight is not decayed, so following the last value under drift costs the net no
+    more than learning a regime from the CPU readings; output = 1 + net(x) is the next
+    speed over that mean, so an untrained net predicts the window mean.  After every observation it takes
     ``epochs_per_update`` full-batch Adam steps on a Huber loss (quadratic within
     ``huber_delta`` of the target, in units of the mean speed; + ``weight_decay`` x L2
     of the weights) over the last ``window`` (input, next speed) pairs.  Until

@@ -227,7 +227,7 @@ class Worker:
         x, y = data.train_batch(idx)
         # Seeded by the slice, so dropout-like randomness is the same on any split or resume.
         # (The CPU generator alone: torch.manual_seed would also queue a CUDA seeding
-        # with a stack capture, a millisecond per step.)
+        # with a stack capture: ~0.3 ms per step here.)
         torch.default_generator.manual_seed(self.cfg.seed * 1_000_003 + plan["start"])
         self.model.zero_grad(set_to_none=False)
         loss = F.cross_entropy(self.model(x), y)
