@@ -95,7 +95,8 @@ def scenario_keys(spec: Spec, tmp: Path) -> dict[str, Any]:
         path.write_text("\n".join(rows) + "\n")
         return {"trace": str(path), "slowdown": [spec.base] * spec.workers}  # the trace multiplies it
     if spec.scenario == "neighbour":
-        return {"slowdown": [spec.base] * spec.workers, "neighbours": [{"worker": k % spec.workers, "start": k * spec.period,
+        return {"slowdown": [spec.base] * spec.workers,
+                "neighbours": [{"worker": k % spec.workers, "start": k * spec.period,
                                 "stop": (k + 1) * spec.period} for k in range(64)]}
     raise ValueError(f"scenario = {spec.scenario!r}")
 

@@ -1,8 +1,8 @@
 """PyTorch DDP (gloo) with equal batches under the same stragglers as equipoise's
 LB-BSP benchmark: each rank stretched by the same slowdown factor with the same hooks as
-an equipoise worker (equipoise.runtime.stretch: every layer's forward and backward), and
-held to the same cgroup CPU quota if the benchmark uses one. Rank 0 snapshots the weights every `eval_every` iterations with the
-training seconds so far, and evaluates the snapshots after training, so time to accuracy
+an equipoise worker (equipoise.runtime.stretch), and held to the same cgroup CPU quota if
+the benchmark uses one. Rank 0 snapshots the weights every `eval_every` iterations with
+the training seconds so far, and evaluates the snapshots after training, so time to accuracy
 is measured like equipoise's (whose evaluation runs beside training)."""
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ def _rank(rank: int, spec: Any, port: int, cgroups: list[str], results: Any) -> 
     from equipoise.data import SliceSampler, load_dataset
     from equipoise.models import build_model
     from equipoise.runtime.evaluate import evaluate
-
     from equipoise.runtime.stretch import Stretch
 
     if cgroups:
@@ -54,7 +53,7 @@ def _rank(rank: int, spec: Any, port: int, cgroups: list[str], results: Any) -> 
             stretch.start(len(y))
             opt.zero_grad(set_to_none=False)
             loss = F.cross_entropy(model(x), y)
-            loss.backward()  # DDP all-reduces inside: the last stretch waits on the slowest rank
+            loss.backward()  # DDP all-reduces inside; that wait is not counted as compute
             stretch.finish()
             opt.step()
             if rank == 0 and spec.eval_every and (t + 1) % spec.eval_every == 0:

@@ -184,7 +184,8 @@ class Worker:
         loss = self._compute(data, sampler, f)
         self.stretch.finish()
         t2 = time.perf_counter()
-        return loss, {"compute_s": t2 - t1, "cpu": _clamp01((time.process_time() - cpu0) / max(t2 - t1, 1e-9))}
+        cpu = _clamp01((time.process_time() - cpu0) / max(t2 - t1, 1e-9))
+        return loss, {"compute_s": t2 - t1, "cpu": cpu}
 
     def _report(self, f: dict, loss: float, versions: dict[int, int], staleness: list[int], measured: dict,
                 exchange: dict) -> dict:
