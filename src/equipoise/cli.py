@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     from .data import DataError
     from .models import ModelError
     from .runtime.checkpoint import CheckpointError
-    from .runtime.coordinator import JobError
+    from .runtime.rpc import JobError
     from .runtime.launch.cgroup import CgroupError
 
     # Like `python -m`: modules in the current folder can be named as models, and the

@@ -12,7 +12,7 @@ import math
 import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, TypeVar
 
 PROTOCOLS = ("bsp", "asp", "lbbsp", "softsync", "ssp")
 LR_MODULATIONS = ("none", "per_gradient", "mean")
@@ -22,7 +22,10 @@ BUILTIN_MODELS = ("mlp", "cnn", "resnet20")
 DATASETS = ("fashion-mnist", "mnist", "digits", "cifar10", "synthetic")
 BATCH_POLICIES = ("proportional", "step")
 PLACEMENTS = ("round_robin", "mxnet", "byteps", "greedy", "psld", "oracle")
+
+
 PREDICTORS = ("last", "ewma", "narx")
+T = TypeVar("T")
 
 
 class ConfigError(ValueError):
@@ -245,6 +248,11 @@ class Config:
                 f"global_batch = {self.global_batch}"
             )
 
+
+    def slice(self, part: type[T]) -> T:
+        """The settings a part of the runtime reads: a dataclass whose fields are a
+        subset of this one's, filled from it (a part never sees the whole Config)."""
+        return part(**{f.name: getattr(self, f.name) for f in fields(part)})
 
     @property
     def listen_host(self) -> str:

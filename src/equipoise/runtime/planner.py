@@ -11,15 +11,31 @@ so their errors (MAPE) are compared on identical data; the configured one drives
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Mapping
 
-from ..config import PREDICTORS, Config
+from ..config import PREDICTORS
 from ..policy import batching
 from ..policy.predict import Predictor, make_predictor
 
 
+@dataclass(frozen=True)
+class PlanSettings:
+    """The configuration the planner reads."""
+
+    protocol: str
+    global_batch: int
+    batch_split: tuple[int, ...]
+    batch_policy: str
+    predictor: str
+    shadow_predictors: bool
+    min_batch: int
+    max_batch: int
+    hysteresis: float
+
+
 class Planner:
-    def __init__(self, cfg: Config, workers: list[int]):
+    def __init__(self, cfg: PlanSettings, workers: list[int]):
         self.cfg = cfg
         self.workers: list[int] = []
         # Predictors only serve LB-BSP; other protocols should not pay for NARX training.
@@ -68,6 +84,10 @@ class Planner:
             self.comm[w] = 0.7 * self.comm.get(w, float(r["comm_s"])) + 0.3 * float(r["comm_s"])
             for preds in self.predictors.values():
                 preds[w].observe(r["samples"] / compute, r.get("cpu", 0.0), r.get("mem", 0.0))
+
+    def predict(self, worker: int) -> float:
+        """The configured predictor's speed (samples/s) of `worker` next iteration."""
+        return self.predictors[self.cfg.predictor][worker].predict()
 
     def mape(self) -> dict[str, float | None]:
         """Each predictor's mean absolute percentage error, averaged over workers."""

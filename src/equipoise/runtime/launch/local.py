@@ -20,12 +20,14 @@ from ...neighbour import Burner, start_burner
 from ...scenario import Scenario
 from ...wire import make_transport
 from ..checkpoint import Checkpoint
-from ..coordinator import Coordinator, JobError
+from ..coordinator import make_coordinator
+from ..rpc import JobError
 from .cgroup import CpuLimit
 
 
 class Children:
-    """The job's child processes, with their logs under run_dir/logs/."""
+    """The job's child processes, with their logs under run_dir/logs/; the
+    coordinator's `Peers`: it starts a role, says if one died, hears of planned stops."""
 
     def __init__(self, cfg: Config, run_dir: Path, coordinator: str):
         self.cfg, self.coordinator = cfg, coordinator
@@ -35,7 +37,7 @@ class Children:
         self.env = dict(os.environ, OMP_NUM_THREADS=str(cfg.threads), MKL_NUM_THREADS=str(cfg.threads))
         self.cfg_json = json.dumps(cfg.to_dict())
         self.limits: dict[int, CpuLimit] = {}
-        self.retired: set[str] = set()  # servers removed on purpose (elastic)
+        self.stopped: set[str] = set()  # processes stopped on purpose (elastic servers)
         tag = f"equipoise-{os.getpid()}"
         for rank, cpus in enumerate(cfg.cpu_limit):
             self.limits[rank] = CpuLimit(f"{tag}-worker{rank}", cpus)
@@ -54,12 +56,16 @@ class Children:
         if role == "worker" and rank in self.limits:
             self.limits[rank].add(self.procs[name].pid)
 
+    def retired(self, role: str, rank: int) -> None:
+        """`role` `rank` was stopped on purpose (an elastic server): its exit is no failure."""
+        self.stopped.add(f"{role}{rank}")
+
     def check(self) -> None:
         """Raise JobError naming the first child that failed. Workers exit 0 when told
         to stop; servers only after the job."""
         for name, proc in self.procs.items():
             code = proc.poll()
-            if code is not None and (code != 0 or (name.startswith("server") and name not in self.retired)):
+            if code is not None and (code != 0 or (name.startswith("server") and name not in self.stopped)):
                 raise JobError(f"{name} (pid {proc.pid}) exited with code {code}: {self.last_error(name)}")
 
     def last_error(self, name: str) -> str:
@@ -123,11 +129,8 @@ def run_local(cfg: Config, run_dir: Path, data, resume: Checkpoint | None = None
     try:
         children = Children(cfg, run_dir, listener.address)
         neighbours = Neighbours(cfg, children)
-        coord = Coordinator(cfg, run_dir, transport, listener, data, check_peers=children.check,
-                            resume=resume, spawn_worker=lambda r: children.spawn("worker", r),
-                            on_tick=neighbours.tick if cfg.neighbours else None,
-                            spawn_server=lambda r: children.spawn("server", r),
-                            retire_server=lambda r: children.retired.add(f"server{r}"))
+        coord = make_coordinator(cfg, run_dir, transport, listener, data, peers=children, resume=resume,
+                                 on_tick=neighbours.tick if cfg.neighbours else None)
         summary = coord.run()
         clean = True
         return summary

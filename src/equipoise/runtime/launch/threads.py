@@ -13,7 +13,8 @@ from pathlib import Path
 from ...config import Config
 from ...wire import InMemoryTransport
 from ..checkpoint import Checkpoint
-from ..coordinator import Coordinator, JobError
+from ..coordinator import make_coordinator
+from ..rpc import JobError
 from ..server import Server
 from ..worker import Worker
 
@@ -41,24 +42,26 @@ def run_threads(cfg: Config, run_dir: Path, data, resume: Checkpoint | None = No
     for p in peers:
         p.start()
 
-    def check() -> None:
-        for p in peers:
-            if p.error is not None:
-                raise JobError(f"{p.name} failed: {type(p.error).__name__}: {p.error}")
+    class Threads:
+        """The coordinator's `Peers`: every role a thread."""
 
-    def spawn_worker(rank: int) -> None:
-        peer = _Peer(f"worker{rank}", Worker(cfg, rank, transport, listener.address).run)
-        peers.append(peer)
-        peer.start()
+        def check(self) -> None:
+            for p in peers:
+                if p.error is not None:
+                    raise JobError(f"{p.name} failed: {type(p.error).__name__}: {p.error}")
 
-    def spawn_server(rank: int) -> None:
-        peer = _Peer(f"server{rank}", Server(rank, transport, listener.address, timeout=cfg.timeout).serve)
-        peers.append(peer)
-        peer.start()
+        def spawn(self, role: str, rank: int) -> None:
+            main = (Server(rank, transport, listener.address, timeout=cfg.timeout).serve if role == "server"
+                    else Worker(cfg, rank, transport, listener.address).run)
+            peer = _Peer(f"{role}{rank}", main)
+            peers.append(peer)
+            peer.start()
+
+        def retired(self, role: str, rank: int) -> None:
+            pass
 
     try:
-        return Coordinator(cfg, run_dir, transport, listener, data, check_peers=check,
-                           resume=resume, spawn_worker=spawn_worker, spawn_server=spawn_server).run()
+        return make_coordinator(cfg, run_dir, transport, listener, data, peers=Threads(), resume=resume).run()
     finally:
         for p in peers:
             p.join(timeout=10)

@@ -1,30 +1,31 @@
-"""The coordinator's servers and the versioned block → server table (PSLD, PAPERS.md §3).
+"""The coordinator's servers and the versioned block → server table (PSLD).
 
 `ServerPool` owns one connection per server rank (None once a server is removed), the
 table, and its version. Every change happens at a BSP barrier, when every server is at
 the same version with nothing pending: blocks migrate server to server with their
 optimizer state (the source sends them straight to the destination, the coordinator
-only orders it), servers are started and initialised empty, or emptied and stopped.
-Workers learn the new table with their next plan, before they push again.
+only orders it), servers are initialised empty, or emptied and stopped. Workers learn
+the new table with their next plan, before they push again.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Callable
 
-from ..policy.placement import Block
-from ..wire import Message
-
-if TYPE_CHECKING:
-    from .coordinator import Coordinator
+from ..policy.placement import Block, rehome
+from ..wire import Connection, Message
 
 
 class ServerPool:
-    def __init__(self, coord: "Coordinator", addresses: list[str], table: list[int], blocks: list[Block]):
-        self.coord = coord
+    def __init__(self, connect: Callable[[str], Connection], expect: Callable[[Connection, str, str], Message],
+                 addresses: list[str], table: list[int], blocks: list[Block],
+                 on_removed: Callable[[int], None] = lambda rank: None):
+        """`connect(address)` opens a connection, `expect(conn, kind, who)` awaits a
+        reply, `on_removed(rank)` hears that a server was stopped on purpose."""
+        self._connect, self._expect, self._on_removed = connect, expect, on_removed
         self.addresses = list(addresses)
-        self.conns = [coord.transport.connect(a) for a in addresses]
+        self.conns: list[Connection | None] = [connect(a) for a in addresses]
         self.table = list(table)
         self.blocks = blocks
         self.version = 0
@@ -33,15 +34,18 @@ class ServerPool:
     def live(self) -> list[int]:
         return [r for r, c in enumerate(self.conns) if c is not None]
 
+    def next_rank(self) -> int:
+        return len(self.conns)
+
     def request(self, rank: int, msg: Message, kind: str) -> Message:
         self.conns[rank].send(msg)
-        return self.coord._expect(self.conns[rank], kind, f"server {rank}")
+        return self._expect(self.conns[rank], kind, f"server {rank}")
 
     def broadcast(self, msg: Message, kind: str) -> dict[int, Message]:
         ranks = self.live()
         for r in ranks:
             self.conns[r].send(msg)
-        return {r: self.coord._expect(self.conns[r], kind, f"server {r}") for r in ranks}
+        return {r: self._expect(self.conns[r], kind, f"server {r}") for r in ranks}
 
     def close(self) -> None:
         for c in self.conns:
@@ -85,28 +89,24 @@ class ServerPool:
             self.conns.append(None)
             self.addresses.append("")
         self.addresses[rank] = address
-        self.conns[rank] = self.coord.transport.connect(address)
+        self.conns[rank] = self._connect(address)
         self.request(rank, init, "ready")
         self.version += 1
         return {"server": rank, "pause_s": time.perf_counter() - t0}
 
     def remove(self, rank: int, rates: dict[int, float] | None = None) -> dict:
-        """Move every block off server `rank` (each to the server that would finish it
-        soonest), stop it and forget it."""
+        """Move every block off server `rank` to the homes the placement policy picks
+        (`rehome`: each to the server that would finish it soonest), stop it, forget it."""
         live = self.live()
         if rank not in live:
             raise ValueError(f"server {rank} is not running (running: {live})")
         if len(live) == 1:
             raise ValueError(f"server {rank} is the last one running")
         t0 = time.perf_counter()
-        others = [r for r in live if r != rank]
-        rates = {r: (rates or {}).get(r) or 1.0 for r in others}
-        loads = {r: v for r, v in self.loads().items() if r != rank}
+        homes = rehome([b.nbytes for b in self.blocks], self.table, rank, live, rates or {})
         plan: dict[int, list[int]] = {}
-        for b in sorted((b for b in self.blocks if self.table[b.key] == rank), key=lambda b: -b.nbytes):
-            dst = min(others, key=lambda r: ((loads[r] + b.nbytes) / rates[r], r))
-            loads[dst] += b.nbytes
-            plan.setdefault(dst, []).append(b.key)
+        for key, dst in homes.items():
+            plan.setdefault(dst, []).append(key)
         moved = 0
         for dst, keys in sorted(plan.items()):
             moved += self.move(keys, dst)["bytes"]
@@ -114,7 +114,7 @@ class ServerPool:
         self.conns[rank].close()
         self.conns[rank] = None
         self.addresses[rank] = ""
-        self.coord.retire_server_process(rank)
+        self._on_removed(rank)
         self.version += 1
         return {"server": rank, "bytes": moved, "pause_s": time.perf_counter() - t0}
 

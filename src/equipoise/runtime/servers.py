@@ -1,0 +1,319 @@
+"""The coordinator's server manager: placement, emulated server stragglers,
+measurements, and block moves and server additions and removals at barriers.
+
+Moves and membership changes come from three sources — the scenario's server events,
+run_dir/control.jsonl (`equipoise ctl`) and PSLD's decisions (policy/psld.py) — as the
+same typed actions, carried out here while the workers compute (PSLD: Chen et al.,
+"Elastic Parameter Server Load Distribution in Deep Learning Clusters", SoCC 2020).
+The manager owns its state; the coordinator hands it a transport, a way to await
+replies and hellos, the slice of the configuration it reads and the scenario.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..policy.placement import Block, place
+from ..policy.psld import AddServer, MoveBlock, Psld, RemoveServer, ServerAction, parse_control
+from ..scenario import BlockMove, Scenario, ServerAdd, ServerRemove
+from ..wire import Message, Transport, names
+from .pool import ServerPool
+from .rpc import JobError, Peers, Rpc
+
+log = logging.getLogger("equipoise.coordinator")
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """The configuration the server manager reads."""
+
+    servers: int
+    placement: str
+    block_size: int
+    server_slowdown: tuple[float, ...]
+    psld_interval: int
+    psld_epsilon: float
+    psld_max_servers: int
+    seed: int
+    timeout: float
+
+
+@dataclass(frozen=True)
+class JoinServer:
+    """A server started earlier has registered at `address`: initialise it empty."""
+
+    server: int
+    address: str
+
+
+Action = ServerAction | JoinServer
+
+
+class ServerManager:
+    def __init__(self, settings: ServerSettings, scenario: Scenario, transport: Transport, rpc: Rpc,
+                 peers: Peers, *, init_fields: dict, control_path: Path,
+                 event: Callable[..., None], record: Callable[[dict], None],
+                 await_hello: Callable[[str, Callable[[Message], bool]], bytes]):
+        """`init_fields` are the protocol and optimizer fields of every server's init;
+        `event(name, t, **fields)` and `record(dict)` write metrics.jsonl;
+        `await_hello(what, wanted)` waits at a barrier for a hello `wanted` accepts."""
+        self.settings, self.scenario, self.transport, self.rpc, self.peers = settings, scenario, transport, rpc, peers
+        self.init_fields, self.control_path = init_fields, control_path
+        self._event, self._record, self._await_hello = event, record, await_hello
+        self.pool: ServerPool | None = None
+        self.psld: Psld | None = None
+        self.workers = 0  # active workers, for the init of a joining server
+        self.done_at: int | None = None  # the barrier whose server work is done
+        self.table_at = 0  # the iteration the last table change took effect
+        self._barrier_at: dict[int, float] = {}
+        self._control_offset = 0
+        self._straggle_sent: dict[int, dict] = {}
+        self._added: set[int] = set()  # servers added while training ran
+        self._spawning: dict[int, float] = {}  # started, not yet joined: rank -> start time
+        self._hellos: dict[int, str] = {}  # of those, registered: rank -> address
+        self._planned: dict[int, int] = {}  # scenario additions started early: rank -> join iteration
+        self._rates: dict[int, float] = {}  # last measured bytes/s per server
+
+    # -- start --------------------------------------------------------------------------
+    def place(self, tensors) -> tuple[list[Block], list[int]]:
+        """Blocks and their servers by the `placement` policy (the oracle knows the
+        configured server slowdowns: throughput 1/factor)."""
+        s = self.settings
+        rates = [1.0 / f for f in (s.server_slowdown or [1.0] * s.servers)]
+        return place(s.placement, tensors, s.servers, s.block_size, rates)
+
+    def start(self, addresses: list[str], blocks: list[Block], table: list[int], values: dict, optim: dict,
+              version: int, samples: int, workers: int) -> None:
+        """Connect to the servers, give each its blocks, and wait until all are ready."""
+        self.workers = workers
+        self.pool = ServerPool(self.transport.connect, self.rpc.expect, addresses, table, blocks,
+                               on_removed=lambda r: self.peers.retired("server", r))
+        for s in self.pool.live():
+            mine = [b for b in blocks if table[b.key] == s]
+            self.pool.conns[s].send(self._init(s, mine, values, optim, version, samples))
+        for s in self.pool.live():
+            self.rpc.expect(self.pool.conns[s], "ready", f"server {s}")
+        if self.settings.placement == "psld":
+            s = self.settings
+            self.psld = Psld([b.nbytes for b in blocks], epsilon=s.psld_epsilon, max_servers=s.psld_max_servers,
+                             seed=s.seed)
+
+    def _init(self, rank: int, mine: list[Block], values, optim, version: int, samples: int) -> Message:
+        keys = [b.key for b in mine]
+        tensors = names.pack(values={k: values[k] for k in keys}, states=names.states_for(optim, keys))
+        return Message("init", {**self.init_fields, "blocks": [b.to_list() for b in mine], "version": version,
+                                "samples": samples, "workers": self.workers,
+                                "straggler": self.scenario.server_straggle(rank, 0.0, 0)}, tensors)
+
+    def start_planned(self) -> None:
+        """Servers the scenario adds at iteration N start with the job, so the join at
+        N costs an initialisation, not a process start."""
+        for ev in sorted(self.scenario.server_events, key=lambda e: e.iteration):
+            if isinstance(ev, ServerAdd):
+                for _ in range(ev.count):
+                    self._planned[self._start_server()] = ev.iteration
+
+    # -- plumbing for the coordinator -------------------------------------------------------
+    @property
+    def table(self) -> list[int]:
+        return self.pool.table
+
+    @property
+    def version(self) -> int:
+        return self.pool.version
+
+    @property
+    def addresses(self) -> list[str]:
+        return self.pool.addresses
+
+    def broadcast(self, msg: Message, kind: str) -> dict[int, Message]:
+        return self.pool.broadcast(msg, kind)
+
+    def members(self, workers: int, retired: list[int] = ()) -> None:
+        """Tell every server how many workers are active (and which stopped)."""
+        self.workers = workers
+        fields = {"workers": max(1, workers)}
+        if retired:
+            fields["retired"] = list(retired)
+        self.pool.broadcast(Message("members", fields), "ack")
+
+    def table_reply(self) -> Message:
+        return Message("table", {"table": self.pool.table, "servers": self.pool.addresses,
+                                 "version": self.table_at})
+
+    def note_hello(self, msg: Message) -> bool:
+        """Record the hello of a server started while training runs (it joins later)."""
+        if msg.type == "hello" and msg.fields.get("role") == "server" and msg.fields.get("rank") in self._spawning:
+            self._hellos[int(msg.fields["rank"])] = str(msg.fields["address"])
+            return True
+        return False
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+
+    # -- at barriers ----------------------------------------------------------------------
+    def at_barrier(self, t: int, elapsed: float) -> list[Action]:
+        """At the barrier of iteration t (every server at version t, nothing pending or
+        in flight): update emulated server slowdowns, measure the servers every
+        `psld_interval` iterations, and return the actions due, which `carry_out`
+        performs once the plans of t are out."""
+        if self.done_at == t:
+            return []  # a barrier re-entered after workers joined
+        self.done_at = t
+        interval = self.settings.psld_interval
+        self._barrier_at[t] = time.perf_counter()
+        for old in [k for k in self._barrier_at if k < t - interval]:
+            del self._barrier_at[old]
+        self._update_stragglers(t, elapsed)
+        actions: list[Action] = []
+        for rank, at in sorted(self._planned.items()):
+            if at <= t:  # started with the job; joins now, waiting for it if need be
+                del self._planned[rank]
+                actions.append(JoinServer(rank, self._await_server(rank)))
+        for ev in self.scenario.server_events:
+            if ev.iteration == t and isinstance(ev, ServerRemove):
+                actions.append(RemoveServer(ev.server))
+            elif ev.iteration == t and isinstance(ev, BlockMove):
+                actions.append(MoveBlock(ev.block, None, ev.to))
+        actions += self._control_actions(t)
+        actions += self._arrived_servers()
+        if t > 0 and t % interval == 0:
+            throughput, iteration_s = self._measure(t, elapsed)
+            if self.psld is not None and not actions and iteration_s:
+                actions = self.psld.decide(self.pool.table, self.pool.live(), throughput, iteration_s,
+                                           set(self._added))
+        return actions
+
+    def _update_stragglers(self, t: int, elapsed: float) -> None:
+        """Send each server its emulated slowdown when the scenario changed it."""
+        if not self.scenario.server_trace:
+            return
+        for r in self.pool.live():
+            now = self.scenario.server_straggle(r, elapsed, t)
+            if self._straggle_sent.get(r) != now:
+                self._straggle_sent[r] = now
+                self.pool.request(r, Message("straggle", now), "ack")
+
+    def carry_out(self, t: int, actions: list[Action]) -> None:
+        """Perform server actions while the workers compute iteration t on the weights
+        they already pulled; each asks for the resulting table (`table_req`) before its
+        first push, so a worker waits only if the moves outlast its compute."""
+        pause = 0.0
+        for action in actions:
+            try:
+                pause += self._perform(t, action)
+            except (ValueError, KeyError) as exc:  # a bad request is refused, training goes on
+                log.warning("server action %s refused: %s", action, exc)
+                self._event("server_action_refused", t, action=repr(action), reason=str(exc))
+        self.table_at = t
+        if pause and self.psld is not None:
+            self.psld.charge(pause)
+
+    def _perform(self, t: int, action: Action) -> float:
+        pool = self.pool
+        if isinstance(action, MoveBlock):
+            done = pool.move([action.block], action.dst)
+            if done["blocks"]:
+                self._event("block_moved", t, **done, table_version=pool.version)
+            return done["pause_s"]
+        if isinstance(action, AddServer):  # start the process now; it joins once registered
+            self._event("server_starting", t, server=self._start_server())
+            return 0.0
+        if isinstance(action, JoinServer):
+            version, samples = self._progress()
+            done = pool.add(action.server, action.address, self._init(action.server, [], {}, {}, version, samples))
+            self._added.add(action.server)
+            self._event("server_added", t, **done, table_version=pool.version)
+            return done["pause_s"]
+        if isinstance(action, RemoveServer):
+            done = pool.remove(action.server, self._rates)
+            self._event("server_removed", t, **done, table_version=pool.version)
+            return done["pause_s"]
+        raise ValueError(f"unknown server action {action!r}")
+
+    def _progress(self) -> tuple[int, int]:
+        """(version, samples) every server holds at this barrier."""
+        r = self.pool.table[0]  # a server that holds blocks, so is at the current version
+        reply = self.pool.request(r, Message("ping", {}), "pong")
+        return int(reply.fields["version"]), int(reply.fields["samples"])
+
+    def _measure(self, t: int, elapsed: float) -> tuple[dict[int, float], float | None]:
+        """Each server's busy seconds, bytes and load since the last measurement, and the
+        mean iteration time — written as a "servers" record."""
+        interval = self.settings.psld_interval
+        stats = self.pool.broadcast(Message("stats_req", {}), "stats")
+        since = self._barrier_at.get(t - interval)
+        # Wall time per iteration, any worker pause for migrations included: that is the
+        # migrations' measured cost.
+        iteration_s = (self._barrier_at[t] - since) / interval if since is not None else None
+        throughput = {r: m.fields["bytes"] / m.fields["busy_s"] for r, m in stats.items()
+                      if m.fields["busy_s"] > 0 and m.fields["bytes"] > 0}
+        self._rates = throughput
+        ranks = sorted(stats)
+        self._record({
+            "type": "servers", "iteration": t, "time": time.time(), "elapsed": elapsed,
+            "servers": ranks, "load_bytes": [stats[r].fields["load_bytes"] for r in ranks],
+            "blocks": [stats[r].fields["blocks"] for r in ranks],
+            "busy_s": [stats[r].fields["busy_s"] for r in ranks],
+            "bytes": [stats[r].fields["bytes"] for r in ranks],
+            "throughput_mbps": [throughput.get(r, 0.0) / 1e6 for r in ranks],
+            "iteration_s": iteration_s, "table_version": self.pool.version})
+        return throughput, iteration_s
+
+    def _control_actions(self, t: int) -> list[ServerAction]:
+        """Requests a user appended to run_dir/control.jsonl while the job runs
+        (`equipoise ctl`); a malformed line is reported and skipped."""
+        try:
+            with self.control_path.open("rb") as fh:
+                fh.seek(self._control_offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return []
+        end = data.rfind(b"\n") + 1  # only whole lines
+        self._control_offset += end
+        out = []
+        for line in data[:end].decode("utf-8", "replace").splitlines():
+            try:
+                out.append(parse_control(line))
+            except ValueError as exc:
+                log.warning("control.jsonl: %s", exc)
+                self._event("control_refused", t, line=line[:200], reason=str(exc))
+        return out
+
+    # -- servers started while training runs ------------------------------------------------
+    def _start_server(self) -> int:
+        """Start the process of the next server rank; it registers with a hello later."""
+        rank = max([self.pool.next_rank() - 1, *self._spawning]) + 1
+        self._spawning[rank] = time.monotonic()
+        self.peers.spawn("server", rank)
+        return rank
+
+    def _await_server(self, rank: int) -> str:
+        if rank not in self._hellos:
+            self._await_hello(f"new server {rank} to register", lambda m: m.fields.get("role") == "server"
+                              and m.fields.get("rank") == rank)
+        del self._spawning[rank]
+        return self._hellos.pop(rank)
+
+    def _arrived_servers(self) -> list[JoinServer]:
+        """Servers started earlier that have registered since: join them now (PSLD's
+        then get blocks by its next decision). A server that never registers fails
+        the job after `timeout`."""
+        out = []
+        for rank, started in sorted(self._spawning.items()):
+            if rank in self._planned:
+                continue
+            if rank in self._hellos:
+                out.append(JoinServer(rank, self._hellos.pop(rank)))
+                del self._spawning[rank]
+            elif time.monotonic() - started > self.settings.timeout:
+                raise JobError(f"new server {rank} did not register within {self.settings.timeout:.0f} s")
+        return out
+
+
+__all__ = ["ServerManager", "ServerSettings", "JoinServer"]

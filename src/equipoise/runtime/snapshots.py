@@ -1,0 +1,120 @@
+"""Consistent snapshots of the servers' state: evaluation, checkpoints, the final model.
+
+The coordinator asks for a snapshot at a quiet moment (a barrier, or once every worker
+stopped); this part fetches the state, writes the checkpoint and model.pt, and evaluates
+on a thread of its own so training goes on meanwhile.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from ..telemetry.metrics import MetricsWriter
+from ..telemetry.progress import ProgressDisplay
+from ..wire import Message, names
+from .blocks import write_values
+from .checkpoint import Checkpoint, save_checkpoint
+from .evaluate import evaluate
+
+
+@dataclass(frozen=True)
+class SnapshotSettings:
+    """The configuration snapshots read."""
+
+    eval_every: int
+    eval_samples: int
+    checkpoint_every: int
+    timeout: float
+
+
+@dataclass
+class State:
+    """Every block's values and optimizer state, and the servers' version and samples."""
+
+    values: dict[int, torch.Tensor]
+    optim: dict[str, torch.Tensor]
+    version: int
+    samples: int
+
+
+class Snapshots:
+    def __init__(self, settings: SnapshotSettings, run_dir: Path, data, metrics: MetricsWriter,
+                 display: ProgressDisplay, new_model: Callable[[], nn.Module], total: int):
+        self.settings, self.run_dir, self.data = settings, Path(run_dir), data
+        self.metrics, self.display, self.new_model, self.total = metrics, display, new_model, total
+        self._evals = ThreadPoolExecutor(1, thread_name_prefix="eval")
+        self._pending: list[Future] = []
+        self._taken_at: int | None = None
+
+    def due(self, t: int) -> tuple[bool, bool]:
+        """(evaluate, checkpoint) at iteration t; both at the end. Once per t (a barrier
+        re-entered after workers joined asks again)."""
+        if self._taken_at == t:
+            return False, False
+        self._taken_at = t
+        s, final = self.settings, t >= self.total
+        want_eval = final or bool(s.eval_every and t % s.eval_every == 0 and t > 0)
+        want_ckpt = final or bool(s.checkpoint_every and t % s.checkpoint_every == 0 and t > 0)
+        return want_eval, want_ckpt
+
+    @staticmethod
+    def fetch(broadcast: Callable[[Message, str], dict[int, Message]], version: int) -> State:
+        """The state of every server once it holds `version` (0: what it has now)."""
+        values, optim, versions, samples = {}, {}, [], []
+        for reply in broadcast(Message("state_req", {"version": version}), "state").values():
+            if reply.fields.get("blocks", 1) == 0:
+                continue  # an empty server's version stood still: it has nothing to say
+            values.update(names.values_of(reply.tensors))
+            optim.update(names.states_of(reply.tensors))
+            versions.append(reply.fields["version"])
+            samples.append(reply.fields["samples"])
+        return State(values, optim, min(versions), min(samples))
+
+    def take(self, t: int, state: State, *, cursor: int, blocks: list, table: list[int], elapsed: float,
+             want_eval: bool, want_ckpt: bool) -> None:
+        """Write what is due of the snapshot of iteration t (the final one writes model.pt)."""
+        if want_ckpt:
+            path = save_checkpoint(self.run_dir, Checkpoint(t, cursor, state.version, state.samples,
+                                                            [b.to_list() for b in blocks], list(table),
+                                                            state.values, state.optim))
+            self.event("checkpoint", t, path=str(path))
+        if t >= self.total:
+            model = self.new_model()
+            write_values(model, blocks, state.values)  # a plain state_dict: load with weights_only=True
+            torch.save(model.state_dict(), self.run_dir / "model.pt")
+        if want_eval:
+            self._pending.append(self._evals.submit(self._evaluate, t, blocks, state.values, elapsed))
+
+    def event(self, name: str, t: int, **fields) -> None:
+        self.metrics.write({"type": "event", "event": name, "iteration": t, "time": time.time(), **fields})
+
+    def _evaluate(self, t: int, blocks, values, elapsed: float) -> dict:
+        """Test loss and accuracy of the snapshot taken `elapsed` training seconds in."""
+        torch.set_num_threads(1)
+        model = self.new_model()
+        write_values(model, blocks, values)
+        limit = 0 if t >= self.total else self.settings.eval_samples
+        loss, acc = evaluate(model, self.data, limit=limit)
+        record = {"type": "eval", "iteration": t, "time": time.time(), "elapsed": elapsed,
+                  "test_loss": loss, "test_accuracy": acc,
+                  "test_samples": min(limit, self.data.num_test) if limit else self.data.num_test}
+        self.metrics.write(record)
+        self.display.update(min(t, self.total), acc=acc)
+        return record
+
+    def results(self) -> list[dict]:
+        """Every evaluation's record, in order (waits for those still running)."""
+        return [f.result(timeout=max(60.0, self.settings.timeout)) for f in self._pending]
+
+    def close(self) -> None:
+        self._evals.shutdown(wait=True)
+
+
+__all__ = ["Snapshots", "SnapshotSettings", "State"]
