@@ -1,4 +1,5 @@
-"""Tests for the placement policies and PSLD planning helpers in equipoise.policy.placement.
+"""Tests for the placement policies, planning helpers and rehoming in
+equipoise.policy.placement.
 
 Every framework rule is recomputed here from its definition, independently of the code.
 """
@@ -11,14 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from equipoise.policy.placement import (
-    ADD_SERVER,
     BYTEPS_PARTITION_BYTES,
     MXNET_BIGARRAY_BOUND,
     ORACLE_EXACT_LIMIT,
     PLACEMENTS,
-    POLICIES,
     Block,
-    Explorer,
     Move,
     byteps_server,
     djb2,
@@ -32,6 +30,7 @@ from equipoise.policy.placement import (
     place_mxnet,
     placement_blocks,
     predicted_time,
+    rehome,
     server_loads,
 )
 
@@ -111,17 +110,20 @@ def test_server_rules():
 # ----------------------------------------------------------------------------- framework policies
 
 def test_policy_names_and_unknown_policy():
-    assert set(PLACEMENTS) == set(POLICIES) == {"round_robin", "mxnet", "byteps", "greedy", "psld"}
-    with pytest.raises(ValueError, match=r"'ring'.*round_robin.*mxnet.*byteps.*greedy.*psld"):
+    assert list(PLACEMENTS) == ["round_robin", "mxnet", "byteps", "greedy", "psld", "oracle"]
+    with pytest.raises(ValueError,
+                       match=r"'ring'.*round_robin.*mxnet.*byteps.*greedy.*psld.*oracle"):
         placement_blocks("ring", [("w", 4, "param", 4)], 2, 10)
 
 
-@pytest.mark.parametrize("policy", ["round_robin", "mxnet", "byteps", "greedy", "psld"])
+@pytest.mark.parametrize("policy", list(PLACEMENTS))
 def test_bad_arguments(policy):
     with pytest.raises(ValueError):
         placement_blocks(policy, [("w", 4, "param", 4)], 0, 10)
     with pytest.raises(ValueError):
         placement_blocks(policy, [("w", 4, "param", 4)], 2, 0)
+    with pytest.raises(ValueError, match="3 rates for 2 servers"):
+        placement_blocks(policy, [("w", 4, "param", 4)], 2, 10, [1.0, 1.0, 1.0])
 
 
 @pytest.mark.parametrize("policy", sorted(PLACEMENTS))
@@ -252,15 +254,47 @@ def test_existing_helpers_unchanged():
     assert Block.from_list(blocks[1].to_list()) == blocks[1]
 
 
+def old_place(policy, tensors, servers, block_size, server_slowdown=()):
+    """The runtime's placement before the registry held the oracle (coord_servers._place)."""
+    if policy == "oracle":
+        blocks = make_blocks(tensors, block_size)
+        rates = [1.0 / f for f in (server_slowdown or [1.0] * servers)]
+        return blocks, oracle_placement([b.nbytes for b in blocks], rates)
+    if policy in ("greedy", "psld"):
+        blocks = make_blocks(tensors, block_size)
+        return blocks, greedy_placement([b.nbytes for b in blocks], servers)
+    return placement_blocks(policy, tensors, servers, block_size)
+
+
+@pytest.mark.parametrize("policy", list(PLACEMENTS))
+@given(tensors=tensor_lists(max_numel=30), servers=st.integers(1, 4), block_size=st.integers(4, 25),
+       slow=st.lists(st.sampled_from([1.0, 1.5, 2.0, 4.0]), min_size=4, max_size=4),
+       slowed=st.booleans())
+@SETTINGS
+def test_registry_equals_the_runtime_special_cases(policy, tensors, servers, block_size, slow,
+                                                   slowed):
+    server_slowdown = tuple(slow[:servers]) if slowed else ()
+    rates = [1.0 / f for f in server_slowdown] if slowed else None
+    assert (placement_blocks(policy, tensors, servers, block_size, rates)
+            == old_place(policy, tensors, servers, block_size, server_slowdown))
+
+
+def test_oracle_policy_uses_the_rates():
+    tensors = [("w", 8, "param", 1)]                     # 8 blocks of 1 byte
+    blocks, owner = placement_blocks("oracle", tensors, 2, 1, [3.0, 1.0])
+    assert len(blocks) == 8 and owner.count(0) == 6      # 6/3 = 2/1: both finish at 2
+    assert placement_blocks("oracle", tensors, 2, 1)[1].count(0) == 4  # None: equal rates
+
+
 def test_greedy_beats_whole_tensor_policies_on_a_lopsided_model():
     # one big embedding and many small layers: whole-tensor placement is stuck with it
     tensors = [("emb", 400_000, "param", 4)] + [(f"l{i}", 20_000, "param", 4) for i in range(12)]
     rates = [1.0] * 4
     times = {}
-    for policy in POLICIES:
-        blocks, owner = placement_blocks(policy, tensors, 4, 50_000)
+    for policy in PLACEMENTS:
+        blocks, owner = placement_blocks(policy, tensors, 4, 50_000, rates)
         times[policy] = time_of([b.nbytes for b in blocks], owner, rates)
-    assert times["greedy"] == times["psld"] == 4 * 640_000 / 4   # perfectly balanced
+    assert times["greedy"] == times["psld"] == times["oracle"] == 4 * 640_000 / 4  # balanced
     assert times["greedy"] < times["round_robin"]
     assert times["greedy"] <= times["mxnet"] and times["greedy"] <= times["byteps"]
 
@@ -374,62 +408,51 @@ def test_exploit_moves_does_nothing_on_one_server_or_balanced():
         exploit_moves([5], [0], [1.0, -1.0])
 
 
-# ----------------------------------------------------------------------------- explorer
+# ----------------------------------------------------------------------------- rehome
 
-def test_explorer_keeps_improvement_and_reverts_worsening():
-    ex = Explorer(epsilon=0.0, threshold=0.05, seed=1)
-    move = Move(3, 0, 2)
-    assert ex.feedback(move, before_time=1.0, after_time=0.8, migration_cost=0.05) is True
-    assert ex.feedback(ADD_SERVER, before_time=1.0, after_time=1.1) is False
-    # improves, but not by more than the threshold once migration is charged
-    assert ex.feedback(Move(1, 0, 1), 1.0, 0.9, migration_cost=0.06) is False
-    assert ex.feedback(Move(2, 0, 1), 1.0, 0.96) is False                 # 4% < 5%
-    assert ex.feedback(Move(2, 0, 1), 2.0, 1.5, migration_cost=0.3) is True  # 10% net
-    assert ex.value(move) == pytest.approx(0.15)
-    assert ex.value(ADD_SERVER) == pytest.approx(-0.1)
-    assert ex.value(Move(9, 9, 9)) == 0.0
-
-
-def test_explorer_exploits_what_it_learned():
-    ex = Explorer(epsilon=0.0, seed=0)
-    good, bad = Move(0, 1, 2), Move(4, 1, 0)
-    assert ex.propose([bad, ADD_SERVER, good]) == bad          # all unseen: planner's order
-    assert not ex.feedback(bad, 1.0, 1.2)
-    assert ex.propose([bad, ADD_SERVER, good]) == ADD_SERVER   # reverted action demoted
-    assert ex.feedback(good, 1.0, 0.7)
-    assert ex.propose([bad, ADD_SERVER, good]) == good
-    assert not ex.explored
-    assert ex.propose([]) is None
+def test_rehome_hand_worked():
+    # blocks 0..5 of sizes 6, 4, 4, 3, 5, 2; server 1 leaves; servers 0, 2, 3 stay
+    sizes = [6, 4, 4, 3, 5, 2]
+    owner = [1, 0, 1, 2, 1, 1]
+    rates = {0: 2.0, 1: 9.0, 3: 0.0}                      # 2 missing, 3 zero: both 1.0
+    # loads 0: 4, 2: 3, 3: 0.  Leaving blocks largest first: 0 (6), 4 (5), 2 (4), 5 (2).
+    # 0 (6): finish 0: 10/2 = 5, 2: 9, 3: 6 -> 0 (load 10)
+    # 4 (5): 0: 15/2 = 7.5, 2: 8, 3: 5 -> 3 (load 5)
+    # 2 (4): 0: 14/2 = 7, 2: 7, 3: 9 -> tie 7, lowest rank 0 (load 14)
+    # 5 (2): 0: 8, 2: 5, 3: 7 -> 2
+    got = rehome(sizes, owner, 1, [0, 1, 2, 3], rates)
+    assert got == {0: 0, 4: 3, 2: 0, 5: 2} and list(got) == [0, 4, 2, 5]
 
 
-def test_explorer_explores_at_rate_epsilon_and_is_deterministic():
-    candidates = [Move(i, 0, 1) for i in range(5)] + [ADD_SERVER]
-
-    def run(seed):
-        ex = Explorer(epsilon=0.3, seed=seed)
-        picks = []
-        for _ in range(400):
-            picks.append((ex.propose(candidates), ex.explored))
-        return picks
-
-    a, b = run(7), run(7)
-    assert a == b
-    assert a != run(8)
-    explored = sum(flag for _, flag in a) / len(a)
-    assert 0.2 < explored < 0.4
-    assert {pick for pick, flag in a if flag} == set(candidates)
-    assert all(pick == candidates[0] for pick, flag in a if not flag)
-    always = Explorer(epsilon=1.0, seed=0)
-    assert all(always.propose(candidates) is not None and always.explored for _ in range(10))
+def brute_rehome(sizes, owner, leaving, live, rates):
+    """ServerPool.remove's loop as it was written in runtime/elastic.py."""
+    others = [r for r in live if r != leaving]
+    rates = {r: (rates or {}).get(r) or 1.0 for r in others}
+    loads = {r: sum(s for s, o in zip(sizes, owner) if o == r) for r in others}
+    plan = {}
+    for k in sorted((k for k in range(len(sizes)) if owner[k] == leaving), key=lambda k: -sizes[k]):
+        dst = min(others, key=lambda r: ((loads[r] + sizes[k]) / rates[r], r))
+        loads[dst] += sizes[k]
+        plan[k] = dst
+    return plan
 
 
-def test_explorer_validates():
-    with pytest.raises(ValueError):
-        Explorer(epsilon=1.5)
-    with pytest.raises(ValueError):
-        Explorer(threshold=-0.1)
-    ex = Explorer()
-    with pytest.raises(ValueError):
-        ex.feedback(ADD_SERVER, 0.0, 1.0)
-    with pytest.raises(ValueError):
-        ex.feedback(ADD_SERVER, 1.0, 1.0, migration_cost=-1.0)
+@given(sizes=st.lists(st.integers(0, 20), max_size=12), live=st.sets(st.integers(0, 5), min_size=2),
+       seed=st.integers(0, 1000))
+@SETTINGS
+def test_rehome_matches_the_runtime_rule(sizes, live, seed):
+    rng = random.Random(seed)
+    live = sorted(live)
+    owner = [rng.choice(live) for _ in sizes]
+    leaving = rng.choice(live)
+    rates = {r: rng.choice([0.0, 0.5, 1.0, 2.0]) for r in live if rng.random() < 0.7}
+    got = rehome(sizes, owner, leaving, live, rates)
+    assert list(got.items()) == list(brute_rehome(sizes, owner, leaving, live, rates).items())
+    assert leaving not in got.values()
+
+
+def test_rehome_refuses_a_server_not_running_or_the_last():
+    with pytest.raises(ValueError, match="server 4 is not running"):
+        rehome([1], [0], 4, [0, 1])
+    with pytest.raises(ValueError, match="server 0 is the last one running"):
+        rehome([1], [0], 0, [0])

@@ -1,75 +1,122 @@
-"""PSLD's decisions without sockets: exploit a measured slow server, judge trials by the
-measured iteration time (keep or undo), remember idle servers' rates, explore."""
+"""PSLD's decisions without sockets (equipoise.policy.psld): exploit a measured slow server,
+judge trials by the measured iteration time (keep or undo), remember idle servers' rates,
+explore, add and remove servers; and user control requests as the same typed actions."""
 
-from equipoise.runtime.psld import PsldController
-from equipoise.runtime.coord_servers import parse_control
+import dataclasses
 
 import pytest
 
+from equipoise.policy.psld import AddServer, MoveBlock, Psld, RemoveServer, parse_control
 
 SIZES = [400, 400, 100, 100, 100, 100]
+TABLE, LIVE = [0, 1, 2, 3, 0, 1], [0, 1, 2, 3]
+SLOW0 = {0: 25.0, 1: 100.0, 2: 100.0, 3: 100.0}  # server 0 four times slower
 
 
 def test_exploit_moves_load_off_the_slow_server_and_keeps_an_improvement():
-    c = PsldController(SIZES, epsilon=0.0)
-    table = [0, 1, 2, 3, 0, 1]
-    rates = {0: 25.0, 1: 100.0, 2: 100.0, 3: 100.0}  # server 0 four times slower
-    actions = c.decide(table, [0, 1, 2, 3], rates, iteration_s=1.0)
-    assert actions and all(a[0] == "move" and a[2] == 0 for a in actions)
-    for _, block, src, dst in actions:
-        table[block] = dst
-    assert c.decide(table, [0, 1, 2, 3], rates, iteration_s=0.5) == []  # judged: kept
-    assert c.log[-1]["kept"] is True
+    c = Psld(SIZES, epsilon=0.0)
+    table = list(TABLE)
+    actions = c.decide(table, LIVE, SLOW0, iteration_s=1.0)
+    assert actions and all(isinstance(a, MoveBlock) and a.src == 0 for a in actions)
+    for a in actions:
+        table[a.block] = a.dst
+    assert c.decide(table, LIVE, SLOW0, iteration_s=0.5) == []  # judged: kept
+    assert c.log[-1]["kept"] is True and c.log[-1]["judged"] == actions
 
 
 def test_a_trial_that_does_not_help_is_undone():
-    c = PsldController(SIZES, epsilon=0.0)
-    table = [0, 1, 2, 3, 0, 1]
-    actions = c.decide(table, [0, 1, 2, 3], {0: 25.0, 1: 100.0, 2: 100.0, 3: 100.0}, iteration_s=1.0)
-    undo = c.decide(table, [0, 1, 2, 3], {}, iteration_s=1.0)  # no faster
-    assert undo == [("move", a[1], a[3], a[2]) for a in reversed(actions)]
+    c = Psld(SIZES, epsilon=0.0)
+    actions = c.decide(list(TABLE), LIVE, SLOW0, iteration_s=1.0)
+    undo = c.decide(list(TABLE), LIVE, {}, iteration_s=1.0)  # no faster
+    assert undo == [MoveBlock(a.block, a.dst, a.src) for a in reversed(actions)]
+    assert c.log[-1]["kept"] is False
+
+
+def test_the_migration_pause_is_charged_to_the_trial():
+    # 1.0 s -> 0.9 s is a 10% gain; a 3 s pause over the 50-iteration horizon costs 6%,
+    # leaving 4% > 3%: kept. A 4 s pause leaves 2% < 3%: undone.
+    for pause, kept in ((3.0, True), (4.0, False)):
+        c = Psld(SIZES, epsilon=0.0)
+        c.decide(list(TABLE), LIVE, SLOW0, 1.0)
+        c.charge(pause)
+        c.decide(list(TABLE), LIVE, SLOW0, 0.9)
+        assert c.log[-1]["kept"] is kept
 
 
 def test_an_idle_server_keeps_its_measured_rate():
-    c = PsldController(SIZES, epsilon=0.0)
-    c.decide([0, 1, 2, 3, 0, 1], [0, 1, 2, 3], {0: 25.0, 1: 100.0, 2: 100.0, 3: 100.0}, 1.0)
+    c = Psld(SIZES, epsilon=0.0)
+    c.decide(list(TABLE), LIVE, SLOW0, 1.0)
     c.trial = None
     # server 0 now holds nothing and was not measured: it must not look fast again
     table = [1, 2, 3, 1, 2, 3]
-    actions = c.decide(table, [0, 1, 2, 3], {1: 100.0, 2: 100.0, 3: 100.0}, 0.5)
-    assert not any(a[0] == "move" and a[3] == 0 and SIZES[a[1]] == 400 for a in actions)
+    actions = c.decide(table, LIVE, {1: 100.0, 2: 100.0, 3: 100.0}, 0.5)
+    assert not any(isinstance(a, MoveBlock) and a.dst == 0 and SIZES[a.block] == 400
+                   for a in actions)
 
 
 def test_exploration_adds_a_server_when_allowed_and_removes_it_if_unused():
-    c = PsldController(SIZES, epsilon=1.0, max_servers=5, seed=3)
+    c = Psld(SIZES, epsilon=1.0, max_servers=5, seed=3)
     seen = set()
     for _ in range(20):
         c.trial = None
-        seen |= {a[0] for a in c.decide([0, 1, 2, 3, 0, 1], [0, 1, 2, 3], {r: 100.0 for r in range(4)}, 1.0)}
-    assert "add" in seen
+        seen |= {type(a) for a in c.decide(TABLE, LIVE, {r: 100.0 for r in range(4)}, 1.0)}
+    assert AddServer in seen and MoveBlock in seen
     c.trial, c.undone = None, {4}
-    assert c.decide([0, 1, 2, 3, 0, 1], [0, 1, 2, 3, 4], {}, 1.0, added={4}) == [("remove", 4)]
+    assert c.decide(TABLE, [0, 1, 2, 3, 4], {}, 1.0, added={4}) == [RemoveServer(4)]
 
 
-@pytest.mark.parametrize("line, action", [('{"action": "add_server"}', ("add",)),
-                                          ('{"action": "remove_server", "server": 2}', ("remove", 2)),
-                                          ('{"action": "move", "block": 3, "to": 1}', ("move", 3, None, 1))])
+def test_exploration_moves_a_block_off_the_slowest_server():
+    c = Psld(SIZES, epsilon=1.0, seed=0)  # max_servers = 0: never adds
+    for _ in range(10):
+        c.trial = None
+        [a] = c.decide(TABLE, LIVE, SLOW0, 1.0)
+        assert a.src == 0 and TABLE[a.block] == 0 and a.dst in (1, 2, 3)
+
+
+def test_same_seed_same_decisions():
+    def run(seed):
+        c, out = Psld(SIZES, epsilon=0.5, max_servers=6, seed=seed), []
+        for i in range(30):
+            out.append(c.decide(TABLE, LIVE, SLOW0, 1.0 - 0.01 * (i % 3)))
+        return out
+    assert run(7) == run(7)
+
+
+def test_an_undone_trial_is_not_retried_at_once():
+    c = Psld(SIZES, epsilon=0.0, tabu_decisions=2)
+    first = c.decide(TABLE, LIVE, SLOW0, 1.0)
+    assert first and c.decide(TABLE, LIVE, SLOW0, 1.0)  # judged: no gain, undone
+    assert c.decide(TABLE, LIVE, SLOW0, 1.0) == []      # the same plan is not tried again now
+    assert c.decide(TABLE, LIVE, SLOW0, 1.0) == first   # ... but it is later
+
+
+def test_actions_are_frozen_values():
+    a = MoveBlock(3, 0, 1)
+    assert a == MoveBlock(3, 0, 1) and hash(a) == hash(MoveBlock(3, 0, 1))
+    assert AddServer() == AddServer() and RemoveServer(2) != RemoveServer(3)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.dst = 2
+
+
+@pytest.mark.parametrize("line, action", [
+    ('{"action": "add_server"}', AddServer()),
+    ('{"action": "remove_server", "server": 2}', RemoveServer(2)),
+    ('{"action": "move", "block": 3, "to": 1}', MoveBlock(3, None, 1))])
 def test_control_requests_parse(line, action):
     assert parse_control(line) == action
 
 
-@pytest.mark.parametrize("line", ["nope", "[1]", '{"action": "explode"}', '{"action": "move", "block": -1, "to": 0}',
-                                  '{"action": "remove_server", "server": true}'])
-def test_bad_control_requests_are_refused_with_a_reason(line):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("line, reason", [
+    ("nope", "not JSON: 'nope'"),
+    ("[1]", "not an object: '[1]'"),
+    ('{"action": "explode"}', "unknown action 'explode' (add_server, remove_server, move)"),
+    ('{"action": "move", "block": -1, "to": 0}', "move: block = -1 must be an integer ≥ 0"),
+    ('{"action": "move", "block": 1}', "move: to = None must be an integer ≥ 0"),
+    ('{"action": "remove_server", "server": true},',
+     "not JSON: '{\"action\": \"remove_server\", \"server\": true},'"),
+    ('{"action": "remove_server", "server": true}',
+     "remove_server: server = True must be an integer ≥ 0")])
+def test_bad_control_requests_are_refused_with_a_reason(line, reason):
+    with pytest.raises(ValueError) as exc:
         parse_control(line)
-
-
-def test_an_undone_trial_is_not_retried_at_once():
-    c = PsldController(SIZES, epsilon=0.0, tabu_decisions=2)
-    table, live = [0, 1, 2, 3, 0, 1], [0, 1, 2, 3]
-    rates = {0: 25.0, 1: 100.0, 2: 100.0, 3: 100.0}
-    first = c.decide(table, live, rates, 1.0)
-    assert first and c.decide(table, live, rates, 1.0)  # judged: no gain, undone
-    assert c.decide(table, live, rates, 1.0) == []      # the same plan is not tried again now
-    assert c.decide(table, live, rates, 1.0) == first   # ... but it is later
+    assert str(exc.value) == reason

@@ -5,38 +5,42 @@ optimizers (SGD with momentum and weight decay, Adam) give the same result wheth
 step a whole tensor or its blocks, so cutting tensors changes nothing numerically.
 
 Placement policies (``PLACEMENTS``, ``placement_blocks``) turn tensors, given as
-(name, numel, kind, itemsize) in creation order, into blocks and the server of each:
+(name, numel, kind, itemsize) in creation order, and optionally the servers' relative
+throughputs, into blocks and the server of each:
 
 * ``round_robin``: TensorFlow 1.x -- whole tensors to servers round-robin.
 * ``mxnet``: MXNet kvstore default -- tensors under 1,000,000 elements whole to server
   (key * 9973) mod S, larger ones split evenly over all S servers.
 * ``byteps``: BytePS -- 4,096,000-byte chunks, each to server djb2(chunk key) mod S.
 * ``greedy``: longest-processing-time first by bytes (``greedy_placement``).
-* ``psld``: PSLD (Chen et al., SoCC 2020) starts from ``greedy``; the planning helpers
-  below (``predicted_time``, ``exploit_moves``, ``oracle_placement``, ``Explorer``)
-  decide how to adapt it.  Measuring and migrating is the runtime's job.
+* ``psld``: the initial placement of PSLD (Chen et al., "Elastic Parameter Server Load
+  Distribution in Deep Learning Clusters", ACM SoCC 2020) -- ``greedy``; its decisions
+  to adapt it are in ``equipoise.policy.psld``.
+* ``oracle``: the best static placement given the true throughputs
+  (``oracle_placement``).
 
-Every policy returns blocks exactly as ``make_blocks`` would lay them out (keys 0..n-1 in
-tensor order, ranges contiguous within a tensor); a policy only cuts tensors more finely
-where its framework splits them, so that each block lives on one server.
+Only ``oracle`` uses the throughputs. Every policy returns blocks exactly as
+``make_blocks`` would lay them out (keys 0..n-1 in tensor order, ranges contiguous
+within a tensor); a policy only cuts tensors more finely where its framework splits
+them, so that each block lives on one server.
+
+``rehome`` chooses new servers for the blocks of a server leaving the job.
 """
 
 from __future__ import annotations
 
 import math
-import random
 from dataclasses import dataclass
-from typing import Callable, Final, Iterable, NamedTuple, Sequence, Union
+from typing import Callable, Final, Iterable, Mapping, NamedTuple, Sequence
 
 __all__ = [
     "Block", "make_blocks", "greedy_placement",
-    "TensorSpec", "PlacementFn", "PLACEMENTS", "POLICIES", "placement_blocks",
+    "TensorSpec", "PlacementFn", "PLACEMENTS", "placement_blocks",
     "place_round_robin", "place_mxnet", "place_byteps", "place_greedy", "place_psld",
-    "djb2", "mxnet_server", "byteps_server",
+    "place_oracle", "djb2", "mxnet_server", "byteps_server",
     "MXNET_BIGARRAY_BOUND", "MXNET_KEY_MULTIPLIER", "BYTEPS_PARTITION_BYTES",
-    "Move", "ADD_SERVER", "Action", "server_loads", "predicted_time",
-    "exploit_moves", "lpt_time_placement", "oracle_placement", "ORACLE_EXACT_LIMIT",
-    "Explorer",
+    "Move", "server_loads", "predicted_time", "exploit_moves", "lpt_time_placement",
+    "oracle_placement", "ORACLE_EXACT_LIMIT", "rehome",
 ]
 
 
@@ -82,15 +86,24 @@ def make_blocks(tensors: Sequence[tuple[str, int, str, int]], block_size: int) -
 def greedy_placement(sizes: Sequence[int], servers: int) -> list[int]:
     """Longest-processing-time greedy by bytes: largest block first, onto the least loaded
     server (ties to the lowest index). Returns the server of each block."""
-    if servers < 1:
-        raise ValueError(f"servers = {servers} must be ≥ 1")
-    load = [0] * servers
+    _check_servers(servers)
     owner = [0] * len(sizes)
-    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
-        j = min(range(servers), key=lambda j: (load[j], j))
+    for i, j in _lpt(sizes, range(len(sizes)), [0] * servers, [1] * servers):
         owner[i] = j
-        load[j] += sizes[i]
     return owner
+
+
+def _lpt(sizes: Sequence[int], items: Iterable[int], loads: list[int],
+         rates: Sequence[float]) -> Iterable[tuple[int, int]]:
+    """Longest processing time first by time: ``items`` (indices into ``sizes``) largest
+    first, ties by index, each onto the server j whose finishing time
+    (loads[j] + size) / rates[j] is smallest (lowest j on ties). Yields (item, server)
+    and adds each item to ``loads``."""
+    servers = range(len(loads))
+    for i in sorted(items, key=lambda i: (-sizes[i], i)):
+        j = min(servers, key=lambda j: ((loads[j] + sizes[i]) / rates[j], j))
+        loads[j] += sizes[i]
+        yield i, j
 
 
 # --------------------------------------------------------------------------------------
@@ -100,8 +113,10 @@ def greedy_placement(sizes: Sequence[int], servers: int) -> list[int]:
 TensorSpec = tuple[str, int, str, int]
 """(name, numel, kind, itemsize) of one tensor, as given to ``make_blocks``."""
 
-PlacementFn = Callable[[Sequence[TensorSpec], int, int], tuple[list[Block], list[int]]]
-"""(tensors, servers, block_size) -> (blocks, owner): ``owner[k]`` serves ``blocks[k]``."""
+PlacementFn = Callable[[Sequence[TensorSpec], int, int, Sequence[float] | None],
+                       tuple[list[Block], list[int]]]
+"""(tensors, servers, block_size, rates) -> (blocks, owner): ``owner[k]`` serves
+``blocks[k]``; ``rates[j]`` is server j's relative throughput (None: all equal)."""
 
 MXNET_BIGARRAY_BOUND: Final = 1_000_000   # MXNET_KVSTORE_BIGARRAY_BOUND default
 MXNET_KEY_MULTIPLIER: Final = 9973        # kvstore_dist.h EncodeDefaultKey
@@ -164,8 +179,8 @@ def _build(tensors: Sequence[TensorSpec], block_size: int,
     return blocks, owner
 
 
-def place_round_robin(tensors: Sequence[TensorSpec], servers: int,
-                      block_size: int) -> tuple[list[Block], list[int]]:
+def place_round_robin(tensors: Sequence[TensorSpec], servers: int, block_size: int,
+                      rates: Sequence[float] | None = None) -> tuple[list[Block], list[int]]:
     """TensorFlow 1.x: tensor i (creation order) whole on server i mod S."""
     _check_servers(servers)
     return _build(tensors, block_size,
@@ -173,6 +188,7 @@ def place_round_robin(tensors: Sequence[TensorSpec], servers: int,
 
 
 def place_mxnet(tensors: Sequence[TensorSpec], servers: int, block_size: int,
+                rates: Sequence[float] | None = None, *,
                 bigarray_bound: int = MXNET_BIGARRAY_BOUND) -> tuple[list[Block], list[int]]:
     """MXNet kvstore: key = index in ``tensors`` (buffers included).  Tensors with fewer
     than ``bigarray_bound`` elements go whole to ``mxnet_server(key, S)``; larger ones
@@ -190,8 +206,8 @@ def place_mxnet(tensors: Sequence[TensorSpec], servers: int, block_size: int,
 
 
 def place_byteps(tensors: Sequence[TensorSpec], servers: int, block_size: int,
-                 partition_bytes: int = BYTEPS_PARTITION_BYTES,
-                 ) -> tuple[list[Block], list[int]]:
+                 rates: Sequence[float] | None = None, *,
+                 partition_bytes: int = BYTEPS_PARTITION_BYTES) -> tuple[list[Block], list[int]]:
     """BytePS: each tensor cut into chunks of ``partition_bytes`` (``partition_bytes //
     itemsize`` elements, at least 1); chunk c on ``byteps_server(name, c, S)``."""
     _check_servers(servers)
@@ -203,17 +219,26 @@ def place_byteps(tensors: Sequence[TensorSpec], servers: int, block_size: int,
     return _build(tensors, block_size, parts)
 
 
-def place_greedy(tensors: Sequence[TensorSpec], servers: int,
-                 block_size: int) -> tuple[list[Block], list[int]]:
+def place_greedy(tensors: Sequence[TensorSpec], servers: int, block_size: int,
+                 rates: Sequence[float] | None = None) -> tuple[list[Block], list[int]]:
     """``make_blocks`` cutting, then ``greedy_placement`` (LPT by bytes)."""
     blocks = make_blocks(tensors, block_size)
     return blocks, greedy_placement([b.nbytes for b in blocks], servers)
 
 
-def place_psld(tensors: Sequence[TensorSpec], servers: int,
-               block_size: int) -> tuple[list[Block], list[int]]:
-    """PSLD's initial placement: ``greedy``; the runtime then adapts it."""
+def place_psld(tensors: Sequence[TensorSpec], servers: int, block_size: int,
+               rates: Sequence[float] | None = None) -> tuple[list[Block], list[int]]:
+    """PSLD's initial placement: ``greedy``; ``equipoise.policy.psld`` then adapts it."""
     return place_greedy(tensors, servers, block_size)
+
+
+def place_oracle(tensors: Sequence[TensorSpec], servers: int, block_size: int,
+                 rates: Sequence[float] | None = None) -> tuple[list[Block], list[int]]:
+    """``make_blocks`` cutting, then ``oracle_placement`` for ``rates`` (all 1.0 if None)."""
+    _check_servers(servers)
+    blocks = make_blocks(tensors, block_size)
+    return blocks, oracle_placement([b.nbytes for b in blocks],
+                                    [1.0] * servers if rates is None else rates)
 
 
 PLACEMENTS: Final[dict[str, PlacementFn]] = {
@@ -222,37 +247,37 @@ PLACEMENTS: Final[dict[str, PlacementFn]] = {
     "byteps": place_byteps,
     "greedy": place_greedy,
     "psld": place_psld,
+    "oracle": place_oracle,
 }
-POLICIES: Final = tuple(PLACEMENTS)
 
 
 def placement_blocks(policy: str, tensors: Sequence[TensorSpec], servers: int,
-                     block_size: int) -> tuple[list[Block], list[int]]:
-    """Blocks and their servers under ``policy`` (one of ``POLICIES``)."""
+                     block_size: int, rates: Sequence[float] | None = None,
+                     ) -> tuple[list[Block], list[int]]:
+    """Blocks and their servers under ``policy`` (a key of ``PLACEMENTS``); ``rates``,
+    one per server, are the servers' relative throughputs (None: all equal), which only
+    ``oracle`` uses."""
     try:
         fn = PLACEMENTS[policy]
     except KeyError:
         raise ValueError(f"unknown placement policy {policy!r}; "
-                         f"choices: {', '.join(POLICIES)}") from None
-    return fn(tensors, servers, block_size)
+                         f"choices: {', '.join(PLACEMENTS)}") from None
+    if rates is not None and len(rates) != servers:
+        raise ValueError(f"{len(rates)} rates for {servers} servers")
+    return fn(tensors, servers, block_size, rates)
 
 
 # --------------------------------------------------------------------------------------
-# PSLD planning: predicted time, exploitation moves, the oracle, the explorer
+# Planning by time: predicted time, exploitation moves, the oracle, rehoming
 # --------------------------------------------------------------------------------------
 
 class Move(NamedTuple):
-    """Migrate block ``block`` (its index in the owner list, i.e. its key for blocks
-    from ``placement_blocks``) from server ``src`` to server ``dst``."""
+    """One step of ``exploit_moves``: block ``block`` (its index in the owner list, i.e.
+    its key for blocks from ``placement_blocks``) from server index ``src`` to ``dst``
+    (indices into the throughput list, not server ranks)."""
     block: int
     src: int
     dst: int
-
-
-ADD_SERVER: Final = "add_server"
-"""Explorer action: bring one more server into the job."""
-
-Action = Union[Move, str]
 
 
 def _check_rates(throughput: Sequence[float]) -> None:
@@ -335,13 +360,9 @@ def lpt_time_placement(sizes: Sequence[int], throughput: Sequence[float]) -> lis
     """LPT by time: largest block first, onto the server whose finishing time
     (L_j + size) / r_j is smallest (lowest index on ties)."""
     _check_rates(throughput)
-    loads = [0] * len(throughput)
     owner = [0] * len(sizes)
-    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
-        j = min(range(len(throughput)),
-                key=lambda j: ((loads[j] + sizes[i]) / throughput[j], j))
+    for i, j in _lpt(sizes, range(len(sizes)), [0] * len(throughput), throughput):
         owner[i] = j
-        loads[j] += sizes[i]
     return owner
 
 
@@ -436,58 +457,26 @@ def _fill_level(loads: Sequence[int], rates: Sequence[float], extra: int,
     return (base + extra) / rate if rate > 0 else math.inf
 
 
-class Explorer:
-    """ε-greedy choice among candidate actions (a ``Move`` or ``ADD_SERVER``).
+def rehome(sizes: Sequence[int], owner: Sequence[int], leaving: int, live: Sequence[int],
+           rates: Mapping[int, float] | None = None) -> dict[int, int]:
+    """New servers for the blocks of server ``leaving`` when it leaves the job.
 
-    ``propose`` explores a uniformly random candidate with probability ``epsilon``,
-    otherwise exploits the candidate with the best mean net gain seen so far (unseen
-    actions count 0; ties go to the earliest candidate, so callers list their planner's
-    preference first).  After trying the action the runtime calls ``feedback`` with the
-    iteration time measured before and after; the net relative gain is
-    (before - after - migration_cost) / before, and the action is kept only if it
-    exceeds ``threshold``.  Randomness comes from ``random.Random(seed)`` only."""
-
-    def __init__(self, epsilon: float = 0.1, threshold: float = 0.02,
-                 seed: int | None = 0) -> None:
-        if not 0.0 <= epsilon <= 1.0:
-            raise ValueError(f"epsilon = {epsilon} must be in [0, 1]")
-        if not (math.isfinite(threshold) and threshold >= 0):
-            raise ValueError(f"threshold = {threshold} must be finite ≥ 0")
-        self.epsilon = epsilon
-        self.threshold = threshold
-        self._rng = random.Random(seed)
-        self._gains: dict[Action, tuple[int, float]] = {}   # action -> (count, sum)
-        self.explored = False   # whether the last ``propose`` explored
-
-    def value(self, action: Action) -> float:
-        """Mean net relative gain observed for ``action``; 0.0 if never tried."""
-        count, total = self._gains.get(action, (0, 0.0))
-        return total / count if count else 0.0
-
-    def propose(self, candidates: Sequence[Action]) -> Action | None:
-        """The action to try next, or None if there are no candidates."""
-        if not candidates:
-            self.explored = False
-            return None
-        draw = self._rng.random()        # one draw per call keeps runs reproducible
-        self.explored = draw < self.epsilon
-        if self.explored:
-            return self._rng.choice(list(candidates))
-        return max(enumerate(candidates), key=lambda ia: (self.value(ia[1]), -ia[0]))[1]
-
-    def feedback(self, action: Action, before_time: float, after_time: float,
-                 migration_cost: float = 0.0) -> bool:
-        """Record the outcome of ``action``; True = keep it, False = revert it.
-
-        ``migration_cost`` is in the unit of the times (e.g. the migration's duration
-        amortised over the iterations it is expected to pay off in)."""
-        if not (math.isfinite(before_time) and before_time > 0):
-            raise ValueError(f"before_time = {before_time!r} must be finite > 0")
-        if not (math.isfinite(after_time) and after_time >= 0):
-            raise ValueError(f"after_time = {after_time!r} must be finite ≥ 0")
-        if not (math.isfinite(migration_cost) and migration_cost >= 0):
-            raise ValueError(f"migration_cost = {migration_cost!r} must be finite ≥ 0")
-        gain = (before_time - after_time - migration_cost) / before_time
-        count, total = self._gains.get(action, (0, 0.0))
-        self._gains[action] = (count + 1, total + gain)
-        return gain > self.threshold
+    Block k (``sizes[k]`` bytes) is on server rank ``owner[k]``; ``live`` are the ranks
+    running, ``leaving`` among them; ``rates`` the servers' measured throughputs (a
+    missing or zero rate counts as 1.0). The leaving server's blocks go largest first
+    (ties by key) to the other live server that would finish soonest, (load + size) /
+    rate, ties to the lowest rank (``lpt_time_placement``'s rule, starting from the
+    current loads). Returns {block key: new server rank}."""
+    if leaving not in live:
+        raise ValueError(f"server {leaving} is not running (running: {list(live)})")
+    others = sorted(r for r in live if r != leaving)
+    if not others:
+        raise ValueError(f"server {leaving} is the last one running")
+    index = {r: j for j, r in enumerate(others)}
+    loads = [0] * len(others)
+    for k, r in enumerate(owner):
+        if r in index:
+            loads[index[r]] += sizes[k]
+    speed = [(rates or {}).get(r) or 1.0 for r in others]
+    mine = [k for k, r in enumerate(owner) if r == leaving]
+    return {k: others[j] for k, j in _lpt(sizes, mine, loads, speed)}

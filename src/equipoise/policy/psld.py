@@ -1,0 +1,188 @@
+"""PSLD's decisions and user server requests as typed actions (pure: no sockets).
+
+PSLD: Chen et al., "Elastic Parameter Server Load Distribution in Deep Learning
+Clusters", ACM SoCC 2020.
+
+Every few iterations the runtime measures each live server -- bytes handled over busy
+seconds, its effective throughput r_j -- and the mean iteration time, and asks
+``Psld.decide`` what to do. ``Psld`` either judges the trial it started last time (keep
+it if the measured iteration time improved by more than ``threshold`` after charging the
+migration's pause amortised over ``horizon`` iterations, else undo it), or starts a new
+trial:
+
+* exploit: the descending-best-fit moves (``exploit_moves``) that cut the predicted
+  maximum server time max_j L_j / r_j, if they cut it by more than ``threshold`` and
+  are not a plan undone within the last ``tabu_decisions`` decisions;
+* explore (probability ``epsilon``, or when exploiting finds nothing): add a server
+  (probability 1/2 while fewer than ``max_servers`` run), else move a random block of
+  the slowest server to a random other server.
+
+Adding a server is not judged by itself: the new server holds nothing until a later
+exploit moves blocks onto it (a server never measured is assumed as fast as the best
+measured one), and that move is the trial. A server PSLD added that is empty again
+after its trial was undone is removed. Randomness comes from ``random.Random(seed)``.
+
+``parse_control`` reads a user's request (one line of run_dir/control.jsonl) as an
+action of the same types.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Mapping, Sequence, Set
+from dataclasses import dataclass
+
+from .placement import exploit_moves, predicted_time, server_loads
+
+__all__ = ["MoveBlock", "AddServer", "RemoveServer", "ServerAction", "Psld", "parse_control"]
+
+
+@dataclass(frozen=True)
+class MoveBlock:
+    """Migrate block ``block`` from server rank ``src`` (None: wherever it is) to ``dst``."""
+    block: int
+    src: int | None
+    dst: int
+
+
+@dataclass(frozen=True)
+class AddServer:
+    """Start one more server; it joins the job empty."""
+
+
+@dataclass(frozen=True)
+class RemoveServer:
+    """Move every block off server rank ``server``, then stop it."""
+    server: int
+
+
+ServerAction = MoveBlock | AddServer | RemoveServer
+
+
+@dataclass
+class _Trial:
+    actions: list[MoveBlock]
+    undo: list[MoveBlock]
+    before_s: float
+    pause_s: float = 0.0
+
+
+class Psld:
+    """PSLD's controller over the block sizes ``sizes`` (bytes, by block key)."""
+
+    def __init__(self, sizes: Sequence[int], epsilon: float = 0.1, max_servers: int = 0,
+                 threshold: float = 0.03, horizon: int = 50, tabu_decisions: int = 6,
+                 seed: int = 0) -> None:
+        self.sizes = list(sizes)
+        self.epsilon = epsilon
+        self.max_servers = max_servers
+        self.threshold = threshold
+        self.horizon = horizon            # iterations a migration's pause is amortised over
+        self.tabu_decisions = tabu_decisions
+        self.rng = random.Random(seed)
+        self.trial: _Trial | None = None  # started, not yet judged
+        self.log: list[dict] = []         # one record per judged trial
+        self.undone: set[int] = set()     # destinations of undone moves
+        self.known: dict[int, float] = {}  # last measured bytes/s of each server
+        self.tabu: dict[tuple[MoveBlock, ...], int] = {}  # undone plan -> decisions left
+
+    def decide(self, table: Sequence[int], live: Sequence[int],
+               throughput: Mapping[int, float], iteration_s: float,
+               added: Set[int] = frozenset()) -> list[ServerAction]:
+        """The actions to carry out now. ``table[k]`` is the server rank of block k,
+        ``live`` the ranks running, ``throughput`` their measured bytes/s (missing for a
+        server that handled nothing), ``iteration_s`` the mean iteration time since the
+        last decision, ``added`` the servers PSLD started."""
+        if self.trial is not None:
+            trial, self.trial = self.trial, None
+            gain = (trial.before_s - iteration_s - trial.pause_s / self.horizon) / trial.before_s
+            keep = gain > self.threshold
+            self.log.append({"judged": trial.actions, "before_s": trial.before_s,
+                             "after_s": iteration_s, "kept": keep})
+            if not keep:
+                self.undone |= {a.dst for a in trial.actions}
+                self.tabu[tuple(trial.actions)] = self.tabu_decisions  # do not retry at once
+                return list(trial.undo)
+            return []
+        self.tabu = {k: n - 1 for k, n in self.tabu.items() if n > 1}
+        empty = [r for r in live if r in added and r in self.undone and r not in table]
+        if empty:
+            self.undone -= set(empty)
+            return [RemoveServer(r) for r in empty]
+        rates = self._rates(live, throughput)
+        speeds = [rates[r] for r in live]
+        index = {r: i for i, r in enumerate(live)}
+        owner = [index[s] for s in table]
+        if self.rng.random() >= self.epsilon:  # exploit
+            moves, new_owner = exploit_moves(self.sizes, owner, speeds)
+            now = predicted_time(server_loads(self.sizes, owner, len(live)), speeds)
+            then = predicted_time(server_loads(self.sizes, new_owner, len(live)), speeds)
+            plan = tuple(MoveBlock(m.block, live[m.src], live[m.dst]) for m in moves)
+            if plan and then < now * (1 - self.threshold) and plan not in self.tabu:
+                return self._start(list(plan), iteration_s)
+            if plan and plan in self.tabu:
+                return []  # the best plan was just tried and undone: keep what we have
+        return self._explore(table, live, rates, iteration_s)
+
+    def charge(self, pause_s: float) -> None:
+        """Add ``pause_s``, the pause the current trial's migration cost, to the trial
+        (charged when it is judged)."""
+        if self.trial is not None:
+            self.trial.pause_s += pause_s
+
+    def _explore(self, table: Sequence[int], live: Sequence[int], rates: dict[int, float],
+                 iteration_s: float) -> list[ServerAction]:
+        if self.max_servers and len(live) < self.max_servers and self.rng.random() < 0.5:
+            return [AddServer()]
+        loads = {r: 0 for r in live}
+        for k, s in enumerate(table):
+            loads[s] += self.sizes[k]
+        slowest = max(live, key=lambda r: loads[r] / rates[r])
+        blocks = [k for k, s in enumerate(table) if s == slowest]
+        others = [r for r in live if r != slowest]
+        if not blocks or not others:
+            return []
+        move = MoveBlock(self.rng.choice(blocks), slowest, self.rng.choice(others))
+        return self._start([move], iteration_s)
+
+    def _start(self, actions: list[MoveBlock], iteration_s: float) -> list[ServerAction]:
+        undo = [MoveBlock(a.block, a.dst, a.src) for a in reversed(actions)]
+        self.trial = _Trial(actions, undo, iteration_s)
+        return list(actions)
+
+    def _rates(self, live: Sequence[int], throughput: Mapping[int, float]) -> dict[int, float]:
+        """Measured rates; a server idle this interval keeps its last measured rate, and
+        one never measured (new) is assumed as fast as the best."""
+        for r in live:
+            if throughput.get(r, 0) > 0:
+                self.known[r] = throughput[r]
+        fallback = max((self.known[r] for r in live if r in self.known), default=1.0)
+        return {r: self.known.get(r, fallback) for r in live}
+
+
+def parse_control(line: str) -> ServerAction:
+    """One control.jsonl request as a server action: {"action": "add_server"},
+    {"action": "remove_server", "server": R} or {"action": "move", "block": K, "to": R}.
+    Raises ValueError naming what is wrong."""
+    try:
+        req = json.loads(line)
+    except json.JSONDecodeError:
+        raise ValueError(f"not JSON: {line[:80]!r}") from None
+    if not isinstance(req, dict):
+        raise ValueError(f"not an object: {line[:80]!r}")
+    action = req.get("action")
+
+    def number(key: str) -> int:
+        v = req.get(key)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ValueError(f"{action}: {key} = {v!r} must be an integer ≥ 0")
+        return v
+
+    if action == "add_server":
+        return AddServer()
+    if action == "remove_server":
+        return RemoveServer(number("server"))
+    if action == "move":
+        return MoveBlock(number("block"), None, number("to"))
+    raise ValueError(f"unknown action {action!r} (add_server, remove_server, move)")
