@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..policy.placement import Block, place
+from ..policy.placement import Block, placement_blocks
 from ..policy.psld import AddServer, MoveBlock, Psld, RemoveServer, ServerAction, parse_control
 from ..scenario import BlockMove, Scenario, ServerAdd, ServerRemove
 from ..wire import Message, Transport, names
@@ -84,7 +84,7 @@ class ServerManager:
         configured server slowdowns: throughput 1/factor)."""
         s = self.settings
         rates = [1.0 / f for f in (s.server_slowdown or [1.0] * s.servers)]
-        return place(s.placement, tensors, s.servers, s.block_size, rates)
+        return placement_blocks(s.placement, tensors, s.servers, s.block_size, rates)
 
     def start(self, addresses: list[str], blocks: list[Block], table: list[int], values: dict, optim: dict,
               version: int, samples: int, workers: int) -> None:
