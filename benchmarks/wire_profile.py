@@ -1,7 +1,7 @@
 """Where an equipoise server spends a push+pull: each step timed inside this process
 (`profile_server`) and inside a real, instrumented server process
 (`profile_server_process`), next to baselines and cheaper alternatives. Used by
-`bench_wire --profile`; split out of bench_wire.py to keep each file to one job."""
+`bench_wire --profile`; the servers and clients come from `benchmarks.harness`."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from benchmarks.bench_wire import EquipoiseClient, RawEcho
 from benchmarks.common import median
+from benchmarks.harness import EquipoiseClient, RawEcho
 
 # -- server-side profile -----------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Tests for equipoise.scenario (stragglers as data) and equipoise.neighbour (burner)."""
+"""Tests for equipoise.scenario (run conditions as data) and equipoise.neighbour (burner)."""
 import math
 import os
 import signal
@@ -10,7 +10,9 @@ import psutil
 import pytest
 
 from equipoise.neighbour import start_burner
-from equipoise.scenario import NoisyNeighbour, Scenario, ServerSlowdown, Slowdown, Trace
+from equipoise.config import Config
+from equipoise.scenario import (BlockMove, NoisyNeighbour, Scenario, ServerAdd, ServerRemove,
+                                ServerSlowdown, Slowdown, Trace, WorkerJoin, WorkerLeave)
 
 
 def write(tmp_path, text, name="trace.csv"):
@@ -99,7 +101,7 @@ def test_worker_factor_multiplies_static_and_trace_by_unit():
     assert by_iter.worker_factor(1, elapsed=100.0, iteration=4) == 1.0
     assert by_iter.worker_factor(1, elapsed=0.0, iteration=5) == 3.0
     assert Scenario().worker_factor(3, elapsed=1.0, iteration=1) == 1.0
-    assert Scenario().server_factor(0) == 1.0
+    assert Scenario().server_factor(0, 1.0, 1) == 1.0
 
 
 def test_from_config_builds_everything(tmp_path):
@@ -108,7 +110,7 @@ def test_from_config_builds_everything(tmp_path):
         "slowdown": [1.0, 1.5], "trace": "t.csv", "server_slowdown": [1, 4],
         "neighbours": [{"worker": 1, "start": 2.0, "stop": 8.0, "share": 0.5}]},
         base_dir=tmp_path)
-    assert s.slowdown.factors == (1.0, 1.5) and s.server_factor(1) == 4.0
+    assert s.slowdown.factors == (1.0, 1.5) and s.server_factor(1, 0.0, 0) == 4.0
     assert s.neighbours == (NoisyNeighbour(1, 2.0, 8.0, 0.5),)
     assert s.worker_factor(1, elapsed=0.0, iteration=10) == 3.0
     assert Scenario.from_config({}) == Scenario()
@@ -121,10 +123,82 @@ def test_from_config_builds_everything(tmp_path):
     ({"neighbours": [{"worker": 0, "share": 1.5}]}, "share must be in"),
     ({"neighbours": [{"worker": 0, "start": 5, "stop": 5}]}, "stop must be"),
     ({"slowdown": 2.0}, "slowdown must be a list"),
+    ({"server_rate": 0}, "server_rate must be"),
+    ({"server_bandwidth": [10, -1]}, r"server_bandwidth\[1\]"),
+    ({"membership": [{"iteration": 3, "leave": 1, "join": 2}]}, r"membership\[0\] = .* must be"),
+    ({"membership": [{"iteration": -1, "join": 2}]}, r"membership\[0\] = .*iteration must be"),
+    ({"server_events": [{"iteration": 3, "move": 1}]}, r"server_events\[0\] = .* must be"),
+    ({"server_events": [{"iteration": 3, "remove": True}]}, r"ServerRemove.server must be"),
+    ({"servers": 0}, "servers must be"),
 ])
 def test_from_config_errors(config, match):
     with pytest.raises(ValueError, match=match):
         Scenario.from_config(config)
+
+
+def test_server_factor_takes_the_trace_over_the_static_factor_for_servers_it_names():
+    s = Scenario(server_slowdown=ServerSlowdown((2.0, 3.0, 5.0)),
+                 server_trace=Trace(((4.0, 1, 8.0), (6.0, 1, 1.5)), "time"))
+    assert [s.server_factor(0, t, 0) for t in (0.0, 5.0)] == [2.0, 2.0]   # not in the trace
+    assert [s.server_factor(1, t, 0) for t in (0.0, 4.0, 6.0)] == [1.0, 8.0, 1.5]
+    assert s.server_factor(7, 5.0, 0) == 1.0                             # beyond both
+    by_iter = Scenario(server_trace=Trace(((10, 0, 4.0),), "iteration"))
+    assert (by_iter.server_factor(0, 99.0, 9), by_iter.server_factor(0, 0.0, 10)) == (1.0, 4.0)
+
+
+def test_server_straggle_is_the_straggle_message_fields():
+    s = Scenario(server_slowdown=ServerSlowdown((1.0, 3.0, 1.0)), server_rate=200.0,
+                 server_bandwidth=(50.0, 0.0))
+    assert s.server_straggle(1, 0.0, 0) == {"factor": 3.0, "rate_mbps": 200.0, "bandwidth_mbps": 0.0}
+    assert s.server_straggle(0, 0.0, 0) == {"factor": 1.0, "rate_mbps": 200.0, "bandwidth_mbps": 50.0}
+    assert s.server_straggle(2, 0.0, 0) == {"factor": 1.0, "rate_mbps": 200.0}   # no cap listed
+    assert Scenario().server_straggle(0, 0.0, 0) == {"factor": 1.0, "rate_mbps": 1000.0}
+
+
+def test_events_parse_from_config_tables_and_fall_due_by_iteration():
+    s = Scenario.from_config({
+        "servers": 2,
+        "membership": [{"iteration": 5, "leave": 3}, {"iteration": 9, "join": 2}],
+        "server_events": [{"iteration": 5, "move": 4, "to": 1}, {"iteration": 9, "add": 1},
+                          {"iteration": 2, "add": 2}, {"iteration": 12, "remove": 0}]})
+    assert s.membership == (WorkerLeave(5, 3), WorkerJoin(9, 2))
+    assert s.server_events == (BlockMove(5, 4, 1), ServerAdd(9, 1), ServerAdd(2, 2),
+                               ServerRemove(12, 0))
+    assert s.events_at(5) == (WorkerLeave(5, 3), BlockMove(5, 4, 1))
+    assert s.events_at(9) == (WorkerJoin(9, 2), ServerAdd(9, 1))
+    assert s.events_at(6) == ()
+    assert s.added_servers() == {2: 2, 3: 2, 4: 9}            # ranks after the first two
+    with pytest.raises(ValueError, match="servers"):
+        Scenario().added_servers()
+
+
+def test_of_reads_every_field_of_a_config(tmp_path):
+    trace = write(tmp_path, "iteration,worker,factor\n3,0,2\n", "w.csv")
+    server_trace = write(tmp_path, "time,server,factor\n1.0,1,6\n", "s.csv")
+    cfg = Config.from_dict({
+        "workers": 2, "servers": 2, "slowdown": [1, 1.5], "trace": str(trace),
+        "neighbours": [{"worker": 1, "start": 2.0}], "server_slowdown": [3, 1],
+        "server_trace": str(server_trace), "server_rate": 250.0, "server_bandwidth": [0, 40],
+        "membership": [{"iteration": 4, "join": 1}],
+        "server_events": [{"iteration": 6, "add": 1}, {"iteration": 8, "move": 0, "to": 2}]})
+    s = Scenario.of(cfg)
+    assert s.worker_factor(0, elapsed=0.0, iteration=3) == 2.0
+    assert s.worker_factor(1, elapsed=0.0, iteration=0) == 1.5
+    assert s.neighbours == (NoisyNeighbour(1, 2.0),)
+    assert s.server_straggle(0, 5.0, 0) == {"factor": 3.0, "rate_mbps": 250.0, "bandwidth_mbps": 0.0}
+    assert s.server_straggle(1, 5.0, 0) == {"factor": 6.0, "rate_mbps": 250.0, "bandwidth_mbps": 40.0}
+    assert s.membership == (WorkerJoin(4, 1),)
+    assert s.server_events == (ServerAdd(6, 1), BlockMove(8, 0, 2))
+    assert s.added_servers() == {2: 6}
+    assert Scenario.of(Config()) == Scenario(servers=Config().servers)
+
+
+def test_server_trace_csv_names_the_server_column(tmp_path):
+    path = write(tmp_path, "time,server,factor\n0,x,2\n")
+    with pytest.raises(ValueError, match=r":2: bad server 'x'"):
+        Trace.from_csv(path, column="server")
+    with pytest.raises(ValueError, match=":1: header"):
+        Trace.from_csv(path)                                  # a worker trace expected
 
 
 def test_neighbour_active_window():

@@ -24,7 +24,7 @@ from .message import (
     encode,
 )
 from .schema import SCHEMA, check_fields, register
-from .transport import Connection, Listener, PeerTimeout, Transport, make_transport
+from .transport import Connection, Listener, PeerTimeout, Transport
 from .memory import InMemoryTransport
 from .zmq_transport import CurveKeys, ZmqTransport
 
@@ -49,3 +49,14 @@ __all__ = [
     "make_transport",
     "register",
 ]
+
+
+def make_transport(kind: str = "zmq", **kw: object) -> Transport:
+    """Create a transport: ``"zmq"`` (ZmqTransport) or ``"memory"`` (InMemoryTransport).
+    It lives here, beside both transports, because transport.py (which they import)
+    must not import them back."""
+    if kind == "zmq":
+        return ZmqTransport(**kw)  # type: ignore[arg-type]
+    if kind in ("memory", "mem"):
+        return InMemoryTransport(**kw)  # type: ignore[arg-type]
+    raise ValueError(f"unknown transport kind {kind!r} (expected 'zmq' or 'memory')")

@@ -135,15 +135,3 @@ class Transport(ABC):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-def make_transport(kind: str = "zmq", **kw: object) -> Transport:
-    """Create a transport: ``"zmq"`` (ZmqTransport) or ``"memory"`` (InMemoryTransport)."""
-    if kind == "zmq":
-        from .zmq_transport import ZmqTransport
-
-        return ZmqTransport(**kw)  # type: ignore[arg-type]
-    if kind in ("memory", "mem"):
-        from .memory import InMemoryTransport
-
-        return InMemoryTransport(**kw)  # type: ignore[arg-type]
-    raise ValueError(f"unknown transport kind {kind!r} (expected 'zmq' or 'memory')")

@@ -1,0 +1,227 @@
+"""The processes and clients the wire benchmark drives: a raw pyzmq ROUTER echo server
+and a real equipoise server, each in a spawned child process, and the clients that talk
+to them (`RawEcho`, `EquipoiseClient`). Shared by `bench_wire` (the measurement) and
+`wire_profile` (where the time goes), which import this module and not each other."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection as Pipe
+from typing import Any
+
+import torch
+import zmq
+
+from benchmarks.common import scoped_env
+
+SERVER_IDLE_TIMEOUT = 300.0
+REPLY_TIMEOUT = 120.0
+_STOP = b"stop"
+
+
+# -- the servers (child processes) -------------------------------------------------------
+
+def _raw_echo_server(pipe: Pipe) -> None:
+    """ROUTER echo: send every message back to its sender until a 4-byte b'stop'."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.linger = 0
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    pipe.send(port)
+    pipe.close()
+    try:
+        while sock.poll(int(SERVER_IDLE_TIMEOUT * 1000), zmq.POLLIN):
+            frames = sock.recv_multipart(copy=False)
+            if len(frames) == 2 and len(frames[1]) == len(_STOP) and frames[1].bytes == _STOP:
+                sock.send_multipart([frames[0], _STOP])
+                break
+            sock.send_multipart(frames, copy=False)
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+
+
+def _equipoise_server(coordinator: str, timings: Pipe | None = None) -> None:
+    """A real equipoise server, as the local launcher runs it (one torch thread). With a
+    `timings` pipe, its steps are timed (by wrapping methods in this process only) and
+    the list of milliseconds of each step is sent through the pipe when it stops."""
+    from equipoise.runtime.server import Server
+    from equipoise.wire import ZmqTransport
+
+    torch.set_num_threads(1)
+    record = _instrument_server() if timings is not None else None
+    transport = ZmqTransport()
+    try:
+        Server(0, transport, coordinator, timeout=SERVER_IDLE_TIMEOUT).serve()
+    finally:
+        transport.close()
+        if timings is not None and record is not None:
+            timings.send(dict(record))
+            timings.close()
+
+
+def _instrument_server() -> dict[str, list[float]]:
+    """Wrap the server's steps with timers (in the calling process only); returns the
+    dict the wrappers append milliseconds to, keyed by step (and message type)."""
+    from equipoise.runtime import server as server_mod
+    from equipoise.runtime.store import ParameterStore
+    from equipoise.wire import zmq_transport
+
+    record: dict[str, list[float]] = {}
+
+    def timer(fn: Callable[..., Any], label: Callable[[tuple, Any], str]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            record.setdefault(label(args, out), []).append((time.perf_counter() - t0) * 1e3)
+            return out
+        return wrapper
+
+    S = server_mod.Server
+    S._on_push = timer(S._on_push, lambda a, o: "server: _on_push total (check+apply+ack)")
+    S._on_pull = timer(S._on_pull, lambda a, o: "server: _on_pull total (clone+encode+send)")
+    S._reply = timer(S._reply, lambda a, o: "server: _reply (clone of the values)")
+    ParameterStore.check = timer(ParameterStore.check, lambda a, o: "server: store.check (finite check)")
+    ParameterStore.apply = timer(ParameterStore.apply,
+                                 lambda a, o: "server: store.apply (weighted sum + SGD step)")
+    zmq_transport.decode = timer(zmq_transport.decode, lambda a, o: f"server: decode {o.type}")
+    L = zmq_transport._ZmqListener
+    L.send = timer(L.send, lambda a, o: f"server: encode+send {a[2].type}")
+    return record
+
+
+def _spawn(target: Callable[..., None], *args: Any) -> mp.Process:
+    ctx = mp.get_context("spawn")
+    with scoped_env(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1"):
+        proc = ctx.Process(target=target, args=args, daemon=True)
+        proc.start()
+    return proc
+
+
+def _join(proc: mp.Process, timeout: float = 10.0) -> None:
+    proc.join(timeout)
+    if proc.is_alive():
+        proc.terminate()
+        proc.join(5)
+
+
+# -- the clients ---------------------------------------------------------------------------
+
+class RawEcho:
+    """A DEALER talking to a raw ROUTER echo server in a child process."""
+
+    def __init__(self) -> None:
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe(duplex=False)
+        self.proc = _spawn(_raw_echo_server, child)
+        child.close()
+        if not parent.poll(REPLY_TIMEOUT):
+            _join(self.proc, 0)
+            raise RuntimeError("raw echo server did not start")
+        port = parent.recv()
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.linger = 0
+        self.sock.connect(f"tcp://127.0.0.1:{port}")
+
+    def _recv(self) -> list[zmq.Frame]:
+        if not self.sock.poll(int(REPLY_TIMEOUT * 1000), zmq.POLLIN):
+            raise TimeoutError("raw echo server did not answer")
+        return self.sock.recv_multipart(copy=False)
+
+    def round_trip(self, payload: memoryview) -> float:
+        """Seconds to send `payload` (zero-copy) and receive its echo."""
+        t0 = time.perf_counter()
+        self.sock.send(payload, copy=False)
+        frames = self._recv()
+        dt = time.perf_counter() - t0
+        if len(frames) != 1 or len(frames[0]) != payload.nbytes:
+            raise RuntimeError("raw echo returned the wrong bytes")
+        return dt
+
+    def close(self) -> None:
+        try:
+            self.sock.send(_STOP)
+            self._recv()
+        finally:
+            self.sock.close(linger=0)
+            self.ctx.term()
+            _join(self.proc)
+
+
+class EquipoiseClient:
+    """Plays the coordinator of one real equipoise server holding one block of `numel`
+    float32 parameters (SGD, constant lr 1e-6, ASP, one worker), then acts as its worker."""
+
+    def __init__(self, numel: int, *, instrument: bool = False) -> None:
+        from equipoise.policy.placement import make_blocks
+        from equipoise.runtime.store import OptimizerSpec
+        from equipoise.wire import Message, ZmqTransport
+
+        self.Message = Message
+        self.transport = ZmqTransport()
+        self.listener = self.transport.listen()
+        self.timings: Pipe | None = None
+        self.server_ms: dict[str, list[float]] = {}
+        if instrument:
+            self.timings, child = mp.get_context("spawn").Pipe(duplex=False)
+            self.proc = _spawn(_equipoise_server, self.listener.address, child)
+            child.close()
+        else:
+            self.proc = _spawn(_equipoise_server, self.listener.address)
+        hello = self._hello()
+        self.conn = self.transport.connect(hello.fields["address"])
+        blocks = make_blocks([("w", numel, "param", 4)], block_size=numel)
+        spec = OptimizerSpec("sgd", lr=1e-6, momentum=0.0, weight_decay=0.0, schedule="constant",
+                             total=1, step_size=100, gamma=0.1, global_batch=1)
+        self.conn.send(Message("init", {
+            "blocks": [b.to_list() for b in blocks], "optimizer": spec.to_dict(), "version": 0,
+            "samples": 0, "protocol": "asp", "workers": 1}, {"b0": torch.zeros(numel)}))
+        self._expect("ready")
+        self.version = 0
+
+    def _hello(self) -> Any:
+        deadline = time.monotonic() + REPLY_TIMEOUT
+        while time.monotonic() < deadline:
+            got = self.listener.recv(timeout=0.5)
+            if got is not None and got[1].type == "hello":
+                return got[1]
+            if not self.proc.is_alive():
+                raise RuntimeError(f"equipoise server exited with code {self.proc.exitcode}")
+        raise TimeoutError("equipoise server did not say hello")
+
+    def _expect(self, kind: str) -> Any:
+        reply = self.conn.recv(timeout=REPLY_TIMEOUT)
+        if reply.type != kind:
+            raise RuntimeError(f"equipoise server sent {reply.type!r} ({reply.fields}), expected {kind!r}")
+        return reply
+
+    def push_pull(self, grad: torch.Tensor) -> tuple[float, float]:
+        """One worker iteration's traffic, sent as runtime/worker.py sends it: the push and
+        the pull go out back to back on the same (ordered) connection, then the ack and
+        the parameters come back. Returns (seconds to the ack, then seconds to the params)."""
+        Message = self.Message
+        t0 = time.perf_counter()
+        self.conn.send(Message("push", {"worker": 0, "version": self.version, "samples": 1},
+                               {"g0": grad}))
+        self.conn.send(Message("pull", {"worker": 0, "min_version": 0}))
+        ack = self._expect("ack")
+        t1 = time.perf_counter()
+        params = self._expect("params")
+        t2 = time.perf_counter()
+        self.version = int(ack.fields["version"])
+        if params.tensors["b0"].numel() != grad.numel():
+            raise RuntimeError("equipoise server returned the wrong parameters")
+        return t1 - t0, t2 - t1
+
+    def close(self) -> None:
+        try:
+            self.conn.send(self.Message("stop", {"reason": "benchmark finished"}))
+            self._expect("ack")
+            if self.timings is not None and self.timings.poll(REPLY_TIMEOUT):
+                self.server_ms = self.timings.recv()
+        finally:
+            self.transport.close()
+            _join(self.proc)
