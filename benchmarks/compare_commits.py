@@ -307,7 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if dirty_files and not args.allow_dirty:
         parser.error(f"{REPO.name} has uncommitted changes ({len(dirty_files)} files); commit them "
                      "or pass --allow-dirty")
-    out = Path(args.out) if args.out else REPO / "benchmarks" / "results" / f"compare_{args.bench}_{args.preset}.json"
+    out = Path(args.out or REPO / "benchmarks" / "results" / f"compare_{args.bench}_{args.preset}.json")
     signal.signal(signal.SIGTERM, _sigterm)
     load_start, t0 = load_average(), time.monotonic()
     result = compare(args.base, args.head, args.bench, args.preset, args.reps, args.timeout_min, bench_args)
