@@ -310,7 +310,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out or REPO / "benchmarks" / "results" / f"compare_{args.bench}_{args.preset}.json")
     signal.signal(signal.SIGTERM, _sigterm)
     load_start, t0 = load_average(), time.monotonic()
-    result = compare(args.base, args.head, args.bench, args.preset, args.reps, args.timeout_min, bench_args)
+    try:
+        result = compare(args.base, args.head, args.bench, args.preset, args.reps, args.timeout_min, bench_args)
+    except KeyboardInterrupt:
+        print("compare_commits: interrupted; the runs were stopped and the worktrees removed", file=sys.stderr)
+        return 130
     doc = {"benchmark": "compare_commits", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
            "command": ["python", "-m", "benchmarks.compare_commits", *relative_argv(argv, REPO)],
            "bench_command": ["python", "-m", f"benchmarks.{args.bench}", "--preset", args.preset,
