@@ -1,12 +1,28 @@
-"""Single-process SGD with the same model, samples, optimizer and schedule as a job.
+"""Single-process SGD with the global batch, computed the way a BSP job's servers compute it.
 
-This is the oracle for BSP: a BSP job on any number of workers and servers, with any
-split of the global batch, must end where this loop ends. It deliberately uses none of
-the distributed machinery — a plain model, `torch.optim` over `model.parameters()`, and
-the mean loss over the whole global batch.
+This is the oracle for BSP and LB-BSP: a job on any number of workers and servers, with
+any split of the global batch, must end where this loop ends. Mathematically the loop is
+plain SGD with the mean loss over the global batch X; arithmetically it follows the job's
+operations one by one, so that the comparison holds on any machine and for optimizers
+that amplify rounding (Adam turns a rounding difference in a near-zero gradient into a
+step of up to the learning rate):
+
+- iteration t's samples [tX, (t+1)X) are cut into the workers' slices, in worker order;
+  each slice's gradient is the mean loss over the slice, computed on its own (same shapes,
+  same `cfg.threads`, same per-slice seed as a worker, hence the same kernels);
+- the slice gradients are combined as a server combines them: weights nᵢ/X in worker
+  order, out = g₀·w₀, then out += gᵢ·wᵢ (floating point buffers likewise);
+- the optimizer is the job's `torch.optim` optimizer stepping the model's tensors cut into
+  the job's blocks, with the learning rate of the samples applied so far.
+
+It uses no transport, server, coordinator or sync policy: only the block cut and the
+views between a model and its blocks.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -14,29 +30,95 @@ from torch import nn
 
 from .config import Config
 from .data import SliceSampler, load_dataset
+from .data.sampler import SEED_STRIDE
 from .models import build_model
+from .policy.batching import equal_split
 from .policy.schedule import learning_rate
+from .runtime.blocks import model_blocks, read_pushes, read_values, write_values
+from .telemetry.metrics import read_metrics
 
 
-def train_reference(cfg: Config, iterations: int | None = None, data=None) -> nn.Module:
-    """Run `iterations` (default: the job's total) steps of single-process SGD."""
+def train_reference(cfg: Config, iterations: int | None = None, data=None,
+                    splits: Sequence[Sequence[int]] | None = None) -> nn.Module:
+    """Run `iterations` (default: the job's total) steps; return the model.
+
+    `splits[t]` lists the batch size of each worker at iteration t, in worker order (a
+    run's `run_splits`); it must sum to the global batch. Without it, a BSP job's fixed
+    split: `batch_split`, else the global batch cut equally among `workers`."""
     data = data if data is not None else load_dataset(cfg.dataset, cfg.data_dir or None, seed=cfg.seed)
     total = cfg.total_iterations(len(data))
+    steps = total if iterations is None else iterations
+    if splits is None:
+        if steps and (cfg.protocol != "bsp" or cfg.membership):
+            raise ValueError("the batch sizes of a job under LB-BSP or with membership changes "
+                             "are not known in advance: pass splits = run_splits(run_dir)")
+        fixed = list(cfg.batch_split) or equal_split(cfg.global_batch, cfg.workers)
+        splits = [fixed] * steps
+    if len(splits) < steps:
+        raise ValueError(f"splits covers {len(splits)} iterations, {steps} are needed")
+    X = cfg.global_batch
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, data.input_shape, data.num_classes)
     model.train()
+    blocks = model_blocks(model, cfg.block_size)
+    values = {k: v.detach().clone().contiguous() for k, v in read_values(model, blocks).items()}
+    params = {b.key: nn.Parameter(values[b.key], requires_grad=False) for b in blocks if b.kind == "param"}
     if cfg.optimizer == "sgd":
-        opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
+        opt = torch.optim.SGD(params.values(), lr=cfg.lr, momentum=cfg.momentum,
                               weight_decay=cfg.weight_decay)
     else:
-        opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sampler = SliceSampler(len(data), cfg.global_batch, cfg.seed)
-    for t in range(total if iterations is None else iterations):
-        x, y = data.train_batch(sampler.batch(t))
-        for g in opt.param_groups:
-            g["lr"] = learning_rate(cfg.lr, cfg.lr_schedule, t, total=total,
-                                    step_size=cfg.lr_step_size, gamma=cfg.lr_gamma)
-        opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
+        opt = torch.optim.Adam(params.values(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sampler = SliceSampler(len(data), X, cfg.seed)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.threads)  # a GEMM's reduction order may depend on it
+    try:
+        for t in range(steps):
+            sizes = [int(n) for n in splits[t] if n > 0]
+            if sum(sizes) != X:
+                raise ValueError(f"splits[{t}] = {list(splits[t])} does not sum to {X}")
+            pushes, start = [], t * X
+            for n in sizes:
+                write_values(model, blocks, values)  # the weights (and buffers) a worker pulls
+                x, y = data.train_batch(sampler.positions(start, n))
+                torch.default_generator.manual_seed(cfg.seed * SEED_STRIDE + start)
+                model.zero_grad(set_to_none=False)
+                F.cross_entropy(model(x), y).backward()
+                pushes.append({k: p.clone() for k, p in read_pushes(model, blocks).items()})
+                start += n
+            weights = [n / X for n in sizes]
+            for b in blocks:
+                combined = _weighted_sum([p[b.key] for p in pushes], weights)
+                if b.kind == "param":
+                    params[b.key].grad = combined
+                else:
+                    values[b.key].copy_(combined)
+            for g in opt.param_groups:  # a server's progress: samples applied (t·X) / X
+                g["lr"] = learning_rate(cfg.lr, cfg.lr_schedule, t * X / X, total=total,
+                                        step_size=cfg.lr_step_size, gamma=cfg.lr_gamma)
+            opt.step()
+    finally:
+        torch.set_num_threads(threads)
+    write_values(model, blocks, values)
     return model
+
+
+def _weighted_sum(tensors: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
+    """Σ wᵢ·tᵢ in the servers' order of operations (a lone t·1.0 is t exactly)."""
+    if len(tensors) == 1 and weights[0] == 1.0:
+        return tensors[0]
+    out = torch.mul(tensors[0], weights[0])
+    for t, w in zip(tensors[1:], weights[1:]):
+        out.add_(t, alpha=w)
+    return out
+
+
+def run_splits(run_dir: str | Path) -> list[list[int]]:
+    """Each iteration's batch sizes, in worker order, from a run's metrics.jsonl."""
+    rows = {r["iteration"]: r["batch"] for r in read_metrics(Path(run_dir) / "metrics.jsonl")
+            if r.get("type") == "iteration"}
+    if sorted(rows) != list(range(len(rows))):
+        raise ValueError(f"{run_dir}: the iteration records are not 0, 1, …, {len(rows) - 1}")
+    return [rows[t] for t in range(len(rows))]
+
+
+__all__ = ["train_reference", "run_splits"]

@@ -10,6 +10,10 @@ import time
 from pathlib import Path
 
 import psutil
+import torch
+
+from equipoise.config import Config
+from equipoise.reference import run_splits, train_reference
 
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -58,6 +62,35 @@ def records(run_dir: Path, kind: str | None = None) -> list[dict]:
     return out
 
 
+def assert_equals_reference(cfg: dict, run_dir: Path) -> None:
+    """The run's final weights equal `train_reference` on the run's own batch splits, and
+    training moved them much further than the tolerance (the comparison is not vacuous).
+
+    The tolerance. The reference performs the job's floating point operations in the job's
+    order (see equipoise.reference): each slice's forward and backward with the same
+    shapes, thread count and seed, so the same kernels, on this machine; the servers'
+    weighted sum, weight by weight; the same torch.optim step on the same block tensors,
+    whose arithmetic is elementwise. Weights and gradients travel as raw bytes, and the
+    learning rate is the same function of the same integer sample count. So each
+    iteration starts from bit-identical weights and the two runs are equal bit for bit:
+    nothing is left to differ, and any difference is a fault. A tolerance would not
+    help either: where a gradient element is rounding noise, one differing bit may flip
+    its sign and Adam's step there by ±lr, and after that the two runs are on different
+    trajectories — a bound that admitted that would admit real faults too.
+    """
+    splits = run_splits(run_dir)
+    conf = Config.from_dict(cfg)
+    ref = train_reference(conf, splits=splits).state_dict()
+    got = torch.load(Path(run_dir) / "model.pt", weights_only=True)
+    assert ref.keys() == got.keys()
+    for name in ref:
+        diff = (got[name] - ref[name]).abs().max().item()
+        assert torch.equal(got[name], ref[name]), f"{name}: max |difference| {diff:.3g}"
+    start = train_reference(conf, iterations=0).state_dict()
+    moved = max((got[n] - start[n]).abs().max().item() for n in start)
+    assert moved > 1e-3, f"training moved no weight by more than {moved:.3g}"
+
+
 def descendants(pid: int) -> list[psutil.Process]:
     try:
         return psutil.Process(pid).children(recursive=True)
@@ -84,5 +117,5 @@ def all_gone(pids: list[int], timeout: float = 15) -> bool:
     return False
 
 
-__all__ = ["cli", "start_cli", "set_args", "wait_for", "records", "descendants", "role_pid",
-           "all_gone", "os"]
+__all__ = ["cli", "start_cli", "set_args", "wait_for", "records", "assert_equals_reference",
+           "descendants", "role_pid", "all_gone", "os"]

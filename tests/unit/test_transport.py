@@ -83,13 +83,14 @@ def test_deferred_replies_to_two_peers(transport):
 def test_recv_timeouts(transport):
     listener = transport.listen()
     conn = transport.connect(listener.address)
+    # A timeout waits at least its length (an upper bound would time the machine).
     start = time.monotonic()
     assert listener.recv(0.2) is None
-    assert 0.19 <= time.monotonic() - start < 1.0
+    assert time.monotonic() - start >= 0.19
     start = time.monotonic()
     with pytest.raises(PeerTimeout) as info:
         conn.recv(0.2)
-    assert 0.19 <= time.monotonic() - start < 1.0
+    assert time.monotonic() - start >= 0.19
     assert listener.address in str(info.value) and "0.2" in str(info.value)
     assert listener.recv(0) is None
     with pytest.raises(TypeError):
@@ -171,6 +172,12 @@ def test_reply_to_closed_peer_is_dropped(transport):
     conn.close()
     listener.send(peer, PONG)  # must not raise or block
     listener.send(b"\x00nobody", PONG)
+    other = transport.connect(listener.address)  # and the listener still serves
+    other.send(PING)
+    new_peer, msg = listener.recv(5)
+    assert msg == PING and new_peer != peer
+    listener.send(new_peer, PONG)
+    assert other.recv(5) == PONG
 
 
 @pytest.mark.parametrize("kind", ["zmq", "memory"])

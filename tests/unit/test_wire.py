@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import time
 
 import msgpack
 import pytest
@@ -141,13 +140,15 @@ def test_decoded_tensors_are_writable_and_zero_copy_on_writable_frames():
     assert out.tensors["g"][0].item() == 42.0
 
 
-def test_decode_40mb_is_fast():
+def test_decode_40mb_is_a_view_of_the_frame():
+    """Decoding a writable frame copies nothing (what makes decoding 40 MB cheap): the
+    tensor is the frame's memory."""
     msg = Message("params", {"version": 1, "held_s": 0.0}, {"b0": torch.randn(10_000_000)})
     frames = [bytearray(f) if i else f for i, f in enumerate(encode(msg))]
-    start = time.perf_counter()
     out = decode(frames)
-    assert time.perf_counter() - start < 0.01
     assert out.tensors["b0"].numel() == 10_000_000
+    frames[1][-4:] = torch.tensor([42.0]).numpy().tobytes()
+    assert out.tensors["b0"][-1].item() == 42.0
 
 
 # ---------------------------------------------------------------- rejections
