@@ -1,4 +1,4 @@
-"""The server's state machine, without transport: grouping, weighting, optimizer state."""
+"""The parameter store, without transport: weighting, refusals, optimizer state, schedule."""
 
 import pytest
 import torch

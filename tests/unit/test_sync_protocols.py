@@ -1,6 +1,8 @@
-"""Rudra's protocols (PAPERS.md §1): each policy's grouping, blocking and learning-rate
-rules as pure functions, then a real `Server` on the in-memory transport driven message
-by message — deterministic, no processes, no clocks except timeouts."""
+"""Rudra's protocols (Gupta, Zhang and Wang, "Model Accuracy and Runtime Tradeoff in
+Distributed Deep Learning: A Systematic Study", ICDM 2016): each policy's grouping,
+blocking and learning-rate rules as pure functions, then a real `Server` on the in-memory
+transport driven message by message — deterministic, no processes, no clocks except
+timeouts. The per-server state machine itself is tested in test_server_sync.py."""
 
 import threading
 

@@ -1,12 +1,17 @@
-"""Synchronisation protocols as small, pure policies (PAPERS.md §1).
+"""Synchronisation protocols as small, pure policies, and the per-server state machine
+that drives them.
 
-Following ps-lite, every protocol is one version/staleness mechanism with different
-knobs. A server calls a policy with plain numbers and gets plain answers back:
+The protocols are those Rudra compares (Gupta, Zhang and Wang, "Model Accuracy and
+Runtime Tradeoff in Distributed Deep Learning: A Systematic Study", ICDM 2016) plus
+stale synchronous parallel. Following ps-lite (Li et al., "Scaling Distributed Machine
+Learning with the Parameter Server", OSDI 2014), every protocol is one version/staleness
+mechanism with different knobs. A policy answers plain numbers with plain numbers:
 
 * `group_size(active)` — how many pushed gradients are combined into one update
   (Rudra's c: λ for hardsync/BSP, ⌊λ/n⌋ for n-softsync, 1 for async and SSP);
 * `clocked` — whether the version a server publishes counts *worker clocks* (the
   number of iterations every worker has finished: SSP) instead of updates applied;
+* `barrier()` — whether every worker runs iteration t on the weights of version t;
 * `pull_version(pushes, iteration)` — the version a worker's pull asks for after it
   has pushed `pushes` gradients, the last of them for global iteration `iteration`;
 * `pull_ready(min_version, version)` — whether such a pull may be answered while the
@@ -17,15 +22,27 @@ knobs. A server calls a policy with plain numbers and gets plain answers back:
   aggregation weights of a group and a factor for the learning rate of its update;
 * `weights(samples)` — the aggregation weight of each gradient in a group: sample-count
   weighted, so any split of the global batch is exactly SGD on the global batch
-  (LB-BSP, PAPERS.md §2).
+  (LB-BSP: Chen et al., "Semi-Dynamic Load Balancing: Efficient Distributed Learning
+  in Non-Dedicated Environments", SoCC 2020).
+
+`ServerSync` is one server's protocol state — the pushes it holds (as plain data), the
+version it has applied, worker clocks, retired workers — and every synchronisation
+decision a server makes. A server (or a discrete-event simulator) drives it:
+
+    token = sync.accept(worker, version, samples)   # SyncFault if the protocol refuses
+    while (update := sync.next_update()) is not None:
+        ...apply the pushes of update.tokens with σ update.sigmas...
+        sync.on_applied(update)
+    ack with sync.published() and sync.take_staleness(worker)
 
 Nothing here reads a clock or touches a socket.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Sequence
 
 LR_MODULATIONS = ("none", "per_gradient", "mean")
 
@@ -118,7 +135,8 @@ class SoftSync(SyncPolicy):
 
 @dataclass(frozen=True)
 class SSP(SyncPolicy):
-    """Stale synchronous parallel with bound s (Ho et al. 2013; ps-lite's τ): gradients
+    """Stale synchronous parallel with bound s (Ho et al., "More Effective Distributed ML
+    via a Stale Synchronous Parallel Parameter Server", NIPS 2013; ps-lite's τ): gradients
     are applied on arrival, and the published version is the *clock* — iterations
     finished by every worker. A worker that has pushed p gradients may read only once
     the clock is ≥ p − s, i.e. it runs at most s iterations ahead of the slowest. The
@@ -158,3 +176,177 @@ def make_sync_policy(protocol: str, *, softsync_n: int = 1, staleness_bound: int
             raise ValueError(f"staleness_bound = {staleness_bound} must be ≥ 0")
         return SSP(bound=staleness_bound, lr_modulation=lr_modulation)
     raise ValueError(f"protocol = {protocol!r} has no sync policy")
+
+
+# -- one server's protocol state ---------------------------------------------------------
+
+class SyncFault(ValueError):
+    """A push or request the protocol refuses; the message names the worker and the fault."""
+
+
+class WrongVersion(SyncFault):
+    """Under a barrier, a push computed on another version than the server's."""
+
+
+class PushedTwice(SyncFault):
+    """Under a barrier, a second push from one worker for the same version."""
+
+
+class UnknownWorker(SyncFault):
+    """Under SSP, a push from a worker that is neither active nor retired."""
+
+
+class AheadOfPublished(SyncFault):
+    """A push claiming to be computed on a version the server has not published."""
+
+
+class NotIdle(SyncFault):
+    """A change that needs no push pending (membership under a barrier, a new base version)."""
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A push held until its group is complete. `token` is the caller's handle for its
+    tensors; `clock` is, under SSP, the gradients its worker pushed before it."""
+
+    token: int
+    worker: int
+    version: int
+    samples: int
+    clock: int = 0
+
+
+@dataclass(frozen=True)
+class Update:
+    """Pushes to combine into one update, in arrival order, and σ of each."""
+
+    pushes: tuple[Pending, ...]
+    sigmas: tuple[int, ...]
+
+    @property
+    def tokens(self) -> list[int]:
+        return [p.token for p in self.pushes]
+
+
+class ServerSync:
+    """The synchronisation state of one server under `policy` with `workers` active
+    workers, starting at `version` (updates applied).
+
+    Under SSP the server publishes the clock — min over active workers of the gradients
+    each has had applied — and a worker that stopped (`retired`) no longer holds it back;
+    otherwise it publishes the updates applied. Call `next_update` until it returns None
+    after every `accept` (and once after `flush`), and `on_applied` after applying each
+    update, before asking for the next: σ of an update is measured when it is taken.
+    """
+
+    def __init__(self, policy: SyncPolicy, workers: int, *, version: int = 0):
+        self.policy, self.workers, self.version = policy, int(workers), int(version)
+        self.pending: list[Pending] = []
+        self.clocks: dict[int, int] = {w: 0 for w in range(self.workers)} if policy.clocked else {}
+        self.pushed: dict[int, int] = dict(self.clocks)  # SSP: gradients accepted per active worker
+        self.retired: dict[int, int] = {}  # SSP: stopped workers' pushes (a last push may follow)
+        self.histogram: Counter[int] = Counter()  # σ of every gradient applied
+        self._unacked: dict[int, list[int]] = {}  # σ of each worker's applied gradients, not yet acked
+        self._tokens = 0
+
+    # -- pushes -------------------------------------------------------------------------
+    def accept(self, worker: int, version: int, samples: int = 1) -> int:
+        """Hold a push of `worker` computed on `version`; its token. Raises a SyncFault
+        subclass if the protocol refuses it (then nothing changes)."""
+        policy = self.policy
+        if policy.barrier():
+            if version != self.version:
+                raise WrongVersion(f"push from worker {worker} computed on version {version}, but the "
+                                   f"server is at version {self.version} under {policy.name}")
+            if any(p.worker == worker for p in self.pending):
+                raise PushedTwice(f"worker {worker} pushed twice for version {self.version}")
+        if policy.clocked and worker not in self.clocks and worker not in self.retired:
+            raise UnknownWorker(f"push from worker {worker}, which is not a worker of this server "
+                                f"(active: {sorted(self.clocks)})")
+        if version > self.published():
+            raise AheadOfPublished(f"push from worker {worker} claims version {version}, but the server "
+                                   f"has only published {self.published()}")
+        clock = 0
+        if worker in self.pushed:
+            clock = self.pushed[worker]
+            self.pushed[worker] += 1
+        elif worker in self.retired:  # a retired worker's last push no longer counts
+            clock = self.retired[worker]
+        token, self._tokens = self._tokens, self._tokens + 1
+        self.pending.append(Pending(token, worker, version, samples, clock))
+        return token
+
+    def next_update(self) -> Update | None:
+        """The oldest complete group of pending pushes, removed from `pending`, or None."""
+        size = self.policy.group_size(self.workers)
+        return self._take(size) if len(self.pending) >= size else None
+
+    def flush(self) -> Update | None:
+        """The end of a run: every pending push as one update (a half-filled softsync
+        group), so no gradient is lost; None under a barrier or with nothing pending."""
+        if self.policy.barrier() or not self.pending:
+            return None
+        return self._take(len(self.pending))
+
+    def _take(self, n: int) -> Update:
+        """σ of each gradient is the version now minus the one it was computed on. Under
+        SSP "now" is the pushing worker's own clock (the gradients it pushed before): σ is
+        how far ahead of the slowest worker it read, ≤ s by construction — also at the
+        end of a run, when stopped workers leave the published clock free to jump."""
+        group, self.pending = tuple(self.pending[:n]), self.pending[n:]
+        clocked = self.policy.clocked
+        return Update(group, tuple(self.policy.staleness(p.clock if clocked else self.version, p.version)
+                                   for p in group))
+
+    def on_applied(self, update: Update) -> None:
+        """`update` was applied: one version more, its workers' clocks advance, and σ of
+        each gradient is recorded for its worker's next ack and in the histogram."""
+        self.version += 1
+        for p, sigma in zip(update.pushes, update.sigmas):
+            if p.worker in self.clocks:
+                self.clocks[p.worker] += 1
+            self._unacked.setdefault(p.worker, []).append(sigma)
+            self.histogram[sigma] += 1
+
+    def take_staleness(self, worker: int) -> list[int]:
+        """σ of `worker`'s gradients applied since it was last told (for its ack)."""
+        return self._unacked.pop(worker, [])
+
+    # -- what the server publishes ------------------------------------------------------
+    def published(self) -> int:
+        """Updates applied, or under SSP the clock (iterations every active worker has
+        had applied; updates applied once no worker is active)."""
+        if self.policy.clocked and self.clocks:
+            return min(self.clocks.values())
+        return self.version
+
+    def pull_ready(self, min_version: int) -> bool:
+        """Whether a pull asking for `min_version` may be answered now."""
+        return self.policy.pull_ready(min_version, self.published())
+
+    # -- membership and moves -----------------------------------------------------------
+    def members(self, workers: int, retired: Iterable[int] = ()) -> None:
+        """`workers` are active from the next update on; under SSP the `retired` ones no
+        longer hold the clock back. Under a barrier only with no group half-filled."""
+        if self.pending and self.policy.barrier():
+            raise NotIdle(f"membership change with {len(self.pending)} pushes pending")
+        for w in retired:
+            if w in self.clocks:
+                del self.clocks[w]
+                self.retired[w] = self.pushed.pop(w)
+        self.workers = int(workers)
+
+    def can_migrate(self) -> bool:
+        """Blocks may move only with nothing pending, so no update is lost or applied twice."""
+        return not self.pending
+
+    def join(self, version: int) -> None:
+        """Start counting updates from `version` (a server that held no blocks adopting
+        some); only with nothing pending."""
+        if self.pending:
+            raise NotIdle(f"cannot move to version {version} with {len(self.pending)} pushes pending")
+        self.version = int(version)
+
+    @property
+    def unapplied(self) -> int:
+        return len(self.pending)

@@ -1,9 +1,12 @@
 """The parameter server's main loop.
 
 A server binds one listener and answers everyone on it: the coordinator (init, state,
-stop) and the workers (pull, push). Replies to pulls and state requests that ask for a
-version the server does not hold yet are deferred until an update produces it. A bad
-message is answered with an error and logged; it never stops the server.
+stop) and the workers (pull, push). Every synchronisation decision — whether a push is
+accepted, which pushes form an update, σ of each gradient, the version published, whether
+a pull may be answered — is asked of a `ServerSync`; the server keeps the sockets, the
+`ParameterStore`, the held replies and the emulated slowdown. Replies to pulls and state
+requests that ask for a version the server does not hold yet are deferred until an update
+produces it. A bad message is answered with an error and logged; it never stops the server.
 """
 
 from __future__ import annotations
@@ -11,13 +14,14 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections import Counter
 from dataclasses import dataclass
 
+from ..clock import SYSTEM, Clock
 from ..policy.placement import Block
-from ..policy.sync import make_sync_policy
+from ..policy.sync import ServerSync, SyncFault, Update, make_sync_policy
 from ..wire import Message, Transport
 from ..wire.bandwidth import TokenBucket
+from ..wire.names import grads_of, pack, states_for, states_of, values_of
 from .store import OptimizerSpec, ParameterStore, Push, PushError
 
 log = logging.getLogger("equipoise.server")
@@ -35,23 +39,19 @@ class Server:
     """One server's message handling; `serve` runs it until told to stop."""
 
     def __init__(self, rank: int, transport: Transport, coordinator: str, *, host: str = "127.0.0.1",
-                 timeout: float = 120.0):
-        self.rank, self.timeout = rank, timeout
+                 timeout: float = 120.0, clock: Clock = SYSTEM):
+        self.rank, self.timeout, self.clock = rank, timeout, clock
         self.transport = transport
         self.listener = transport.listen(host)
         self.coordinator = coordinator
         self.store: ParameterStore | None = None
-        self.pending: list[Push] = []
+        self.sync: ServerSync | None = None
+        self.pushes: dict[int, Push] = {}  # the tensors of the pushes `sync` holds, by token
         self.copies = _CopyPool()
         self.held: list[_Held] = []
-        self.workers = 0
-        self.clocks: dict[int, int] = {}     # SSP: gradients pushed by each active worker
-        self.retired: dict[int, int] = {}    # SSP: stopped workers' clocks (a last push may follow)
-        self.sigmas: dict[int, list[int]] = {}  # σ of each worker's applied gradients, not yet acked
-        self.histogram: Counter[int] = Counter()  # σ of every gradient this server applied
         self.done = False
         # Server stragglers (PSLD): extra time (factor − 1)·bytes / rate, a bandwidth cap,
-        # and the busy time and bytes handled since the coordinator last asked.
+        # and the busy time and bytes handled since the coordinator last asked, on `clock`.
         self.factor, self.rate = 1.0, 1000e6
         self.bucket: TokenBucket | None = None
         self.busy_s, self.bytes = 0.0, 0
@@ -92,10 +92,13 @@ class Server:
             return self._refuse(peer, f"server {self.rank} is not initialised yet")
         try:
             handler(peer, msg)
-        except (PushError, ValueError, KeyError, TypeError, IndexError) as exc:
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
             # A bad message never stops a server: the sender gets the reason, we go on.
             log.debug("handling %s failed", msg.type, exc_info=True)
-            self._refuse(peer, f"{type(exc).__name__}: {exc}" if not isinstance(exc, PushError) else str(exc))
+            if isinstance(exc, SyncFault):
+                self._refuse(peer, f"server {self.rank}: {exc}")
+            else:
+                self._refuse(peer, str(exc) if isinstance(exc, PushError) else f"{type(exc).__name__}: {exc}")
 
     def _refuse(self, peer: bytes, reason: str) -> None:
         log.warning("refused a message from %s: %s", peer.hex(), reason)
@@ -108,48 +111,47 @@ class Server:
     def _on_init(self, peer: bytes, msg: Message) -> None:
         f = msg.fields
         blocks = [Block.from_list(row) for row in f["blocks"]]
-        values = {b.key: msg.tensors[f"b{b.key}"] for b in blocks}
-        optim = {name[1:]: t for name, t in msg.tensors.items() if name.startswith("s")}
-        self.workers = int(f["workers"])
-        policy = make_sync_policy(f["protocol"], softsync_n=int(f.get("softsync_n") or self.workers),
+        sent = values_of(msg.tensors)
+        values = {b.key: sent[b.key] for b in blocks}
+        workers = int(f["workers"])
+        policy = make_sync_policy(f["protocol"], softsync_n=int(f.get("softsync_n") or workers),
                                   staleness_bound=int(f.get("staleness_bound", 0)),
                                   lr_modulation=str(f.get("lr_modulation", "none")))
-        self.store = ParameterStore(blocks, values, OptimizerSpec.from_dict(f["optimizer"]),
-                                    policy, version=f["version"], samples=f["samples"], optim_state=optim)
-        self.pending, self.held, self.copies = [], [], _CopyPool()
-        self.clocks = {w: 0 for w in range(self.workers)} if policy.clocked else {}
-        self.retired = {}
+        store = ParameterStore(blocks, values, OptimizerSpec.from_dict(f["optimizer"]), policy,
+                               version=f["version"], samples=f["samples"], optim_state=states_of(msg.tensors))
+        self.store, self.sync = store, ServerSync(policy, workers, version=store.version)
+        self.pushes, self.held, self.copies = {}, [], _CopyPool()
         self._straggle(f.get("straggler", {}))
-        self.sigmas, self.histogram = {}, Counter()
         self.listener.send(peer, Message("ready", {"rank": self.rank}))
 
     def _on_stop(self, peer: bytes, msg: Message) -> None:
         self.done = True
+        sync = self.sync
         self.listener.send(peer, Message("ack", {
-            "version": self.version() if self.store else 0,
-            "histogram": [[s, n] for s, n in sorted(self.histogram.items())],
-            "unapplied": len(self.pending)}))
+            "version": sync.published() if sync else 0,
+            "histogram": [[s, n] for s, n in sorted(sync.histogram.items())] if sync else [],
+            "unapplied": sync.unapplied if sync else 0}))
 
     def _straggle(self, f: dict) -> None:
         self.factor = float(f.get("factor", self.factor))
         self.rate = float(f.get("rate_mbps", self.rate / 1e6)) * 1e6
         bandwidth = float(f.get("bandwidth_mbps", 0.0))
         if "bandwidth_mbps" in f:
-            self.bucket = TokenBucket(bandwidth * 1e6) if bandwidth > 0 else None
+            self.bucket = TokenBucket(bandwidth * 1e6, clock=self.clock.now) if bandwidth > 0 else None
 
     def _on_straggle(self, peer: bytes, msg: Message) -> None:
         """The coordinator changes this server's emulated slowdown (a server trace)."""
         self._straggle(msg.fields)
-        self.listener.send(peer, Message("ack", {"version": self.version()}))
+        self.listener.send(peer, Message("ack", {"version": self.sync.published()}))
 
     def _charge(self, nbytes: int, since: float) -> None:
-        """Emulate a slower server or link for `nbytes` handled, then book the busy time."""
+        """Emulate a slower server or link for `nbytes` handled — (factor − 1)·nbytes/rate
+        more on `clock` — then book the busy time since `since` (a `clock.now()`)."""
         extra = (self.factor - 1.0) * nbytes / self.rate
         if self.bucket is not None:  # the link's own time; with rate = bandwidth, factor f is f× slower
             extra += self.bucket.delay(nbytes)
-        if extra > 0:
-            time.sleep(extra)
-        self.busy_s += time.perf_counter() - since
+        self.clock.sleep(extra)
+        self.busy_s += self.clock.now() - since
         self.bytes += nbytes
 
     def _on_stats_req(self, peer: bytes, msg: Message) -> None:
@@ -164,17 +166,15 @@ class Server:
         barrier (nothing pending), so no update is lost or applied twice."""
         keys = [int(k) for k in msg.fields["keys"]]
         store = self.store
-        if self.pending or self.held:
-            raise PushError(f"server {self.rank}: cannot migrate with {len(self.pending)} pushes pending "
+        if not self.sync.can_migrate() or self.held:
+            raise PushError(f"server {self.rank}: cannot migrate with {self.sync.unapplied} pushes pending "
                             f"and {len(self.held)} pulls held (not at a barrier)")
         missing = [k for k in keys if k not in store.blocks]
         if missing:
             raise KeyError(f"server {self.rank} does not hold blocks {missing}")
-        t0 = time.perf_counter()
+        t0 = self.clock.now()
         moved = set(keys)
-        state = {n: t for n, t in store.optim_state().items() if int(n.split(".")[0]) in moved}
-        tensors = {f"b{k}": store.values[k] for k in keys}
-        tensors.update({f"s{n}": t for n, t in state.items()})
+        tensors = pack(values={k: store.values[k] for k in keys}, states=states_for(store.optim_state(), moved))
         conn = self.transport.connect(str(msg.fields["to"]))
         try:
             conn.send(Message("adopt", {"blocks": [store.blocks[k].to_list() for k in keys],
@@ -190,14 +190,15 @@ class Server:
                             f"{reply.fields.get('message', reply.type)}")
         self._rebuild([b for k, b in store.blocks.items() if k not in moved], {}, {})
         nbytes = _nbytes(tensors.values())
-        self.listener.send(peer, Message("ack", {"version": self.version(), "bytes": nbytes,
-                                                 "seconds": time.perf_counter() - t0}))
+        self.listener.send(peer, Message("ack", {"version": self.sync.published(), "bytes": nbytes,
+                                                 "seconds": self.clock.now() - t0}))
 
     def _on_adopt(self, peer: bytes, msg: Message) -> None:
         """Take over blocks from another server, values and optimizer state."""
         f = msg.fields
         store = self.store
         if not store.blocks:  # an empty server saw no updates: it joins the sender's version
+            self.sync.join(int(f["version"]))
             store.version, store.samples = int(f["version"]), int(f["samples"])
         if int(f["version"]) != store.version or int(f["samples"]) != store.samples:
             raise PushError(f"server {self.rank} at version {store.version} cannot adopt blocks of "
@@ -206,20 +207,18 @@ class Server:
         clash = [b.key for b in blocks if b.key in store.blocks]
         if clash:
             raise KeyError(f"server {self.rank} already holds blocks {clash}")
-        values = {b.key: msg.tensors[f"b{b.key}"] for b in blocks}
-        state = {n[1:]: t for n, t in msg.tensors.items() if n.startswith("s")}
-        self._rebuild(list(store.blocks.values()) + blocks, values, state)
-        self.listener.send(peer, Message("ack", {"version": self.version()}))
+        sent = values_of(msg.tensors)
+        self._rebuild(list(store.blocks.values()) + blocks, {b.key: sent[b.key] for b in blocks},
+                      states_of(msg.tensors))
+        self.listener.send(peer, Message("ack", {"version": self.sync.published()}))
 
     def _rebuild(self, blocks: list[Block], extra_values: dict, extra_state: dict) -> None:
         """A new store over `blocks`: kept blocks carry their values and optimizer state,
         adopted ones come in `extra_*`. Elementwise optimizers step a block the same on
         any server, so the numbers do not change."""
         old = self.store
-        values = {**{k: v for k, v in old.values.items()}, **extra_values}
-        state = {**old.optim_state(), **extra_state}
-        keys = {b.key for b in blocks}
-        state = {n: t for n, t in state.items() if int(n.split(".")[0]) in keys}
+        values = {**old.values, **extra_values}
+        state = states_for({**old.optim_state(), **extra_state}, [b.key for b in blocks])
         self.store = ParameterStore(sorted(blocks, key=lambda b: b.key), {b.key: values[b.key] for b in blocks},
                                     old.spec, old.policy, version=old.version, samples=old.samples,
                                     optim_state=state)
@@ -227,87 +226,42 @@ class Server:
 
     def _on_flush(self, peer: bytes, msg: Message) -> None:
         """Apply a half-filled softsync group (the end of a run): no gradient is lost."""
-        if self.pending and not self.store.policy.barrier():
-            self._apply(self.pending)
-            self.pending = []
+        update = self.sync.flush()
+        if update is not None:
+            self._apply(update)
             self._release()
-        self.listener.send(peer, Message("ack", {"version": self.version()}))
+        self.listener.send(peer, Message("ack", {"version": self.sync.published()}))
 
     def _on_members(self, peer: bytes, msg: Message) -> None:
-        """Membership changed. Under a barrier the coordinator sends this only when no
-        group is half-filled, so the new group size applies from the next update. Under
+        """Membership changed: the new group size applies from the next update, and under
         SSP a worker that stopped (`retired`) no longer holds the clock back."""
-        if self.pending and self.store.policy.barrier():
-            raise PushError(f"server {self.rank}: membership change with {len(self.pending)} pushes pending")
-        for w in msg.fields.get("retired", []):
-            if int(w) in self.clocks:
-                self.retired[int(w)] = self.clocks.pop(int(w))
-        self.workers = int(msg.fields["workers"])
-        self.listener.send(peer, Message("ack", {"version": self.version()}))
+        self.sync.members(int(msg.fields["workers"]), [int(w) for w in msg.fields.get("retired", [])])
+        self.listener.send(peer, Message("ack", {"version": self.sync.published()}))
         self._release()
-
-    def _clock_of(self, worker: int) -> int:
-        """SSP: the gradients `worker` pushed before the one being applied."""
-        if worker in self.clocks:
-            return self.clocks[worker]
-        return self.retired[worker]
-
-    def version(self) -> int:
-        """The version this server publishes: updates applied, or under SSP the clock
-        (iterations every active worker has pushed)."""
-        if self.store.policy.clocked:
-            return min(self.clocks.values()) if self.clocks else self.store.version
-        return self.store.version
 
     def _on_pull(self, peer: bytes, msg: Message) -> None:
-        self._hold(_Held(peer, "pull", int(msg.fields["min_version"]), time.monotonic()))
+        self._hold(_Held(peer, "pull", int(msg.fields["min_version"]), self.clock.now()))
 
     def _on_state_req(self, peer: bytes, msg: Message) -> None:
-        self._hold(_Held(peer, "state", int(msg.fields["version"]), time.monotonic()))
+        self._hold(_Held(peer, "state", int(msg.fields["version"]), self.clock.now()))
 
     def _on_push(self, peer: bytes, msg: Message) -> None:
-        t0 = time.perf_counter()
-        store = self.store
+        t0 = self.clock.now()
         f = msg.fields
-        tensors = {int(name[1:]): t for name, t in msg.tensors.items() if name[:1] == "g" and name[1:].isdigit()}
-        push = Push(int(f["worker"]), int(f["version"]), int(f["samples"]), tensors)
-        store.check(push)
-        if store.policy.barrier() and push.version != store.version:
-            raise PushError(f"push from worker {push.worker} computed on version {push.version}, "
-                            f"but server {self.rank} is at version {store.version} under {store.policy.name}")
-        if any(p.worker == push.worker for p in self.pending) and store.policy.barrier():
-            raise PushError(f"worker {push.worker} pushed twice for version {store.version}")
-        if store.policy.clocked and push.worker not in self.clocks and push.worker not in self.retired:
-            raise PushError(f"push from worker {push.worker}, which is not a worker of "
-                            f"server {self.rank} (active: {sorted(self.clocks)})")
-        if push.version > self.version():
-            raise PushError(f"push from worker {push.worker} claims version {push.version}, but server "
-                            f"{self.rank} has only published {self.version()}")
-        self.pending.append(push)
-        group = store.policy.group_size(self.workers)
-        while len(self.pending) >= group:
-            self._apply(self.pending[:group])
-            self.pending = self.pending[group:]
-        if push.worker in self.clocks:  # SSP; a retired worker's last push no longer counts
-            self.clocks[push.worker] += 1
+        push = Push(int(f["worker"]), int(f["version"]), int(f["samples"]), grads_of(msg.tensors))
+        self.store.check(push)
+        self.pushes[self.sync.accept(push.worker, push.version, push.samples)] = push
+        while (update := self.sync.next_update()) is not None:
+            self._apply(update)
         self._charge(_nbytes(push.tensors.values()), t0)
-        self.listener.send(peer, Message("ack", {"version": self.version(),
-                                                 "staleness": self.sigmas.pop(push.worker, [])}))
+        self.listener.send(peer, Message("ack", {"version": self.sync.published(),
+                                                 "staleness": self.sync.take_staleness(push.worker)}))
         self._release()
 
-    def _apply(self, group: list[Push]) -> None:
-        """One update; σ of each gradient is the version now minus the one it was
-        computed on, recorded for its worker's next ack and in the histogram. Under SSP
-        "now" is the pushing worker's own clock (the gradients it pushed before): σ is
-        how far ahead of the slowest worker it read, ≤ s by construction — also at the
-        end of a run, when stopped workers leave the published clock free to jump."""
-        now = self.version()
-        sigmas = [self.store.policy.staleness(self._clock_of(p.worker) if self.store.policy.clocked else now,
-                                              p.version) for p in group]
-        self.store.apply(group, sigmas)
-        for p, sigma in zip(group, sigmas):
-            self.sigmas.setdefault(p.worker, []).append(sigma)
-            self.histogram[sigma] += 1
+    def _apply(self, update: Update) -> None:
+        """One update of the store, with σ of each gradient as `sync` measured it."""
+        self.store.apply([self.pushes.pop(t) for t in update.tokens], list(update.sigmas))
+        self.sync.on_applied(update)
 
     # -- deferred replies -------------------------------------------------------------
     def _hold(self, held: _Held) -> None:
@@ -315,32 +269,29 @@ class Server:
         self._release()
 
     def _release(self) -> None:
-        store = self.store
         keep: list[_Held] = []
         for h in self.held:
             # An empty server applies no updates, so its version stands still: it has
             # nothing to wait for.
-            if not store.blocks or store.policy.pull_ready(h.min_version, self.version()):
+            if not self.store.blocks or self.sync.pull_ready(h.min_version):
                 self._reply(h)
             else:
                 keep.append(h)
         self.held = keep
 
     def _reply(self, h: _Held) -> None:
-        t0 = time.perf_counter()
+        t0 = self.clock.now()
         store = self.store
         # Send copies: the transport may read the tensors after send() returns, and the
         # next update must not change bytes still on their way.
         slots = {k: self.copies.take(k, v) for k, v in store.values.items()}
-        tensors = {f"b{k}": slot[0] for k, slot in slots.items()}
+        values = {k: slot[0] for k, slot in slots.items()}
         if h.kind == "pull":
-            msg = Message("params", {"version": self.version(), "held_s": time.monotonic() - h.since}, tensors)
+            msg = Message("params", {"version": self.sync.published(), "held_s": t0 - h.since}, pack(values))
+            self._charge(_nbytes(values.values()), t0)
         else:
-            tensors.update({f"s{name}": t for name, t in store.optim_state().items()})
             msg = Message("state", {"version": store.version, "samples": store.samples,
-                                    "blocks": len(store.blocks)}, tensors)
-        if h.kind == "pull":
-            self._charge(_nbytes(tensors.values()), t0)
+                                    "blocks": len(store.blocks)}, pack(values, states=store.optim_state()))
         done = self.listener.send(h.peer, msg)
         for slot in slots.values():
             slot[1] = done

@@ -1,10 +1,10 @@
-"""The state machine of one parameter server: its blocks, their optimizer and version.
+"""The numbers of one parameter server: its blocks, their optimizer and version.
 
-`ParameterStore` is transport-free: the server loop feeds it pushes and asks it for
-values and state. An update is *apply then publish*: grouped gradients are combined by
-sample count, the learning rate is set from training progress, a real `torch.optim`
-optimizer steps, and the version increments — a shape that later lets a server forward
-each applied update to a replica.
+`ParameterStore` is transport-free and makes no synchronisation decision: the server
+asks its `ServerSync` (policy/sync.py) which pushes form an update and with what σ, and
+hands them here. An update is *apply then publish*: grouped gradients are combined by
+sample count (modulated by σ as the policy says), the learning rate is set from training
+progress, a real `torch.optim` optimizer steps, and the version increments.
 """
 
 from __future__ import annotations
