@@ -1,77 +1,156 @@
-"""The slower-machine emulation (runtime/stretch.py): steps last f × their usual compute,
-the stretch is spread through the step, and a one-off hiccup is not multiplied by f."""
+"""The slower-machine emulation (runtime/stretch.py) on virtual time: a fake CPU clock
+advanced by the layers' fake compute and a virtual clock that sleeping advances, so the
+stretch's arithmetic is checked exactly. Costs are powers of two, so sums are exact;
+the shares of the stretch (fractions like 1/3) are compared with a relative 1e-12."""
 
-import time
-
+import pytest
 import torch
 from torch import nn
 
-from equipoise.runtime.stretch import WARMUP, Stretch
+from equipoise.clock import VirtualClock
+from equipoise.runtime.stretch import MIN_CHUNK_S, WARMUP, Stretch
+
+FWD, BWD = 2.0 ** -7, 2.0 ** -8  # CPU seconds of each layer's forward and backward (>= MIN_CHUNK_S)
+SAMPLES = 8
 
 
-class Burn(nn.Module):
-    """A layer whose forward costs `seconds` of CPU time (and its backward about none)."""
+class Cost(torch.autograd.Function):
+    """Identity that charges the fake CPU clock: `fwd` in the forward, `bwd` in the backward."""
 
-    def __init__(self, seconds: float):
+    @staticmethod
+    def forward(ctx, x, cpu, fwd, bwd):
+        cpu.advance(fwd)
+        ctx.cpu, ctx.bwd = cpu, bwd
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.cpu.advance(ctx.bwd)
+        return grad, None, None, None
+
+
+class Layer(nn.Module):
+    def __init__(self, cpu, fwd, bwd):
         super().__init__()
-        self.seconds = seconds
+        self.cpu, self.fwd, self.bwd = cpu, fwd, bwd
         self.w = nn.Parameter(torch.ones(1))
 
     def forward(self, x):
-        t0 = time.thread_time()
-        while time.thread_time() - t0 < self.seconds:
-            pass
-        return x * self.w
+        return Cost.apply(x * self.w, self.cpu, self.fwd, self.bwd)
 
 
-def model(layers=4, seconds=0.004):
-    return nn.Sequential(*[Burn(seconds) for _ in range(layers)])
+class Sleeps(VirtualClock):
+    """A virtual clock that records every sleep and oversleeps each by `over` seconds."""
+
+    def __init__(self, over=0.0):
+        super().__init__()
+        self.over, self.sleeps = over, []
+
+    def sleep(self, seconds):
+        self.sleeps.append(seconds)
+        super().sleep(seconds + self.over)
 
 
-def step(net, stretch, samples=8):
-    """One stretched step; returns (wall seconds, CPU seconds, slept before backward)."""
-    t0, c0 = time.perf_counter(), time.thread_time()
+def rig(layers=4, fwd=FWD, bwd=BWD, over=0.0):
+    cpu, clock = VirtualClock(), Sleeps(over)
+    net = nn.Sequential(*[Layer(cpu, fwd, bwd) for _ in range(layers)])
+    stretch = Stretch(net, clock=clock, cpu=cpu.now)
+    seen = []  # stretch.slept after each layer's forward (hooks run in registration order)
+    for m in net:
+        m.register_forward_hook(lambda *_: seen.append(stretch.slept))
+    return net, stretch, clock, seen
+
+
+def step(net, stretch, clock, seen, samples=SAMPLES):
+    """One stretched step; returns (seconds slept, slept after each layer's forward)."""
+    seen.clear()
+    t0 = clock.now()
     stretch.start(samples)
-    out = net(torch.ones(samples, requires_grad=True)).sum()
-    slept_in_forward = stretch.slept
-    out.backward()
+    net(torch.ones(samples, requires_grad=True)).sum().backward()
     stretch.finish()
-    return time.perf_counter() - t0, time.thread_time() - c0, slept_in_forward
+    assert clock.now() - t0 == pytest.approx(stretch.slept, rel=1e-12)
+    return stretch.slept, list(seen)
 
 
-def test_steps_last_factor_times_their_compute_and_the_sleep_is_spread():
-    net = model()
-    stretch = Stretch(net)
+def test_the_stretch_is_factor_minus_one_times_the_usual_compute_spread_through_the_step():
+    net, stretch, clock, seen = rig()
     stretch.factor = 3.0
-    for _ in range(WARMUP + 2):
-        step(net, stretch)
-    walls, cpus, in_forward = zip(*[step(net, stretch) for _ in range(5)])
-    ratio = sorted(w / c for w, c in zip(walls, cpus))[2]
-    assert 2.6 < ratio < 3.6, ratio
-    # 16 ms of forward compute: most of its 32 ms of stretch is slept during the forward.
-    assert min(in_forward) > 0.02, in_forward
+    compute = 4 * (FWD + BWD)
+    for _ in range(WARMUP):  # no history yet: each step's own compute, slept at the end
+        slept, in_forward = step(net, stretch, clock, seen)
+        assert slept == 2 * compute and in_forward == [0.0] * 4
+    clock.sleeps.clear()
+    slept, in_forward = step(net, stretch, clock, seen)
+    total = 2 * compute
+    assert slept == pytest.approx(total, rel=1e-12)
+    # after layer i's forward, the share of the stretch that i layers' compute earned
+    assert in_forward == pytest.approx([total * i * FWD / compute for i in range(1, 5)], rel=1e-12)
+    # one sleep after each forward and after each parameter's gradient; the last hook
+    # completes the compute, so finish() has (up to rounding) nothing left to sleep
+    assert sum(s > 1e-12 for s in clock.sleeps) == 8
+
+
+def test_sleeps_wait_for_min_chunk_of_compute():
+    tiny = 2.0 ** -10  # three of these are the first sum >= MIN_CHUNK_S
+    assert 2 * tiny < MIN_CHUNK_S <= 3 * tiny
+    net, stretch, clock, seen = rig(layers=6, fwd=tiny, bwd=tiny)
+    stretch.factor = 2.0
+    for _ in range(WARMUP):
+        step(net, stretch, clock, seen)
+    clock.sleeps.clear()
+    slept, in_forward = step(net, stretch, clock, seen)
+    assert slept == pytest.approx(12 * tiny, rel=1e-12)
+    # forward: sleeps after layers 3 and 6; backward: after the gradients of 4 and 1
+    assert [s > 1e-12 for s in in_forward] == [False, False, True, True, True, True]
+    assert sum(s > 1e-12 for s in clock.sleeps) == 4
 
 
 def test_a_one_off_hiccup_is_not_multiplied_by_the_factor():
-    net = model(layers=2, seconds=0.005)
-    stretch = Stretch(net)
+    net, stretch, clock, seen = rig(layers=2)
     stretch.factor = 4.0
+    usual = 2 * (FWD + BWD)
     for _ in range(WARMUP + 3):
-        step(net, stretch)
-    net[0].seconds = 0.035  # one step costs 4x its usual 10 ms of compute
-    wall, cpu, _ = step(net, stretch)
-    # Usual stretch 3 x 10 ms on top of 40 ms of compute ~ 70 ms; stretching the
-    # hiccup itself would make it 4 x 40 = 160 ms.
-    assert wall < 0.11, (wall, cpu)
-    net[0].seconds = 0.005
+        step(net, stretch, clock, seen)
+    net[0].fwd = FWD + 3 * usual  # this step's compute is 4x the usual
+    slept, _ = step(net, stretch, clock, seen)
+    assert slept == pytest.approx(3 * usual, rel=1e-12)  # not 3 x 4 x usual
+    net[0].fwd = FWD
+    slept, _ = step(net, stretch, clock, seen)  # the median of the history ignores the hiccup
+    assert slept == pytest.approx(3 * usual, rel=1e-12)
+
+
+def test_the_stretch_follows_the_median_per_sample_compute_times_this_steps_samples():
+    net, stretch, clock, seen = rig(layers=2)
+    stretch.factor = 2.0
+    for _ in range(WARMUP):
+        step(net, stretch, clock, seen, samples=4)  # 2 (FWD + BWD) per 4 samples
+    slept, _ = step(net, stretch, clock, seen, samples=12)  # same compute: 12 samples are cheaper here
+    assert slept == pytest.approx(3 * 2 * (FWD + BWD), rel=1e-12)
+
+
+def test_oversleep_is_a_debt_paid_by_a_later_final_sleep():
+    over = 2.0 ** -12  # every sleep overshoots by this much
+    net, stretch, clock, seen = rig(over=over)
+    stretch.factor = 2.0
+    compute = 4 * (FWD + BWD)
+    assert step(net, stretch, clock, seen)[0] == compute + over  # no history: one sleep, at the end
+    for _ in range(WARMUP - 1):  # each final sleep pays the last one's overshoot and overshoots anew
+        assert step(net, stretch, clock, seen)[0] == compute
+    for _ in range(3):
+        # spread: within a step the next target absorbs an overshoot, but the last hook
+        # finishes the step's share, so finish() has nothing to pay it with: carried
+        assert step(net, stretch, clock, seen)[0] == pytest.approx(compute + over, rel=1e-12)
+    for layer in net:  # a step at half the usual compute ends with a long final sleep, which
+        layer.fwd, layer.bwd = FWD / 2, BWD / 2  # pays the 4 carried overshoots and overshoots once
+    assert step(net, stretch, clock, seen)[0] == pytest.approx(compute - 3 * over, rel=1e-12)
 
 
 def test_factor_one_never_sleeps_and_a_raised_factor_applies_at_once():
-    net = model(layers=2, seconds=0.002)
-    stretch = Stretch(net)
-    for _ in range(3):
-        step(net, stretch)
-        assert stretch.slept == 0.0
-    stretch.factor = 2.0  # a trace raises the factor: the next step is stretched at once
-    wall, cpu, _ = step(net, stretch)
-    assert wall > 1.6 * cpu
+    net, stretch, clock, seen = rig(layers=2)
+    for _ in range(WARMUP):
+        assert step(net, stretch, clock, seen) == (0.0, [0.0, 0.0])
+    assert clock.sleeps == [] and clock.now() == 0.0
+    stretch.factor = 2.0  # a trace raises the factor: this step is stretched and spread at once
+    slept, in_forward = step(net, stretch, clock, seen)
+    assert slept == pytest.approx(2 * (FWD + BWD), rel=1e-12)
+    assert in_forward[0] > 0

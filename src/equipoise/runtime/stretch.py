@@ -33,9 +33,12 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
+from typing import Callable
 
 import torch
 from torch import nn
+
+from ..clock import SYSTEM
 
 MIN_CHUNK_S = 0.002  # compute between two sleeps, at least (fewer wake-ups)
 HISTORY = 15  # steps whose CPU time per sample make "usual"
@@ -46,9 +49,13 @@ class Stretch:
     """Hooks that make `model`'s steps last about `factor` × their usual compute time.
 
     Set `factor` before a step, call `start(samples)` before the forward pass and
-    `finish()` after `backward()` returns. With `factor <= 1` the hooks only return."""
+    `finish()` after `backward()` returns. With `factor <= 1` the hooks only return.
+    Compute is read from `cpu` (this thread's CPU seconds by default); sleeping and its
+    measurement go through `clock` (`now()`, `sleep(seconds)`), so tests can run on
+    virtual time."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, clock=SYSTEM, cpu: Callable[[], float] = time.thread_time):
+        self.clock, self.cpu = clock, cpu
         self.factor = 1.0
         self.slept = 0.0  # seconds slept in the current (or last) step
         self._history: deque[float] = deque(maxlen=HISTORY)
@@ -65,7 +72,7 @@ class Stretch:
     def start(self, samples: int) -> None:
         """A step on `samples` samples begins."""
         self._samples, self.slept = max(1, int(samples)), 0.0
-        self._t0 = self._last = time.thread_time()
+        self._t0 = self._last = self.cpu()
         self._since = 0.0  # compute since the last sleep
         known = len(self._history) >= WARMUP
         self._expected = statistics.median(self._history) * self._samples if known else 0.0
@@ -79,7 +86,7 @@ class Stretch:
         """The step's backward is done: sleep whatever of its stretch is left. The
         step's compute is taken at its last hook (a parameter's gradient), so time spent
         after it — DDP waiting for the all-reduce — is not counted as compute."""
-        compute = self.compute_s() if self.factor > 1.0 else time.thread_time() - self._t0
+        compute = self.compute_s() if self.factor > 1.0 else self.cpu() - self._t0
         if self.factor > 1.0:
             if not self._expected:  # no history yet: stretch this step's own compute
                 self._total = (self.factor - 1.0) * compute
@@ -99,7 +106,7 @@ class Stretch:
 
     def _progress(self) -> None:
         """After each chunk of compute, sleep the share of the stretch it has earned."""
-        now = time.thread_time()
+        now = self.cpu()
         self._since += now - self._last
         self._last = now
         if not self._expected or self._since < MIN_CHUNK_S:
@@ -113,9 +120,9 @@ class Stretch:
         overslept). Within a step an overshoot is absorbed by the next target."""
         want = seconds + (self._carry if final else 0.0)
         if want > 0:
-            t0 = time.perf_counter()
-            time.sleep(want)
-            took = time.perf_counter() - t0
+            t0 = self.clock.now()
+            self.clock.sleep(want)
+            took = self.clock.now() - t0
             self.slept += took
             want -= took
         if final:

@@ -1,10 +1,13 @@
-"""The worker's main loop (Rudra's learner loop, PAPERS.md §1).
+"""The worker's main loop (Rudra's learner loop: Gupta, Zhang and Wang, "Model Accuracy
+and Runtime Tradeoff in Distributed Deep Learning: A Systematic Study", ICDM 2016).
 
 Each step: ask the coordinator for a plan (a slice of the global sample order), pull the
 weights the plan names from every server, compute the gradient of the mean loss over the
 slice, push each server its blocks' gradients tagged with (worker, version, samples), and
-report what the step cost. The loop takes its endpoints and config as arguments and
-returns, so the same function runs in a local process or a Ray actor.
+report what the step cost. The servers are reached through a `PSClient`; `cfg.overlap`
+exchanges are kept in flight while the next step computes (0 or 1). The loop takes its
+endpoints and config as arguments and returns, so the same function runs in a local
+process or a Ray actor.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections import deque
 
 import psutil
 import torch
@@ -23,8 +27,9 @@ from ..models import build_model
 from ..policy.placement import Block
 from ..policy.sync import make_sync_policy
 from ..scenario import Scenario
-from ..wire import Connection, Message, Transport
+from ..wire import Message, Transport
 from .blocks import read_pushes, write_values
+from .client import ClientError, PSClient, Pulled, receive
 from .stretch import Stretch
 
 
@@ -32,20 +37,22 @@ def _clamp01(x: float) -> float:
     return min(1.0, max(0.0, x))
 
 
-class WorkerError(RuntimeError):
-    """A fault of this worker's step (non-finite loss, refused push); names the worker."""
+class WorkerError(ClientError):
+    """A fault of this worker's step (non-finite loss, a bad plan); names the worker."""
 
 
 class Worker:
     def __init__(self, cfg: Config, rank: int, transport: Transport, coordinator: str):
         self.cfg, self.rank, self.transport = cfg, rank, transport
+        self.depth = int(cfg.overlap)  # exchanges kept in flight while a step computes
+        if self.depth not in (0, 1):
+            raise WorkerError(f"worker {rank}: overlap = {cfg.overlap!r} exchanges in flight; "
+                              f"only 0 and 1 are supported")
         self.coord = transport.connect(coordinator)
         self.proc = psutil.Process()
-        self.servers: list[Connection | None] = []
         self.policy = make_sync_policy(cfg.protocol, softsync_n=cfg.softsync_n or cfg.workers,
                                        staleness_bound=cfg.staleness_bound)
         self._pending_staleness: list[int] = []
-        self._stash: dict[int, list[Message]] = {}
         # Neighbours are real processes the launcher runs; the worker only emulates factors.
         self.scenario = Scenario.from_config({k: v for k, v in cfg.scenario_dict().items()
                                               if k != "neighbours"})
@@ -54,125 +61,111 @@ class Worker:
         cfg = self.cfg
         torch.set_num_threads(cfg.threads)
         data = load_dataset(cfg.dataset, cfg.data_dir or None, seed=cfg.seed)
-        welcome = self._request(self.coord, Message("hello", {
+        welcome = self._request(Message("hello", {
             "role": "worker", "rank": self.rank, "address": "", "pid": os.getpid()}), "welcome")
         self.blocks = [Block.from_list(r) for r in welcome.fields["blocks"]]
-        self._set_table(welcome.fields["table"], welcome.fields["servers"])
-        self.model = build_model(cfg.model, data.input_shape, data.num_classes)
-        self.model.train()
-        self.stretch = Stretch(self.model)
-        self._mem_total = psutil.virtual_memory().total
-        sampler = SliceSampler(len(data), cfg.global_batch, cfg.seed)
+        self.client = PSClient(self.transport, self.rank, self.blocks, cfg.timeout)
         try:
-            self._loop(data, sampler)
+            self.client.set_table(welcome.fields["table"], welcome.fields["servers"])
+            self.model = build_model(cfg.model, data.input_shape, data.num_classes)
+            self.model.train()
+            self.stretch = Stretch(self.model)
+            self._mem_total = psutil.virtual_memory().total
+            self._loop(data, SliceSampler(len(data), cfg.global_batch, cfg.seed))
         finally:
-            for c in [c for c in self.servers if c is not None] + [self.coord]:
-                c.close()
+            self.client.close()
+            self.coord.close()
 
-    def _set_table(self, table: list[int], addresses: list[str]) -> None:
-        """Route by a (new) block → server table. `addresses[r]` is server r's address,
-        "" for a server that was removed; servers that hold no block are not talked to."""
-        while len(self.servers) < len(addresses):
-            self.servers.append(None)
-        for r, address in enumerate(addresses):
-            conn = self.servers[r]
-            if conn is not None and (not address or conn.address != address):
-                conn.close()
-                self.servers[r] = conn = None
-            if conn is None and address:
-                self.servers[r] = self.transport.connect(address)
-        self.by_server = [[b for b in self.blocks if table[b.key] == r] for r in range(len(self.servers))]
-        self.active = [r for r in range(len(self.servers)) if self.by_server[r]]
-        if any(self.servers[r] is None for r in self.active):
-            raise WorkerError(f"worker {self.rank}: the block table names a server without an address")
-
-    def _plan_table(self, plan: Message, versions: dict[int, int]) -> dict[int, int]:
+    def _plan_table(self, plan: Message, versions: dict[int, int], in_flight: int) -> dict[int, int]:
         """Apply a block table that came with a plan (a barrier: every server is at the
         plan's version, so the weights just pulled are current on the new owners too)."""
         if "table" not in plan.fields:
             return versions
-        self._set_table(plan.fields["table"], plan.fields["servers"])
-        return {r: int(plan.fields["version"]) for r in self.active}
+        if in_flight:
+            raise WorkerError(f"worker {self.rank}: the block table changed with {in_flight} "
+                              f"exchanges in flight (tables change only at a barrier)")
+        self.client.set_table(plan.fields["table"], plan.fields["servers"])
+        return {r: int(plan.fields["version"]) for r in self.client.active}
 
     # -- the loop -----------------------------------------------------------------------
     def _loop(self, data, sampler: SliceSampler) -> None:
-        """Compute, then one pipelined exchange: pull-ahead and push go out together on
-        each server's (ordered) connection (under a barrier the pull first, so it is
-        registered before our push can complete the update), the plan request follows
-        the acks, and the next weights and plan arrive while the coordinator and servers
-        close the barrier.
+        """Compute step k, send exchange k (push of its gradient, pull of the weights
+        for a later step) and report; then collect the exchange that leaves flight and
+        the next plan. With depth d = cfg.overlap exchanges in flight:
+
+        * d = 0: exchange k is complete before step k+1 computes. Under a barrier the
+          pull goes out first, so the server registers it before our push can complete
+          the update (by the time every ack is in, every pull is answered: nothing is in
+          flight at the barrier, when blocks may move between servers); otherwise the
+          push goes first, so the weights the pull brings include our own gradient. The
+          acks are in before the plan request, whose report carries their σ.
+        * d = 1 (Rudra-adv*: communication decoupled from compute): exchange k stays in
+          flight while step k+1 computes on the weights exchange k−1 brought, and its
+          pull asks for the clock of step k+2. Every gradient is tagged with the version
+          it was really computed on, so the extra staleness is measured, not hidden.
+          Plans are requested one step ahead; a stop therefore answers two requests,
+          and the exchanges still in flight are collected before returning.
+
         A report describes one iteration: its compute and the exchange that fed it."""
+        d = self.depth
         t0 = time.perf_counter()
-        plan = self._recv(self._send_plan(0, {}), "plan")
+        plan = self._request(self._plan_req(0, {}), "plan")
         if plan.fields["stop"]:
             return
-        self._plan_table(plan, {})
-        self._send_pulls(plan.fields["version"])
-        versions, held = self._recv_params()
+        self._plan_table(plan, {}, 0)
+        versions, held = self._take(self.client.pull(plan.fields["version"]))
         exchange = self._exchange_times(t0, held, plan)
-        if self.cfg.overlap:
-            return self._loop_overlapped(data, sampler, plan, versions, exchange)
+        for ahead in range(1, d + 1):
+            self.coord.send(self._plan_req(ahead, {}))
+        in_flight: deque = deque()  # (push ticket or None, pull ticket) of exchanges sent
         step = 0
         while True:
             f = plan.fields
             loss, measured = self._step(data, sampler, f)
             t3 = time.perf_counter()
             if f.get("await_table"):  # blocks moved during this compute: route by the new table
-                table = self._request(self.coord, Message("table_req", {"worker": self.rank}), "table")
-                versions = self._plan_table(table, versions)
+                table = self._request(Message("table_req", {"worker": self.rank}), "table")
+                versions = self._plan_table(table, versions, len(in_flight))
                 measured["table_wait_s"] = time.perf_counter() - t3
-            pull = self.policy.pull_version(step + 1, f["iteration"])
+            pushes = read_pushes(self.model, self.blocks)
+            if d:  # copies: the next backward overwrites .grad while these may still be queued
+                pushes = {k: t.clone() for k, t in pushes.items()}
+            pull_version = self.policy.pull_version(step + 1 + d, f["iteration"])
             if self.policy.barrier():
-                # Pull first: the server holds it until the update, so by the time every
-                # ack is in, every pull-ahead is answered — nothing is in flight at the
-                # barrier, when blocks may move between servers.
-                self._send_pulls(pull)
-                self._send_pushes(self._pushes(), versions, f["size"])
-            else:  # push first: the weights this pull brings include our own gradient
-                self._send_pushes(self._pushes(), versions, f["size"])
-                self._send_pulls(pull)
-            staleness = self._recv_acks()
+                pull = self.client.pull(pull_version)
+                push = self.client.push(pushes, versions, f["size"])
+            else:
+                push = self.client.push(pushes, versions, f["size"])
+                pull = self.client.pull(pull_version)
+            staleness = [] if d else self.client.wait(push)
             step += 1
-            self._send_plan(step, self._report(f, loss, versions, staleness, measured, exchange))
-            versions, held = self._recv_params()
-            plan = self._recv(self.coord, "plan")
+            self.coord.send(self._plan_req(step + d, self._report(f, loss, versions, staleness, measured,
+                                                                   exchange)))
+            in_flight.append((push if d else None, pull))
+            held = 0.0
+            if len(in_flight) > d:  # the oldest exchange: its acks and weights
+                push, pull = in_flight.popleft()
+                if push is not None:
+                    self._pending_staleness += self.client.wait(push)
+                versions, held = self._take(pull)
+            plan = self._recv_coord("plan")
             if plan.fields["stop"]:
+                for push, pull in in_flight:
+                    if push is not None:
+                        self.client.wait(push)
+                    self.client.wait(pull)
+                for _ in range(d):
+                    self._recv_coord("plan")  # the answers to the requests sent ahead
                 return
-            versions = self._plan_table(plan, versions)
+            versions = self._plan_table(plan, versions, len(in_flight))
             exchange = self._exchange_times(t3, held, plan)
 
-    def _loop_overlapped(self, data, sampler: SliceSampler, plan: Message, versions: dict[int, int],
-                         exchange: dict) -> None:
-        """Rudra-adv*: communication decoupled from compute. Exchange k (push of step k,
-        pull, next plan request) is sent and left in flight while step k+1 computes on
-        the weights that exchange k−1 brought; the transport's I/O threads move the
-        bytes meanwhile. Every gradient is tagged with the version it was really
-        computed on, so the extra staleness is measured, not hidden. Plans are requested
-        one step ahead; a stop therefore answers two requests, and both are awaited."""
-        self.coord.send(Message("plan_req", {"worker": self.rank, "step": 1, "report": {}}))
-        step = 0
-        while True:
-            f = plan.fields
-            loss, measured = self._step(data, sampler, f)
-            t3 = time.perf_counter()
-            # Copies: the next backward overwrites .grad while these may still be queued.
-            self._send_pushes({k: t.clone() for k, t in self._pushes().items()}, versions, f["size"])
-            # The weights this pull brings feed the step after next: ask for that step's clock.
-            self._send_pulls(self.policy.pull_version(step + 2, f["iteration"]))
-            step += 1
-            self._send_plan(step + 1, self._report(f, loss, versions, [], measured, exchange))
-            if step > 1:  # exchange k−1: its acks and weights arrived during this compute
-                self._pending_staleness += self._recv_acks()
-                versions, held = self._recv_params()
-            else:
-                held = 0.0
-            plan = self._recv(self.coord, "plan")
-            if plan.fields["stop"]:
-                self._recv_acks()
-                self._recv_params()
-                self._recv(self.coord, "plan")  # the answer to the request sent ahead
-                return
-            exchange = self._exchange_times(t3, held, plan)
+    def _take(self, pull) -> tuple[dict[int, int], float]:
+        """Wait for a pull and write its weights into the model; returns each server's
+        version and the longest time a server held the pull back."""
+        pulled: Pulled = self.client.wait(pull)
+        write_values(self.model, self.blocks, pulled.values)
+        return pulled.versions, pulled.held_s
 
     def _step(self, data, sampler: SliceSampler, f: dict) -> tuple[float, dict]:
         """Compute one gradient, stretched by this worker's slowdown factor (a slower
@@ -203,26 +196,6 @@ class Worker:
         wait = min(total, max(pull_held, float(plan.fields.get("held_s", 0.0))))
         return {"wait_s": wait, "comm_s": total - wait}
 
-    def _send_plan(self, step: int, report: dict) -> Connection:
-        self.coord.send(Message("plan_req", {"worker": self.rank, "step": step, "report": report}))
-        return self.coord
-
-    def _send_pulls(self, min_version: int) -> None:
-        for s in self.active:
-            self.servers[s].send(Message("pull", {"worker": self.rank, "min_version": min_version}))
-
-    def _recv_params(self) -> tuple[dict[int, int], float]:
-        """Write every server's blocks into the model; returns each server's version and
-        the longest time a server held the pull back (time spent waiting, not moving)."""
-        versions, held = {}, 0.0
-        for s in self.active:
-            reply = self._recv(self.servers[s], "params")
-            values = {b.key: reply.tensors[f"b{b.key}"] for b in self.by_server[s]}
-            write_values(self.model, self.by_server[s], values)
-            versions[s] = int(reply.fields["version"])
-            held = max(held, float(reply.fields["held_s"]))
-        return versions, held
-
     def _compute(self, data, sampler: SliceSampler, plan: dict) -> float:
         idx = sampler.positions(plan["start"], plan["size"])
         x, y = data.train_batch(idx)
@@ -238,51 +211,13 @@ class Worker:
         loss.backward()
         return float(loss.item())
 
-    def _pushes(self) -> dict:
-        return read_pushes(self.model, self.blocks)
+    # -- the coordinator ----------------------------------------------------------------
+    def _plan_req(self, step: int, report: dict) -> Message:
+        return Message("plan_req", {"worker": self.rank, "step": step, "report": report})
 
-    def _send_pushes(self, pushes: dict, versions: dict[int, int], samples: int) -> None:
-        """Push gradients tagged with the version they were computed on. Without overlap
-        the gradient tensors are sent without copying; they are not touched again until
-        the acks (which follow the server's receipt) are in."""
-        for s in self.active:
-            tensors = {f"g{b.key}": pushes[b.key] for b in self.by_server[s]}
-            self.servers[s].send(Message("push", {"worker": self.rank, "version": versions[s],
-                                       "samples": samples}, tensors))
+    def _request(self, msg: Message, expect: str) -> Message:
+        self.coord.send(msg)
+        return self._recv_coord(expect)
 
-    def _recv_acks(self) -> list[int]:
-        """Wait for every server's ack; returns σ of each of our gradients the servers
-        applied since their last ack (under softsync a push may wait in a group and be
-        applied when another worker's push completes it: its σ comes with our next ack)."""
-        out: list[int] = []
-        for c in (self.servers[s] for s in self.active):
-            sigmas = self._recv(c, "ack").fields.get("staleness", [])
-            if not isinstance(sigmas, list) or not all(isinstance(x, int) for x in sigmas):
-                raise WorkerError(f"worker {self.rank}: {c.address} sent a malformed ack")
-            out += sigmas
-        return out
-
-    # -- messaging ----------------------------------------------------------------------
-    def _request(self, conn: Connection, msg: Message, expect: str) -> Message:
-        conn.send(msg)
-        return self._recv(conn, expect)
-
-    def _recv(self, conn: Connection, expect: str) -> Message:
-        """The next `expect` reply on `conn`. With overlap a server may answer out of
-        request order (a held pull is overtaken by the ack of a later push), so replies
-        of another expected type are kept, in order, for their own `_recv`."""
-        stash = self._stash.setdefault(id(conn), [])
-        for i, m in enumerate(stash):
-            if m.type == expect:
-                return stash.pop(i)
-        deadline = time.monotonic() + self.cfg.timeout
-        while True:
-            reply = conn.recv(timeout=max(0.001, deadline - time.monotonic()))
-            if reply.type == "error":
-                raise WorkerError(f"worker {self.rank}: {conn.address} refused: {reply.fields['message']}")
-            if reply.type == expect:
-                return reply
-            if not self.cfg.overlap or reply.type not in ("ack", "params") or len(stash) > 8:
-                raise WorkerError(f"worker {self.rank}: expected {expect!r} from {conn.address}, "
-                                  f"got {reply.type!r}")
-            stash.append(reply)
+    def _recv_coord(self, expect: str) -> Message:
+        return receive(self.coord, expect, self.cfg.timeout, f"worker {self.rank}")

@@ -1,0 +1,191 @@
+"""A worker's side of the parameter servers, in the spirit of ps-lite's KVWorker (Li et
+al., "Scaling Distributed Machine Learning with the Parameter Server", OSDI 2014).
+
+`PSClient` owns the connections to the servers and the block table that slices a
+worker's keys among them. `push` and `pull` send one request to every server that holds
+blocks and return a `Ticket` at once; `wait(ticket)` collects the replies. Several
+exchanges may be in flight: a server may answer a connection's requests out of order (a
+pull held for a newer version is overtaken by the ack of a later push), so every reply
+is matched to the oldest request of its type on its connection, and replies for other
+tickets are kept until those are waited.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from ..policy.placement import Block
+from ..wire import Connection, Message, PeerTimeout, Transport
+from ..wire.names import grad_name, values_of
+
+_REPLY = {"push": "ack", "pull": "params"}
+
+
+class ClientError(RuntimeError):
+    """A server refused a request, answered out of protocol or not in time; names it."""
+
+
+@dataclass(eq=False)
+class Ticket:
+    """An exchange in flight: the request `kind` ("push" or "pull") sent to each server
+    of `parts` (server rank, its connection, the keys of the blocks it holds)."""
+    kind: str
+    id: int
+    parts: list[tuple[int, Connection, list[int]]]
+
+
+@dataclass
+class Pulled:
+    """What a pull brought: every block's value, each server's version, and the longest
+    time a server held the pull back (waiting for a version, not moving bytes)."""
+    values: dict[int, torch.Tensor]
+    versions: dict[int, int]
+    held_s: float
+
+
+def receive(conn: Connection, expect: str, timeout: float, who: str) -> Message:
+    """The next message on `conn`, which must be an `expect` reply within `timeout` s;
+    ClientError (prefixed by `who`, naming the peer) on an error reply, another type or
+    silence."""
+    try:
+        reply = conn.recv(timeout=max(0.001, timeout))
+    except PeerTimeout:
+        raise ClientError(f"{who}: no {expect!r} from {conn.address} within {timeout:g}s") from None
+    if reply.type == "error":
+        raise ClientError(f"{who}: {conn.address} refused: {reply.fields.get('message')}")
+    if reply.type != expect:
+        raise ClientError(f"{who}: expected {expect!r} from {conn.address}, got {reply.type!r}")
+    return reply
+
+
+class PSClient:
+    """Worker `worker`'s connections to the servers holding `blocks`. Call `set_table`
+    before the first request; every `wait` gives up after `timeout` seconds."""
+
+    def __init__(self, transport: Transport, worker: int, blocks: list[Block], timeout: float):
+        self.transport, self.worker, self.blocks, self.timeout = transport, int(worker), list(blocks), timeout
+        self.who = f"worker {self.worker}"
+        self.conns: dict[int, Connection] = {}  # server rank → connection
+        self.by_server: dict[int, list[Block]] = {}  # server rank → its blocks (only servers holding any)
+        self._ids = itertools.count()
+        self._owed: dict[int, dict[str, deque[int]]] = {}  # id(conn) → reply type → ticket ids, oldest first
+        self._got: dict[int, dict[int, Message]] = {}  # ticket id → id(conn) → reply
+
+    @property
+    def active(self) -> list[int]:
+        """The ranks of the servers that hold blocks, ascending."""
+        return sorted(self.by_server)
+
+    def set_table(self, table: list[int], addresses: list[str]) -> None:
+        """Route by a (new) block → server table; `addresses[r]` is server r's address,
+        "" for a server that was removed. Requests already sent are still collected,
+        unless their server's connection had to be closed (ClientError)."""
+        for b in self.blocks:
+            r = table[b.key] if b.key < len(table) else -1
+            if not (0 <= r < len(addresses) and addresses[r]):
+                raise ClientError(f"{self.who}: the block table puts block {b.key} on server {r}, "
+                                  f"which has no address")
+        for r, conn in list(self.conns.items()):
+            if r >= len(addresses) or conn.address != addresses[r]:
+                if any(self._owed.get(id(conn), {}).values()):
+                    raise ClientError(f"{self.who}: the block table moved server {r} away from "
+                                      f"{conn.address} with replies still owed")
+                self._owed.pop(id(conn), None)
+                conn.close()
+                del self.conns[r]
+        for r, address in enumerate(addresses):
+            if address and r not in self.conns:
+                self.conns[r] = self.transport.connect(address)
+        self.by_server = {}
+        for b in self.blocks:
+            self.by_server.setdefault(table[b.key], []).append(b)
+
+    def push(self, grads: dict[int, torch.Tensor], version_by_server: dict[int, int], samples: int) -> Ticket:
+        """Send each server the gradients (or buffer values) of its blocks, tagged with
+        the version of that server they were computed on. The tensors are sent without
+        copying: do not change them before the ticket is waited (or copy them)."""
+        return self._send("push", lambda r, blocks: Message(
+            "push", {"worker": self.worker, "version": int(version_by_server[r]), "samples": int(samples)},
+            {grad_name(b.key): grads[b.key] for b in blocks}))
+
+    def pull(self, min_version: int) -> Ticket:
+        """Ask every server for its blocks once it is at `min_version` (as its sync
+        policy reads that number)."""
+        msg = Message("pull", {"worker": self.worker, "min_version": int(min_version)})
+        return self._send("pull", lambda r, blocks: msg)
+
+    def wait(self, ticket: Ticket, timeout: float | None = None) -> Pulled | list[int]:
+        """The replies to `ticket`, each within `timeout` (default: the client's) seconds
+        of this call: for a pull a `Pulled`; for a push σ of each of our gradients the
+        servers applied since their last ack (under softsync a push may wait in a group
+        and be applied when another worker's push completes it: its σ comes later)."""
+        if ticket.id not in self._got:
+            raise ValueError(f"{self.who}: ticket {ticket.id} was already waited")
+        limit = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        got = self._got[ticket.id]
+        for _, conn, _ in ticket.parts:
+            while id(conn) not in got:
+                self._receive(conn, deadline, limit)
+        del self._got[ticket.id]
+        if ticket.kind == "push":
+            return [s for _, conn, _ in ticket.parts for s in self._sigmas(conn, got[id(conn)])]
+        pulled = Pulled({}, {}, 0.0)
+        for r, conn, keys in ticket.parts:
+            reply = got[id(conn)]
+            values = values_of(reply.tensors)
+            try:
+                pulled.values.update({k: values[k] for k in keys})
+                pulled.versions[r] = int(reply.fields["version"])
+                pulled.held_s = max(pulled.held_s, float(reply.fields["held_s"]))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ClientError(f"{self.who}: {conn.address} sent malformed params "
+                                  f"({type(exc).__name__}: {exc})") from None
+        return pulled
+
+    def close(self) -> None:
+        for conn in self.conns.values():
+            conn.close()
+        self.conns = {}
+
+    # -- internals ----------------------------------------------------------------------
+    def _send(self, kind: str, make) -> Ticket:
+        ticket = Ticket(kind, next(self._ids), [])
+        self._got[ticket.id] = {}
+        for r in self.active:
+            conn = self.conns[r]
+            conn.send(make(r, self.by_server[r]))
+            self._owed.setdefault(id(conn), {}).setdefault(_REPLY[kind], deque()).append(ticket.id)
+            ticket.parts.append((r, conn, [b.key for b in self.by_server[r]]))
+        return ticket
+
+    def _receive(self, conn: Connection, deadline: float, limit: float) -> None:
+        """Take one reply off `conn` and file it under the oldest ticket owed one of
+        its type."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise ClientError(f"{self.who}: no reply from {conn.address} within {limit:g}s")
+        try:
+            reply = conn.recv(timeout=left)
+        except PeerTimeout:
+            raise ClientError(f"{self.who}: no reply from {conn.address} within {limit:g}s") from None
+        if reply.type == "error":
+            raise ClientError(f"{self.who}: {conn.address} refused: {reply.fields.get('message')}")
+        owed = self._owed.get(id(conn), {}).get(reply.type)
+        if not owed:
+            raise ClientError(f"{self.who}: unexpected {reply.type!r} from {conn.address}")
+        self._got[owed.popleft()][id(conn)] = reply
+
+    def _sigmas(self, conn: Connection, ack: Message) -> list[int]:
+        sigmas = ack.fields.get("staleness", [])
+        if not isinstance(sigmas, list) or not all(isinstance(x, int) for x in sigmas):
+            raise ClientError(f"{self.who}: {conn.address} sent a malformed ack")
+        return sigmas
+
+
+__all__ = ["ClientError", "PSClient", "Pulled", "Ticket", "receive"]

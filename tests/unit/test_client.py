@@ -1,0 +1,174 @@
+"""The worker's client of the parameter servers (runtime/client.py), against scripted
+servers on the in-memory transport: the test plays each server by hand (its listener's
+queue holds the requests), so the order in which replies arrive is chosen exactly."""
+
+import pytest
+import torch
+
+from equipoise.policy.placement import Block
+from equipoise.runtime.client import ClientError, PSClient, Pulled
+from equipoise.wire import InMemoryTransport, Message
+from equipoise.wire.names import grads_of, pack
+
+BLOCKS = [Block(k, "w", 3 * k, 3 * k + 3) for k in range(4)]
+
+
+@pytest.fixture
+def net():
+    transport = InMemoryTransport()
+    servers = [transport.listen(), transport.listen()]
+    client = PSClient(transport, worker=7, blocks=BLOCKS, timeout=5.0)
+    client.set_table([0, 1, 0, 1], [s.address for s in servers])
+    yield transport, servers, client
+    client.close()
+    transport.close()
+
+
+def take(server, kind):
+    """The next request a server received; it must be of `kind`."""
+    peer, msg = server.recv(timeout=1.0)
+    assert msg.type == kind, msg
+    return peer, msg
+
+
+def params(keys, version, held=0.0):
+    return Message("params", {"version": version, "held_s": held},
+                   pack(values={k: torch.full((3,), float(10 * version + k)) for k in keys}))
+
+
+def test_a_pull_brings_every_block_each_servers_version_and_the_longest_hold(net):
+    _, servers, client = net
+    assert client.active == [0, 1]
+    ticket = client.pull(5)
+    for r, server in enumerate(servers):
+        peer, msg = take(server, "pull")
+        assert msg.fields == {"worker": 7, "min_version": 5}
+        server.send(peer, params([r, r + 2], version=5 + r, held=0.25 * (r + 1)))
+    pulled = client.wait(ticket)
+    assert isinstance(pulled, Pulled)
+    assert pulled.versions == {0: 5, 1: 6} and pulled.held_s == 0.5
+    assert {k: v[0].item() for k, v in pulled.values.items()} == {0: 50.0, 1: 61.0, 2: 52.0, 3: 63.0}
+
+
+def test_a_push_sends_each_server_its_blocks_tagged_with_its_version(net):
+    _, servers, client = net
+    grads = {k: torch.full((3,), float(k)) for k in range(4)}
+    ticket = client.push(grads, {0: 3, 1: 4}, samples=16)
+    for r, server in enumerate(servers):
+        peer, msg = take(server, "push")
+        assert msg.fields == {"worker": 7, "version": 3 + r, "samples": 16}
+        assert sorted(grads_of(msg.tensors)) == [r, r + 2] and len(msg.tensors) == 2
+        assert all(torch.equal(t, grads[k]) for k, t in grads_of(msg.tensors).items())
+        server.send(peer, Message("ack", {"version": 5, "staleness": [r, r + 10]}))
+    assert client.wait(ticket) == [0, 10, 1, 11]
+
+
+def test_replies_out_of_request_order_reach_their_own_tickets(net):
+    """A pull held for a newer version is overtaken by the ack of a later push, and two
+    pulls in flight on a connection are answered in order but may be waited in any."""
+    _, servers, client = net
+    first = client.pull(1)
+    push = client.push({k: torch.zeros(3) for k in range(4)}, {0: 0, 1: 0}, samples=4)
+    second = client.pull(2)
+    for r, server in enumerate(servers):
+        peer, _ = take(server, "pull")
+        take(server, "push")
+        take(server, "pull")
+        server.send(peer, Message("ack", {"version": 1, "staleness": [r]}))
+        server.send(peer, params([r, r + 2], version=1))
+        server.send(peer, params([r, r + 2], version=2))
+    assert client.wait(second).versions == {0: 2, 1: 2}
+    assert client.wait(first).versions == {0: 1, 1: 1}
+    assert client.wait(push) == [0, 1]
+    with pytest.raises(ValueError, match="already waited"):
+        client.wait(push)
+
+
+def test_an_error_reply_names_the_server(net):
+    _, servers, client = net
+    ticket = client.push({k: torch.zeros(3) for k in range(4)}, {0: 0, 1: 0}, samples=4)
+    peer, _ = take(servers[0], "push")
+    servers[0].send(peer, Message("ack", {"version": 1, "staleness": []}))
+    peer, _ = take(servers[1], "push")
+    servers[1].send(peer, Message("error", {"message": "version 9 is ahead"}))
+    with pytest.raises(ClientError, match=f"worker 7: {servers[1].address} refused: version 9 is ahead"):
+        client.wait(ticket)
+
+
+def test_silence_raises_after_the_timeout_naming_the_server(net):
+    _, servers, client = net
+    ticket = client.pull(0)
+    peer, _ = take(servers[0], "pull")
+    servers[0].send(peer, params([0, 2], version=0))
+    with pytest.raises(ClientError, match=f"no reply from {servers[1].address} within 0.05s"):
+        client.wait(ticket, timeout=0.05)
+
+
+@pytest.mark.parametrize("reply, match", [
+    (Message("params", {"version": 0, "held_s": 0.0}), "unexpected 'params'"),  # no pull owed
+    (Message("ack", {"version": 0, "staleness": ["x"]}), "malformed ack"),
+])
+def test_replies_out_of_protocol_are_refused(net, reply, match):
+    _, servers, client = net
+    ticket = client.push({k: torch.zeros(3) for k in range(4)}, {0: 0, 1: 0}, samples=4)
+    for server in servers:
+        peer, _ = take(server, "push")
+        server.send(peer, reply)
+    with pytest.raises(ClientError, match=match):
+        client.wait(ticket)
+
+
+def test_params_missing_a_block_are_refused(net):
+    _, servers, client = net
+    ticket = client.pull(0)
+    for r, server in enumerate(servers):
+        peer, _ = take(server, "pull")
+        server.send(peer, params([r], version=0))  # block r + 2 is missing
+    with pytest.raises(ClientError, match=f"{servers[0].address} sent malformed params"):
+        client.wait(ticket)
+
+
+def test_a_new_table_reroutes_and_drops_a_removed_server(net):
+    transport, servers, client = net
+    old = client.conns[1]
+    client.set_table([0, 0, 0, 0], [servers[0].address, ""])
+    assert client.active == [0] and 1 not in client.conns and old.closed
+    ticket = client.pull(0)
+    peer, _ = take(servers[0], "pull")
+    assert servers[1].recv(timeout=0.01) is None
+    servers[0].send(peer, params(range(4), version=0))
+    assert sorted(client.wait(ticket).values) == [0, 1, 2, 3]
+    with pytest.raises(ClientError, match="block 3 on server 1, which has no address"):
+        client.set_table([0, 0, 0, 1], [servers[0].address, ""])
+
+
+def test_a_table_may_not_close_a_connection_that_owes_replies(net):
+    _, servers, client = net
+    client.pull(0)
+    with pytest.raises(ClientError, match="replies still owed"):
+        client.set_table([0, 0, 0, 0], [servers[0].address, ""])
+
+
+def test_the_worker_keeps_at_most_one_exchange_in_flight():
+    from dataclasses import replace
+
+    from equipoise.config import Config
+    from equipoise.runtime.worker import Worker, WorkerError
+
+    cfg = replace(Config.from_dict({"protocol": "asp", "overlap": True}), overlap=2)
+    with pytest.raises(WorkerError, match="overlap = 2"):
+        Worker(cfg, 0, InMemoryTransport(), "mem://1")
+
+
+def test_an_overlapped_job_on_threads_applies_every_gradient_once(tmp_path):
+    from equipoise.config import Config
+    from equipoise.data import load_dataset
+    from equipoise.runtime.launch.threads import run_threads
+
+    cfg = Config.from_dict(dict(dataset="digits", model="mlp", protocol="asp", overlap=True, global_batch=48,
+                                workers=3, servers=2, iterations=8, eval_every=0, checkpoint_every=0,
+                                progress=False, timeout=30.0, block_size=2000))
+    summary = run_threads(cfg, tmp_path, load_dataset("digits"))
+    assert summary["samples"] == 8 * 48
+    # one gradient per μ = 16 samples, applied once on each server, none lost at the stop
+    assert sum(summary["staleness_histogram"].values()) == 8 * 3 * cfg.servers
