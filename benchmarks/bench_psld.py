@@ -1,4 +1,4 @@
-"""PSLD under a parameter-server straggler (PAPERS.md §3): iteration time and samples/s
+"""PSLD under a parameter-server straggler (Chen et al., SoCC 2020): iteration time and samples/s
 of every placement policy, side by side in one invocation, against the oracle (the best
 static assignment for the true server speeds).
 

@@ -1,4 +1,4 @@
-"""Rudra's study reproduced (PAPERS.md §1): accuracy, staleness and speed of hardsync
+"""Rudra's study reproduced (Gupta, Zhang and Wang, ICDM 2016): accuracy, staleness and speed of hardsync
 and n-softsync with and without staleness-dependent learning-rate modulation, plus SSP
 between BSP and ASP under a slow worker, plus the effect of overlapping communication
 with compute (Rudra-adv*).

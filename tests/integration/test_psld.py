@@ -1,4 +1,4 @@
-"""PSLD with real processes on loopback (PAPERS.md §3): blocks migrate and servers come
+"""PSLD with real processes on loopback (Chen et al., SoCC 2020): blocks migrate and servers come
 and go while a BSP job trains, and the job ends with exactly the parameters of a run
 without any of it; a user asks a running job for a server from the command line; PSLD
 moves load off a slowed server by itself."""

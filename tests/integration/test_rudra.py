@@ -1,5 +1,5 @@
-"""Rudra's protocols with real worker processes on loopback (PAPERS.md §1): measured
-staleness of n-softsync, SSP's bound, and overlap losing no gradient."""
+"""Rudra's protocols with real worker processes on loopback (Gupta, Zhang and Wang, ICDM
+2016): measured staleness of n-softsync, SSP's bound, and overlap losing no gradient."""
 
 from __future__ import annotations
 

@@ -186,6 +186,21 @@ def test_charge_sleeps_factor_minus_one_bytes_over_rate_on_the_injected_clock():
     server.listener.close()
 
 
+def test_a_bandwidth_cap_delays_by_the_token_bucket_on_the_injected_clock():
+    clock = VirtualClock(start=10.0)
+    server = Server(0, InMemoryTransport(), "nowhere", clock=clock)
+    server._straggle({"factor": 1.0, "rate_mbps": 1000.0, "bandwidth_mbps": 4.0})
+    # The bucket starts full with 5 ms at 4e6 B/s = 20,000 B of burst: 20,000 B pass at
+    # once, 60,000 more wait 40,000 / 4e6 = 0.01 s (the debt) — exact in binary.
+    server._charge(20_000, clock.now())
+    assert clock.now() == 10.0
+    server._charge(40_000, clock.now())
+    assert clock.now() == 10.01 and server.bytes == 60_000
+    server._straggle({"bandwidth_mbps": 0.0})  # 0 lifts the cap
+    assert server.bucket is None
+    server.listener.close()
+
+
 def test_a_slow_server_books_its_emulated_time_per_push_on_the_injected_clock():
     clock, transport = VirtualClock(), InMemoryTransport()
     coord = transport.listen()

@@ -71,6 +71,13 @@ class SyncPolicy:
         """True when every worker runs iteration t on the weights of version t."""
         return False
 
+    def pull_first(self) -> bool:
+        """Whether a worker sends its pull before its push. Under a barrier the pull must
+        be registered before the push can complete the update, so that when every ack
+        is in every pull is answered and nothing is in flight; without one the push
+        goes first, so the weights the pull brings include the worker's own gradient."""
+        return self.barrier()
+
     @staticmethod
     def staleness(version_now: int, version_read: int) -> int:
         """σ: versions published between the read and the apply (never negative)."""

@@ -85,7 +85,7 @@ class Coordinator:
                          "softsync_n": cfg.softsync_n or cfg.workers, "staleness_bound": cfg.staleness_bound,
                          "lr_modulation": cfg.lr_modulation},
             control_path=self.run_dir / "control.jsonl", event=self._event, record=self.metrics.write,
-            await_hello=self._await_hello)
+            elapsed=self.stats.elapsed, await_hello=self._await_hello)
         self.planner = Planner(cfg.slice(PlanSettings), list(range(cfg.workers)))
         self.blocks: list[Block] = []
         self.workers: dict[int, bytes] = {}  # rank -> the peer its hello came from
@@ -184,18 +184,18 @@ class Coordinator:
         try:
             worker = int(f["worker"])
             if worker not in self.workers:
-                raise ValueError(f"unknown worker {worker}")
+                self.listener.send(peer, Message("error", {"message": f"unknown worker {worker}"}))
+                return
             if f["step"] > 0 and f["report"]:
                 self._collect(worker, f["report"])
+            self.waiting[worker] = (peer, time.monotonic())
+            if worker in self.stopped:  # with overlap, a request sent ahead of the stop
+                return self._stop(worker)
+            self._advance(worker)
         except (KeyError, TypeError, ValueError) as exc:
             log.warning("refused a plan request from %s: %s: %s", peer.hex(), type(exc).__name__, exc)
             self.waiting = {w: v for w, v in self.waiting.items() if v[0] != peer}
             self.listener.send(peer, Message("error", {"message": f"bad plan request: {exc}"}))
-            return
-        self.waiting[worker] = (peer, time.monotonic())
-        if worker in self.stopped:  # with overlap, a request sent ahead of the stop
-            return self._stop(worker)
-        self._advance(worker)
 
     def _advance(self, worker: int) -> None:
         """A plan request of `worker` is waiting: answer what can be answered."""
@@ -337,7 +337,7 @@ class BarrierCoordinator(Coordinator):
             return self._stop_all()
         if self._membership(t):
             return  # a joining worker's first plan request completes the barrier
-        actions = self.servers.at_barrier(t, self.stats.elapsed())
+        actions = self.servers.at_barrier(t)
         for w, (offset, size) in self.planner.slices(self.planner.sizes()).items():
             self._reply_plan(w, t, t * self.cfg.global_batch + offset, size, version=t,
                              await_table=bool(actions))

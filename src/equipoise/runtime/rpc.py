@@ -27,22 +27,6 @@ class Peers(Protocol):
         """The process of `role` `rank` was told to stop: its exit is no failure."""
 
 
-class FixedPeers:
-    """Peers that cannot be added (a launcher without a spawn function)."""
-
-    def __init__(self, check=lambda: None):
-        self._check = check
-
-    def check(self) -> None:
-        self._check()
-
-    def spawn(self, role: str, rank: int) -> None:
-        raise JobError(f"this launcher cannot add {role}s while training runs")
-
-    def retired(self, role: str, rank: int) -> None:
-        pass
-
-
 class Rpc:
     """Deadlines for everything the coordinator waits for; every wait checks the peers."""
 
@@ -80,4 +64,4 @@ class Rpc:
         return self.expect(conn, kind, who)
 
 
-__all__ = ["JobError", "Peers", "FixedPeers", "Rpc"]
+__all__ = ["JobError", "Peers", "Rpc"]

@@ -137,7 +137,7 @@ class Server:
         self.rate = float(f.get("rate_mbps", self.rate / 1e6)) * 1e6
         bandwidth = float(f.get("bandwidth_mbps", 0.0))
         if "bandwidth_mbps" in f:
-            self.bucket = TokenBucket(bandwidth * 1e6, clock=self.clock.now) if bandwidth > 0 else None
+            self.bucket = TokenBucket(bandwidth * 1e6, clock=self.clock) if bandwidth > 0 else None
 
     def _on_straggle(self, peer: bytes, msg: Message) -> None:
         """The coordinator changes this server's emulated slowdown (a server trace)."""

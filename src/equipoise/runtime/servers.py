@@ -56,14 +56,15 @@ Action = ServerAction | JoinServer
 class ServerManager:
     def __init__(self, settings: ServerSettings, scenario: Scenario, transport: Transport, rpc: Rpc,
                  peers: Peers, *, init_fields: dict, control_path: Path,
-                 event: Callable[..., None], record: Callable[[dict], None],
+                 event: Callable[..., None], record: Callable[[dict], None], elapsed: Callable[[], float],
                  await_hello: Callable[[str, Callable[[Message], bool]], bytes]):
         """`init_fields` are the protocol and optimizer fields of every server's init;
-        `event(name, t, **fields)` and `record(dict)` write metrics.jsonl;
+        `event(name, t, **fields)` and `record(dict)` write metrics.jsonl; `elapsed()`
+        is the training time so far;
         `await_hello(what, wanted)` waits at a barrier for a hello `wanted` accepts."""
         self.settings, self.scenario, self.transport, self.rpc, self.peers = settings, scenario, transport, rpc, peers
         self.init_fields, self.control_path = init_fields, control_path
-        self._event, self._record, self._await_hello = event, record, await_hello
+        self._event, self._record, self._elapsed, self._await_hello = event, record, elapsed, await_hello
         self.pool: ServerPool | None = None
         self.psld: Psld | None = None
         self.workers = 0  # active workers, for the init of a joining server
@@ -157,7 +158,7 @@ class ServerManager:
             self.pool.close()
 
     # -- at barriers ----------------------------------------------------------------------
-    def at_barrier(self, t: int, elapsed: float) -> list[Action]:
+    def at_barrier(self, t: int) -> list[Action]:
         """At the barrier of iteration t (every server at version t, nothing pending or
         in flight): update emulated server slowdowns, measure the servers every
         `psld_interval` iterations, and return the actions due, which `carry_out`
@@ -169,7 +170,7 @@ class ServerManager:
         self._barrier_at[t] = time.perf_counter()
         for old in [k for k in self._barrier_at if k < t - interval]:
             del self._barrier_at[old]
-        self._update_stragglers(t, elapsed)
+        self._update_stragglers(t)
         actions: list[Action] = []
         for rank, at in sorted(self._planned.items()):
             if at <= t:  # started with the job; joins now, waiting for it if need be
@@ -183,18 +184,18 @@ class ServerManager:
         actions += self._control_actions(t)
         actions += self._arrived_servers()
         if t > 0 and t % interval == 0:
-            throughput, iteration_s = self._measure(t, elapsed)
+            throughput, iteration_s = self._measure(t)
             if self.psld is not None and not actions and iteration_s:
                 actions = self.psld.decide(self.pool.table, self.pool.live(), throughput, iteration_s,
                                            set(self._added))
         return actions
 
-    def _update_stragglers(self, t: int, elapsed: float) -> None:
+    def _update_stragglers(self, t: int) -> None:
         """Send each server its emulated slowdown when the scenario changed it."""
         if not self.scenario.server_trace:
             return
         for r in self.pool.live():
-            now = self.scenario.server_straggle(r, elapsed, t)
+            now = self.scenario.server_straggle(r, self._elapsed(), t)
             if self._straggle_sent.get(r) != now:
                 self._straggle_sent[r] = now
                 self.pool.request(r, Message("straggle", now), "ack")
@@ -209,7 +210,7 @@ class ServerManager:
                 pause += self._perform(t, action)
             except (ValueError, KeyError) as exc:  # a bad request is refused, training goes on
                 log.warning("server action %s refused: %s", action, exc)
-                self._event("server_action_refused", t, action=repr(action), reason=str(exc))
+                self._event("server_action_refused", t, action=_as_list(action), reason=str(exc))
         self.table_at = t
         if pause and self.psld is not None:
             self.psld.charge(pause)
@@ -242,7 +243,7 @@ class ServerManager:
         reply = self.pool.request(r, Message("ping", {}), "pong")
         return int(reply.fields["version"]), int(reply.fields["samples"])
 
-    def _measure(self, t: int, elapsed: float) -> tuple[dict[int, float], float | None]:
+    def _measure(self, t: int) -> tuple[dict[int, float], float | None]:
         """Each server's busy seconds, bytes and load since the last measurement, and the
         mean iteration time — written as a "servers" record."""
         interval = self.settings.psld_interval
@@ -256,7 +257,7 @@ class ServerManager:
         self._rates = throughput
         ranks = sorted(stats)
         self._record({
-            "type": "servers", "iteration": t, "time": time.time(), "elapsed": elapsed,
+            "type": "servers", "iteration": t, "time": time.time(), "elapsed": self._elapsed(),
             "servers": ranks, "load_bytes": [stats[r].fields["load_bytes"] for r in ranks],
             "blocks": [stats[r].fields["blocks"] for r in ranks],
             "busy_s": [stats[r].fields["busy_s"] for r in ranks],
@@ -314,6 +315,18 @@ class ServerManager:
             elif time.monotonic() - started > self.settings.timeout:
                 raise JobError(f"new server {rank} did not register within {self.settings.timeout:.0f} s")
         return out
+
+
+def _as_list(action: Action) -> list:
+    """An action as metrics.jsonl records it: ["move", block, src, dst], ["add"],
+    ["remove", server] or ["join", server, address]."""
+    if isinstance(action, MoveBlock):
+        return ["move", action.block, action.src, action.dst]
+    if isinstance(action, RemoveServer):
+        return ["remove", action.server]
+    if isinstance(action, JoinServer):
+        return ["join", action.server, action.address]
+    return ["add"]
 
 
 __all__ = ["ServerManager", "ServerSettings", "JoinServer"]

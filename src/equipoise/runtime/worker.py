@@ -131,7 +131,7 @@ class Worker:
             if d:  # copies: the next backward overwrites .grad while these may still be queued
                 pushes = {k: t.clone() for k, t in pushes.items()}
             pull_version = self.policy.pull_version(step + 1 + d, f["iteration"])
-            if self.policy.barrier():
+            if self.policy.pull_first():
                 pull = self.client.pull(pull_version)
                 push = self.client.push(pushes, versions, f["size"])
             else:
