@@ -259,17 +259,6 @@ class Config:
         """What `Transport.listen` binds: the TCP host, or "ipc" for Unix sockets."""
         return "ipc" if self.transport == "ipc" else self.host
 
-    def scenario_dict(self) -> dict[str, Any]:
-        """The straggler settings in the form `Scenario.from_config` reads."""
-        out: dict[str, Any] = {}
-        if self.slowdown:
-            out["slowdown"] = list(self.slowdown)
-        if self.trace:
-            out["trace"] = self.trace
-        if self.neighbours:
-            out["neighbours"] = [dict(n) for n in self.neighbours]
-        return out
-
     def _validate_scenario(self) -> None:
         from .scenario import Scenario, Trace  # scenario.py imports nothing of ours
         if self.trace:

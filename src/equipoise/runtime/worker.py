@@ -54,8 +54,7 @@ class Worker:
                                        staleness_bound=cfg.staleness_bound)
         self._pending_staleness: list[int] = []
         # Neighbours are real processes the launcher runs; the worker only emulates factors.
-        self.scenario = Scenario.from_config({k: v for k, v in cfg.scenario_dict().items()
-                                              if k != "neighbours"})
+        self.scenario = Scenario.of(cfg)
 
     def run(self) -> None:
         cfg = self.cfg

@@ -94,7 +94,7 @@ class Neighbours:
     """Starts and stops the scenario's CPU burners beside their workers on schedule."""
 
     def __init__(self, cfg: Config, children: Children):
-        self.specs = Scenario.from_config({"neighbours": [dict(n) for n in cfg.neighbours]}).neighbours
+        self.specs = Scenario.of(cfg).neighbours
         self.children = children
         self.running: dict[int, Burner] = {}
 
