@@ -233,9 +233,12 @@ class Server:
         self.listener.send(peer, Message("ack", {"version": self.sync.published()}))
 
     def _on_members(self, peer: bytes, msg: Message) -> None:
-        """Membership changed: the new group size applies from the next update, and under
-        SSP a worker that stopped (`retired`) no longer holds the clock back."""
+        """Membership changed: the new group size applies at once (a softsync group that
+        the smaller size completes is applied now), and under SSP a worker that stopped
+        (`retired`) no longer holds the clock back."""
         self.sync.members(int(msg.fields["workers"]), [int(w) for w in msg.fields.get("retired", [])])
+        while (update := self.sync.next_update()) is not None:
+            self._apply(update)
         self.listener.send(peer, Message("ack", {"version": self.sync.published()}))
         self._release()
 
