@@ -240,9 +240,18 @@ def _sigterm(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM during `compare`; `runs` holds the runs completed before it."""
+
+    def __init__(self, runs: list[dict[str, Any]], commits: dict[str, str]):
+        super().__init__("interrupted")
+        self.runs, self.commits = runs, commits
+
+
 def compare(base: str, head: str, bench: str, preset: str, reps: int, timeout_min: float,
             bench_args: Sequence[str] = ()) -> dict[str, Any]:
-    """Check out both commits, run the benchmark interleaved, return runs and summary."""
+    """Check out both commits, run the benchmark interleaved, return runs and summary.
+    Interrupted, it raises `Interrupted` with the runs completed so far."""
     commits = {"base": resolve(base), "head": resolve(head)}
     tmp = Path(tempfile.mkdtemp(prefix="compare-commits-"))
     trees = {s: tmp / s for s in SIDES}
@@ -275,6 +284,8 @@ def compare(base: str, head: str, bench: str, preset: str, reps: int, timeout_mi
                     print(f"  FAILED: {error}", file=sys.stderr, flush=True)
                 runs.append({"side": side, "rep": rep, "seconds": seconds, "returncode": code,
                              "error": error, "metrics": metrics})
+    except KeyboardInterrupt:
+        raise Interrupted(runs, commits) from None
     finally:
         for path in trees.values():
             if path.exists():
@@ -298,6 +309,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout-min", type=float, default=60.0, help="per run")
     parser.add_argument("--out", default=None,
                         help="JSON path (default benchmarks/results/compare_<bench>_<preset>.json)")
+    parser.add_argument("--from-runs", nargs="+", metavar="RUN.json", default=None,
+                        help="summarise results files of runs made earlier, in run order "
+                             "(base, head, base, head, ...) instead of running anything")
     parser.add_argument("--allow-dirty", action="store_true",
                         help="run although the checkout has uncommitted changes (recorded)")
     args = parser.parse_args(own)
@@ -310,32 +324,55 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out or REPO / "benchmarks" / "results" / f"compare_{args.bench}_{args.preset}.json")
     signal.signal(signal.SIGTERM, _sigterm)
     load_start, t0 = load_average(), time.monotonic()
+    interrupted = False
     try:
-        result = compare(args.base, args.head, args.bench, args.preset, args.reps, args.timeout_min, bench_args)
+        if args.from_runs:
+            result = from_runs(args.base, args.head, args.bench, args.from_runs)
+        else:
+            result = compare(args.base, args.head, args.bench, args.preset, args.reps, args.timeout_min,
+                             bench_args)
+    except Interrupted as stop:
+        print("compare_commits: interrupted; the runs were stopped and the worktrees removed; "
+              f"{len(stop.runs)} completed runs are written", file=sys.stderr)
+        result = {"commits": stop.commits, "runs": stop.runs, "metrics": summarise(stop.runs)}
+        interrupted = True
     except KeyboardInterrupt:
         print("compare_commits: interrupted; the runs were stopped and the worktrees removed", file=sys.stderr)
         return 130
+    reps = len([r for r in result["runs"] if r["side"] == "head"])  # completed pairs
     doc = {"benchmark": "compare_commits", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
            "command": ["python", "-m", "benchmarks.compare_commits", *relative_argv(argv, REPO)],
            "bench_command": ["python", "-m", f"benchmarks.{args.bench}", "--preset", args.preset,
                              "--results", "<run.json>", *bench_args],
-           "bench": args.bench, "preset": args.preset, "reps": args.reps,
+           "bench": args.bench, "preset": args.preset, "reps": reps,
            "base": {"rev": args.base, "commit": result["commits"]["base"]},
            "head": {"rev": args.head, "commit": result["commits"]["head"]},
            "dirty": bool(dirty_files), "dirty_files": [f.strip() for f in dirty_files],
            "loadavg_at_start": load_start, "loadavg_at_end": load_average(),
            "seconds": time.monotonic() - t0, "machine": machine(),
-           "metrics": result["metrics"], "runs": result["runs"]}
+           "metrics": result["metrics"], "runs": result["runs"], "interrupted": interrupted,
+           "from_run_files": [Path(f).name for f in args.from_runs] if args.from_runs else None}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(finite(doc), indent=2) + "\n", encoding="utf-8")
     failed = sum(1 for r in result["runs"] if r["error"])
     print(f"## {args.bench} --preset {args.preset}: head {args.head} ({result['commits']['head'][:10]}) "
-          f"vs base {args.base} ({result['commits']['base'][:10]}), {args.reps} interleaved reps"
+          f"vs base {args.base} ({result['commits']['base'][:10]}), {reps} interleaved reps"
           + (f", {failed} runs FAILED" if failed else "") + "\n")
     print(report_table(result["metrics"]))
     print(f"\nload average {load_start} at start, {doc['loadavg_at_end']} at end; "
           f"{doc['seconds'] / 60:.1f} min; wrote {out}")
-    return 1 if failed else 0
+    return 130 if interrupted else 1 if failed else 0
+
+
+def from_runs(base: str, head: str, bench: str, files: Sequence[str]) -> dict[str, Any]:
+    """The runs of results files made earlier by this harness's runs (in run order:
+    base, head, base, head, ...), summarised as `compare` would."""
+    runs = []
+    for i, name in enumerate(files):
+        metrics = extract(bench, json.loads(Path(name).read_text(encoding="utf-8")))
+        runs.append({"side": SIDES[i % 2], "rep": i // 2, "seconds": None, "returncode": 0, "error": None,
+                     "metrics": metrics})
+    return {"commits": {"base": resolve(base), "head": resolve(head)}, "runs": runs, "metrics": summarise(runs)}
 
 
 if __name__ == "__main__":

@@ -77,3 +77,14 @@ def test_recorded_command_line_names_no_absolute_path():
     argv = ["--out", "/repo/benchmarks/results/x.json", "--base", "HEAD~1", "--out", "/tmp/c.json"]
     assert cc.relative_argv(argv, root) == ["--out", "benchmarks/results/x.json", "--base", "HEAD~1",
                                             "--out", "<outside>/c.json"]
+
+
+def test_runs_made_earlier_are_summarised_as_base_head_pairs(monkeypatch):
+    monkeypatch.setattr(cc, "resolve", lambda rev: rev * 4)  # no git in a unit test
+    path = str(RESULTS_DIR / "bench_ddp.json")
+    got = cc.from_runs("b", "h", "bench_ddp", [path, path, path])
+    assert [r["side"] for r in got["runs"]] == ["base", "head", "base"]
+    m = got["metrics"]["equipoise.samples_per_s"]
+    # The same file on both sides: every pair ratio and the ratio of medians are exactly 1.
+    assert m["ratio"] == 1.0 and m["pair_ratio_min"] == m["pair_ratio_max"] == 1.0
+    assert got["commits"] == {"base": "bbbb", "head": "hhhh"}
