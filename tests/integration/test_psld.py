@@ -43,7 +43,7 @@ def test_migrations_and_elastic_servers_leave_the_parameters_unchanged(tmp_path,
     assert [r["event"] for r in ev] == ["block_moved", "server_added", "block_moved", "block_moved",
                                         "server_removed", "block_moved"]
     assert ev[1]["server"] == 2 and ev[4]["server"] == 0
-    assert all(r["pause_s"] < 5 for r in ev)
+    assert all(r["bytes"] > 0 for r in ev if r["event"] == "block_moved")  # values and state went over
     servers = records(tmp_path / "moved", "servers")
     assert servers[-1]["servers"] == [1, 2]  # server 0 is gone
     assert sum(servers[-1]["load_bytes"]) == sum(servers[0]["load_bytes"])
