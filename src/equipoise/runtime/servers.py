@@ -19,7 +19,7 @@ from typing import Callable
 
 from ..policy.placement import Block, placement_blocks
 from ..policy.psld import AddServer, MoveBlock, Psld, RemoveServer, ServerAction, parse_control
-from ..scenario import BlockMove, Scenario, ServerAdd, ServerRemove
+from ..scenario import BlockMove, Scenario, ServerRemove
 from ..wire import Message, Transport, names
 from .pool import ServerPool
 from .rpc import JobError, Peers, Rpc
@@ -113,10 +113,10 @@ class ServerManager:
     def start_planned(self) -> None:
         """Servers the scenario adds at iteration N start with the job, so the join at
         N costs an initialisation, not a process start."""
-        for ev in sorted(self.scenario.server_events, key=lambda e: e.iteration):
-            if isinstance(ev, ServerAdd):
-                for _ in range(ev.count):
-                    self._planned[self._start_server()] = ev.iteration
+        for rank, at in self.scenario.added_servers().items():  # ranks from `servers` on
+            self._spawning[rank] = time.monotonic()
+            self.peers.spawn("server", rank)
+            self._planned[rank] = at
 
     # -- plumbing for the coordinator -------------------------------------------------------
     @property
