@@ -90,6 +90,8 @@ class Config:
     psld_max_servers: int = 0  # PSLD may add servers up to this many; 0: never adds
     threads: int = 1
     timeout: float = 120.0
+    heartbeat_s: float = 2.0  # children beat this often; 3 missed beats: the process is lost (0: off)
+    worker_restarts: int = 0  # replacement workers started for lost ones, in all (torchrun's max_restarts)
     host: str = "127.0.0.1"
     transport: str = "tcp"  # "tcp" on `host`, or "ipc": Unix sockets, this machine only
     max_message_mb: int = 1024
@@ -156,8 +158,9 @@ class Config:
             _at_least(key, getattr(self, key), 1)
         for key in ("iterations", "seed", "eval_every", "eval_samples", "checkpoint_every", "lr_step_size",
                     "max_batch", "worker_batch", "reference_batch", "softsync_n", "staleness_bound",
-                    "psld_max_servers"):
+                    "psld_max_servers", "worker_restarts"):
             _at_least(key, getattr(self, key), 0)
+        _at_least("heartbeat_s", self.heartbeat_s, 0.0)
         _at_least("psld_interval", self.psld_interval, 1)
         if not 0.0 <= self.psld_epsilon <= 1.0:
             raise ConfigError(f"psld_epsilon = {self.psld_epsilon!r} must be in [0, 1]")

@@ -59,19 +59,19 @@ def test_malformed_messages_are_logged_and_the_server_serves_on(tmp_path):
     assert "version" in text and "refused" in text
 
 
-def test_a_dead_worker_fails_the_job_fast_naming_it(tmp_path):
+def test_a_dead_server_without_recovery_fails_the_job_fast_naming_it(tmp_path):
     run = tmp_path / "run"
     proc = start_cli("train", "--out", str(run), *set_args(LONG))
     try:
         wait_for(lambda: len(records(run, "iteration")) >= 5, 60, "training to start")
-        victim = role_pid(proc.pid, "worker 1")
+        victim = role_pid(proc.pid, "server 1")
         others = [p.pid for p in descendants(proc.pid)]
         psutil_kill(victim)
         _, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
     assert proc.returncode == 1, err
-    assert "worker1" in err and "-9" in err and "Traceback" not in err
+    assert "server1" in err and "-9" in err and "Traceback" not in err
     assert all_gone(others)
 
 

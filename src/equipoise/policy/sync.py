@@ -221,6 +221,7 @@ class Pending:
     version: int
     samples: int
     clock: int = 0
+    part: int = 0
 
 
 @dataclass(frozen=True)
@@ -253,20 +254,25 @@ class ServerSync:
         self.pushed: dict[int, int] = dict(self.clocks)  # SSP: gradients accepted per active worker
         self.retired: dict[int, int] = {}  # SSP: stopped workers' pushes (a last push may follow)
         self.histogram: Counter[int] = Counter()  # σ of every gradient applied
+        self.applied: Counter[int] = Counter()  # gradients applied, per worker
+        self.expected: int | None = None  # barrier: pushes the current update waits for, if not λ
         self._unacked: dict[int, list[int]] = {}  # σ of each worker's applied gradients, not yet acked
         self._tokens = 0
 
     # -- pushes -------------------------------------------------------------------------
-    def accept(self, worker: int, version: int, samples: int = 1) -> int:
-        """Hold a push of `worker` computed on `version`; its token. Raises a SyncFault
-        subclass if the protocol refuses it (then nothing changes)."""
+    def accept(self, worker: int, version: int, samples: int = 1, part: int = 0) -> int:
+        """Hold a push of `worker` computed on `version`; its token. `part` > 0 marks a
+        share of a lost worker's slice that `worker` computed in recovery (a barrier
+        update may then hold several pushes of one worker). Raises a SyncFault subclass
+        if the protocol refuses it (then nothing changes)."""
         policy = self.policy
         if policy.barrier():
             if version != self.version:
                 raise WrongVersion(f"push from worker {worker} computed on version {version}, but the "
                                    f"server is at version {self.version} under {policy.name}")
-            if any(p.worker == worker for p in self.pending):
-                raise PushedTwice(f"worker {worker} pushed twice for version {self.version}")
+            if any(p.worker == worker and p.part == part for p in self.pending):
+                raise PushedTwice(f"worker {worker} pushed twice for version {self.version}"
+                                  + (f" (recovery part {part})" if part else ""))
         if policy.clocked and worker not in self.clocks and worker not in self.retired:
             raise UnknownWorker(f"push from worker {worker}, which is not a worker of this server "
                                 f"(active: {sorted(self.clocks)})")
@@ -280,12 +286,12 @@ class ServerSync:
         elif worker in self.retired:  # a retired worker's last push no longer counts
             clock = self.retired[worker]
         token, self._tokens = self._tokens, self._tokens + 1
-        self.pending.append(Pending(token, worker, version, samples, clock))
+        self.pending.append(Pending(token, worker, version, samples, clock, part))
         return token
 
     def next_update(self) -> Update | None:
         """The oldest complete group of pending pushes, removed from `pending`, or None."""
-        size = self.policy.group_size(self.workers)
+        size = self.policy.group_size(self.workers) if self.expected is None else self.expected
         return self._take(size) if len(self.pending) >= size else None
 
     def flush(self) -> Update | None:
@@ -309,7 +315,9 @@ class ServerSync:
         """`update` was applied: one version more, its workers' clocks advance, and σ of
         each gradient is recorded for its worker's next ack and in the histogram."""
         self.version += 1
+        self.expected = None
         for p, sigma in zip(update.pushes, update.sigmas):
+            self.applied[p.worker] += 1
             if p.worker in self.clocks:
                 self.clocks[p.worker] += 1
             self._unacked.setdefault(p.worker, []).append(sigma)
@@ -342,6 +350,32 @@ class ServerSync:
                 del self.clocks[w]
                 self.retired[w] = self.pushed.pop(w)
         self.workers = int(workers)
+
+    def lose(self, worker: int, workers: int, *, drop: bool) -> list[int]:
+        """`worker` died; `workers` remain active. Under SSP it no longer holds the clock
+        back; its pending pushes are dropped if `drop` (their tokens are returned), so a
+        gradient it had not delivered everywhere is applied nowhere. Under a barrier the
+        current update is held (`expected` = ∞) until `expect` says how many pushes —
+        the survivors' and their shares of the lost slice — complete it."""
+        dropped = [p.token for p in self.pending if p.worker == worker] if drop else []
+        self.pending = [p for p in self.pending if p.token not in dropped]
+        if worker in self.clocks:
+            del self.clocks[worker]
+            self.retired[worker] = self.pushed.pop(worker)
+        self.workers = max(1, int(workers))
+        if self.policy.barrier():
+            self.expected = 1 << 62
+        return dropped
+
+    def expect(self, version: int, pushes: int | None) -> None:
+        """Under a barrier, the update that produces `version` + 1 waits for `pushes`
+        pushes (None: one per active worker). Only for the update in progress."""
+        if version == self.version:
+            self.expected = None if pushes is None else max(1, int(pushes))
+        elif version < self.version:
+            self.expected = None  # that update was applied already: the next one is normal
+        else:
+            raise AheadOfPublished(f"expect for version {version}, but the server is at {self.version}")
 
     def can_migrate(self) -> bool:
         """Blocks may move only with nothing pending, so no update is lost or applied twice."""

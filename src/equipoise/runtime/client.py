@@ -105,13 +105,19 @@ class PSClient:
         for b in self.blocks:
             self.by_server.setdefault(table[b.key], []).append(b)
 
-    def push(self, grads: dict[int, torch.Tensor], version_by_server: dict[int, int], samples: int) -> Ticket:
-        """Send each server the gradients (or buffer values) of its blocks, tagged with
-        the version of that server they were computed on. The tensors are sent without
+    def push(self, grads: dict[int, torch.Tensor], version_by_server: dict[int, int], samples: int, *,
+             part: int = 0, only: list[int] | None = None, start: int | None = None) -> Ticket:
+        """Send each server (of `only`, if given) the gradients (or buffer values) of
+        its blocks, tagged with the version of that server they were computed on; `part`
+        > 0 marks a share of a lost worker's slice, `start` the slice's first position
+        (servers combine a barrier update's pushes in that order). The tensors are sent without
         copying: do not change them before the ticket is waited (or copy them)."""
+        extra = {"part": int(part)} if part else {}
+        if start is not None:
+            extra["start"] = int(start)
         return self._send("push", lambda r, blocks: Message(
-            "push", {"worker": self.worker, "version": int(version_by_server[r]), "samples": int(samples)},
-            {grad_name(b.key): grads[b.key] for b in blocks}))
+            "push", {"worker": self.worker, "version": int(version_by_server[r]), "samples": int(samples),
+                     **extra}, {grad_name(b.key): grads[b.key] for b in blocks}), only)
 
     def pull(self, min_version: int) -> Ticket:
         """Ask every server for its blocks once it is at `min_version` (as its sync
@@ -154,10 +160,10 @@ class PSClient:
         self.conns = {}
 
     # -- internals ----------------------------------------------------------------------
-    def _send(self, kind: str, make) -> Ticket:
+    def _send(self, kind: str, make, only: list[int] | None = None) -> Ticket:
         ticket = Ticket(kind, next(self._ids), [])
         self._got[ticket.id] = {}
-        for r in self.active:
+        for r in self.active if only is None else [r for r in self.active if r in set(only)]:
             conn = self.conns[r]
             conn.send(make(r, self.by_server[r]))
             self._owed.setdefault(id(conn), {}).setdefault(_REPLY[kind], deque()).append(ticket.id)

@@ -35,7 +35,8 @@ from ..wire import Listener, Message, Transport
 from .blocks import model_tensors, read_values
 from .checkpoint import Checkpoint, CheckpointError
 from .planner import PlanSettings, Planner
-from .rpc import JobError, Peers, Rpc
+from .recovery import Assignments
+from .rpc import Failure, JobError, Peers, Rpc
 from .servers import ServerManager, ServerSettings
 from .snapshots import SnapshotSettings, Snapshots, State
 from .stats import RunStats
@@ -96,6 +97,12 @@ class Coordinator:
         self.reports: dict[int, list[dict]] = {}  # reports by iteration, until it ends
         self.known_table: dict[int, int] = {}  # the table version each worker was sent
         self.events_done: set[int] = set()  # scenario membership events applied
+        self.assign = Assignments()  # barrier: the slices of the iteration in flight
+        self.recovered: list[dict] = []  # every process lost, and what was done
+        self.lost_updates = 0  # gradients applied on some servers and not on others
+        self.restarts = cfg.worker_restarts  # replacements still allowed
+        self.joins_owed = 0  # replacements to start at the next barrier
+        peers.tolerate("worker")
 
     # -- the job ------------------------------------------------------------------------
     def run(self) -> dict:
@@ -155,6 +162,8 @@ class Coordinator:
     def _train(self) -> None:
         self.servers.start_planned()
         while len(self.done) < len(self.workers):
+            for failure in self.peers.lost():
+                self._lose(failure)
             self.rpc.tick(None, "")
             if self.on_tick is not None and self.stats.t_start is not None:
                 self.on_tick(self.stats.elapsed())
@@ -274,7 +283,7 @@ class Coordinator:
         reports = self.reports.pop(t, [])
         if not reports:
             return
-        self.planner.observe({r["worker"]: r for r in reports})
+        self.planner.observe({r["worker"]: r for r in reports if not r.get("recovery")})
         record = self.stats.iteration_record(t, reports)
         if self.cfg.protocol == "lbbsp":
             record["predictor_mape"] = self.planner.mape()
@@ -301,6 +310,7 @@ class Coordinator:
         summary = self.stats.summary(self.cfg, self.total, evals[-1] if evals else {},
                                      wall_s=time.time() - start, staleness=histogram)
         summary["resumed_from"] = self.resume.iteration if self.resume else None
+        summary["recovered"], summary["lost_updates"] = self.recovered, self.lost_updates
         if self.cfg.protocol == "lbbsp":
             summary["predictor_mape"] = self.planner.mape()
             summary["predictor"] = self.cfg.predictor
@@ -308,6 +318,37 @@ class Coordinator:
 
     def _wind_down(self) -> None:
         """Every worker stopped: what is left before the servers stop."""
+
+    # -- failures -------------------------------------------------------------------------
+    def _lose(self, failure: Failure) -> None:
+        """A worker process was lost (killed, or frozen and then killed)."""
+        w = failure.rank
+        if w not in self.workers or w in self.done:
+            return  # it had been told to stop: nothing was in flight
+        delivered = w in self.waiting  # it asked for its next plan: every push of its was acked
+        self.waiting.pop(w, None)
+        self.stopped.add(w)
+        self.done.add(w)
+        active = sorted(set(self.workers) - self.stopped)
+        if not active:
+            raise JobError(f"worker{w} {failure.reason}, and no worker is left")
+        replies = self.servers.broadcast(Message("lose", {"worker": w, "workers": len(active),
+                                                          "drop": not delivered}), "ack")
+        action = self._after_loss(w, delivered, active, replies)
+        if self.restarts > 0:
+            self.restarts -= 1
+            self.joins_owed += 1
+            action += "; a replacement joins at the next barrier"
+        entry = {"role": "worker", "rank": w, "reason": failure.reason, "iteration": self.iteration,
+                 "seen_s": round(self.stats.elapsed(), 3), "action": action}
+        self.recovered.append(entry)
+        self._event("failure", self.iteration, **{k: v for k, v in entry.items() if k != "iteration"})
+        log.warning("worker%d %s: %s", w, failure.reason, action)
+        self.display.note(f"worker{w} lost ({failure.reason}): {action}")
+
+    def _after_loss(self, worker: int, delivered: bool, active: list[int], replies: dict[int, Message]) -> str:
+        """Pacing-specific recovery once the servers forgot `worker`; what was done."""
+        raise NotImplementedError
 
     def _check_stalled(self) -> None:
         """Fail, naming the laggards, if some workers wait and others are silent too long."""
@@ -323,8 +364,45 @@ class BarrierCoordinator(Coordinator):
     """BSP and LB-BSP: iteration t's plans go out once every worker asked for them."""
 
     def _advance(self, worker: int) -> None:
-        if len(self.waiting) == len(self.workers) - len(self.stopped):
+        if self.assign.queue.get(worker):
+            return self._send_share(worker)
+        if len(self.waiting) == len(self.workers) - len(self.stopped) and not self.assign.owed():
             self._advance_barrier()
+
+    def _send_share(self, worker: int) -> None:
+        """Hand `worker` its next share of a lost worker's slices (iteration in flight)."""
+        share, t = self.assign.next_share(worker), self.assign.iteration
+        peer, since = self.waiting.pop(worker)
+        self.listener.send(peer, _plan(t, share.start, share.size, t, stop=False, recover=True, part=share.part,
+                                       servers=list(share.servers), held_s=time.monotonic() - since,
+                                       elapsed=self.stats.elapsed()))
+
+    def _after_loss(self, worker: int, delivered: bool, active: list[int], replies: dict[int, Message]) -> str:
+        """Iteration t in flight: unless the lost worker had delivered its pushes, its
+        slices are cut among the survivors for the servers still at version t; then
+        every server is told how many pushes its update t waits for."""
+        t = self.assign.iteration
+        if t is None or t != self.iteration - 1:
+            for rank in replies:
+                self.servers.pool.request(rank, Message("expect", {"version": self.iteration, "pushes": None}), "ack")
+            return "removed before its first iteration"
+        action = f"its pushes for iteration {t} had all arrived; removed"
+        if not delivered:
+            planned = {s.worker: s.size for s in self.assign.slices if s.part == 0}  # LB-BSP: by speed
+            behind = sorted(r for r, m in replies.items() if int(m.fields["at"]) == t)
+            new = self.assign.lose(worker, {w: planned.get(w, 1) for w in active}, behind)
+            action = (f"iteration {t}: its slices re-planned as {len(new)} shares for workers "
+                      f"{sorted({s.worker for s in new})} (servers {behind} had not applied it)"
+                      if new else f"iteration {t} had been applied everywhere; removed")
+        for rank in replies:
+            self.servers.pool.request(rank, Message("expect", {"version": t, "pushes": self.assign.expected(rank)}),
+                                      "ack")
+        for w in sorted(self.waiting):
+            if self.assign.queue.get(w):
+                self._send_share(w)
+        if self.waiting and len(self.waiting) == len(active) and not self.assign.owed():
+            self._advance_barrier()
+        return action
 
     def _advance_barrier(self) -> None:
         """Every worker waits for iteration t: snapshot if due, then hand out slices.
@@ -338,9 +416,11 @@ class BarrierCoordinator(Coordinator):
         if self._membership(t):
             return  # a joining worker's first plan request completes the barrier
         actions = self.servers.at_barrier(t)
-        for w, (offset, size) in self.planner.slices(self.planner.sizes()).items():
-            self._reply_plan(w, t, t * self.cfg.global_batch + offset, size, version=t,
-                             await_table=bool(actions))
+        slices = {w: (t * self.cfg.global_batch + offset, size)
+                  for w, (offset, size) in self.planner.slices(self.planner.sizes()).items()}
+        self.assign.begin(t, slices)
+        for w, (start, size) in slices.items():
+            self._reply_plan(w, t, start, size, version=t, await_table=bool(actions))
         self.iteration += 1
         if actions:  # workers compute meanwhile; they ask for the table before pushing
             self.servers.carry_out(t, actions)
@@ -350,7 +430,10 @@ class BarrierCoordinator(Coordinator):
         """Apply the scenario's membership events due at iteration t (a quiet moment: no
         update in flight). Returns True if workers joined and their first plan request
         is awaited."""
-        joined = False
+        joined = self.joins_owed > 0
+        for _ in range(self.joins_owed):
+            self._join(t)
+        self.joins_owed = 0
         for i, ev in enumerate(self.scenario.membership):
             if i in self.events_done or ev.iteration > t:
                 continue
@@ -396,6 +479,16 @@ class StreamCoordinator(Coordinator):
         self.iteration = self.cursor // self.cfg.global_batch
         if self.iteration > before and self.iteration < self.total:
             self._snapshot(self.iteration, version=0, cursor=self.cursor)
+
+    def _after_loss(self, worker: int, delivered: bool, active: list[int], replies: dict[int, Message]) -> str:
+        """The servers dropped its pushes still waiting in a group; a gradient it had
+        delivered to some servers and not others is counted as lost."""
+        applied = [int(m.fields["applied"]) for m in replies.values()]
+        partial = max(applied) - min(applied) if applied else 0
+        self.lost_updates += partial
+        self.planner.set_workers(active)
+        return (f"removed; {len(active)} workers go on"
+                + (f"; its last gradient reached only some servers (counted in lost_updates)" if partial else ""))
 
     def _reported(self, t: int) -> None:
         if sum(r["samples"] for r in self.reports[t]) >= self.cfg.global_batch:

@@ -4,6 +4,7 @@ launcher's view of the processes, and awaiting a peer's reply with a deadline.""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Protocol
 
 from ..wire import Connection, Message, PeerTimeout
@@ -13,12 +14,30 @@ class JobError(RuntimeError):
     """The job cannot go on (a peer died, timed out or refused); the message names it."""
 
 
+@dataclass(frozen=True)
+class Failure:
+    """A process lost: killed, or silent for several heartbeats (then killed, so that it
+    cannot come back). `seen_s` is the launcher's monotonic clock when it was noticed."""
+
+    role: str
+    rank: int
+    reason: str
+    seen_s: float
+
+
 class Peers(Protocol):
     """What a launcher offers the coordinator: start a role, say if one died, and hear
     that one stopped on purpose."""
 
     def check(self) -> None:
-        """Raise JobError naming a process that died."""
+        """Raise JobError naming a process that failed in a way no recovery covers (it
+        exited with an error of its own, or a role not tolerated died)."""
+
+    def lost(self) -> list[Failure]:
+        """Processes of tolerated roles lost since the last call, each reported once."""
+
+    def tolerate(self, role: str) -> None:
+        """From now on a lost process of `role` is reported by `lost`, not `check`."""
 
     def spawn(self, role: str, rank: int) -> None:
         """Start the process of `role` ("server" or "worker") with `rank`."""
@@ -64,4 +83,4 @@ class Rpc:
         return self.expect(conn, kind, who)
 
 
-__all__ = ["JobError", "Peers", "Rpc"]
+__all__ = ["Failure", "JobError", "Peers", "Rpc"]

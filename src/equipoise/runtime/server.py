@@ -33,6 +33,7 @@ class _Held:
     kind: str          # "pull" or "state"
     min_version: int
     since: float
+    worker: int = -1   # the pulling worker
 
 
 class Server:
@@ -237,13 +238,37 @@ class Server:
         the smaller size completes is applied now), and under SSP a worker that stopped
         (`retired`) no longer holds the clock back."""
         self.sync.members(int(msg.fields["workers"]), [int(w) for w in msg.fields.get("retired", [])])
+        self._apply_ready()
+        self.listener.send(peer, Message("ack", {"version": self.sync.published()}))
+
+    def _on_lose(self, peer: bytes, msg: Message) -> None:
+        """A worker died (`worker`; `workers` remain). Its held pulls are forgotten, its
+        pending pushes dropped if `drop` (they were not delivered to every server), and
+        under a barrier the update in progress waits for an `expect`. The reply says
+        how many of its gradients this server applied in all, and its version."""
+        f = msg.fields
+        worker = int(f["worker"])
+        for token in self.sync.lose(worker, int(f["workers"]), drop=bool(f.get("drop", True))):
+            self.pushes.pop(token, None)
+        self.held = [h for h in self.held if h.worker != worker]
+        self._apply_ready()
+        self.listener.send(peer, Message("ack", {"version": self.sync.published(), "at": self.sync.version,
+                                                 "applied": self.sync.applied[worker]}))
+
+    def _on_expect(self, peer: bytes, msg: Message) -> None:
+        """How many pushes the update from `version` waits for (null: one per worker)."""
+        pushes = msg.fields.get("pushes")
+        self.sync.expect(int(msg.fields["version"]), None if pushes is None else int(pushes))
+        self._apply_ready()
+        self.listener.send(peer, Message("ack", {"version": self.sync.published()}))
+
+    def _apply_ready(self) -> None:
         while (update := self.sync.next_update()) is not None:
             self._apply(update)
-        self.listener.send(peer, Message("ack", {"version": self.sync.published()}))
         self._release()
 
     def _on_pull(self, peer: bytes, msg: Message) -> None:
-        self._hold(_Held(peer, "pull", int(msg.fields["min_version"]), self.clock.now()))
+        self._hold(_Held(peer, "pull", int(msg.fields["min_version"]), self.clock.now(), int(msg.fields["worker"])))
 
     def _on_state_req(self, peer: bytes, msg: Message) -> None:
         self._hold(_Held(peer, "state", int(msg.fields["version"]), self.clock.now()))
@@ -251,9 +276,10 @@ class Server:
     def _on_push(self, peer: bytes, msg: Message) -> None:
         t0 = self.clock.now()
         f = msg.fields
-        push = Push(int(f["worker"]), int(f["version"]), int(f["samples"]), grads_of(msg.tensors))
+        push = Push(int(f["worker"]), int(f["version"]), int(f["samples"]), grads_of(msg.tensors),
+                    int(f.get("start", -1)))
         self.store.check(push)
-        self.pushes[self.sync.accept(push.worker, push.version, push.samples)] = push
+        self.pushes[self.sync.accept(push.worker, push.version, push.samples, int(f.get("part", 0)))] = push
         while (update := self.sync.next_update()) is not None:
             self._apply(update)
         self._charge(_nbytes(push.tensors.values()), t0)

@@ -37,7 +37,10 @@ class RunStats:
         now = time.perf_counter()
         elapsed = now - (self._t_prev_record or now)
         self._t_prev_record = now
-        reports = sorted(reports, key=lambda r: r["worker"])
+        # In slice order when a lost worker's slices were cut among others (barrier
+        # protocols: the same as worker order otherwise), so `batch` lists the splits.
+        recovered = any(r.get("recovery") for r in reports)
+        reports = sorted(reports, key=lambda r: (r.get("start", 0), r["worker"]) if recovered else r["worker"])
         samples = sum(r["samples"] for r in reports)
         loss = sum(r["loss"] * r["samples"] for r in reports) / max(samples, 1)
         self.last_loss = loss

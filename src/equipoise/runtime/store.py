@@ -46,6 +46,7 @@ class Push:
     version: int
     samples: int
     tensors: dict[int, torch.Tensor]
+    start: int = -1  # barrier protocols: the slice's first position in the global order
 
 
 class PushError(ValueError):
@@ -89,10 +90,12 @@ class ParameterStore:
                                 "gradient (NaN or inf)")
 
     def apply(self, group: list[Push], staleness: list[int] | None = None) -> None:
-        """Combine a group of pushes (sorted by worker, for determinism) and step once.
+        """Combine a group of pushes (sorted by slice, then worker, for determinism: under
+        a barrier the slices of one iteration are contiguous in worker order, also after
+        a lost worker's slice was cut among the others) and step once.
         `staleness` (σ of each push) drives the policy's learning-rate modulation."""
         staleness = [0] * len(group) if staleness is None else list(staleness)
-        order = sorted(range(len(group)), key=lambda i: group[i].worker)
+        order = sorted(range(len(group)), key=lambda i: (group[i].start, group[i].worker))
         group, staleness = [group[i] for i in order], [staleness[i] for i in order]
         base = self.policy.weights([p.samples for p in group])
         weights, lr_factor = self.policy.modulate(base, staleness)

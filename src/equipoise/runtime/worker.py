@@ -132,7 +132,7 @@ class Worker:
             pull_version = self.policy.pull_version(step + 1 + d, f["iteration"])
             if self.policy.pull_first():
                 pull = self.client.pull(pull_version)
-                push = self.client.push(pushes, versions, f["size"])
+                push = self.client.push(pushes, versions, f["size"], start=f["start"])
             else:
                 push = self.client.push(pushes, versions, f["size"])
                 pull = self.client.pull(pull_version)
@@ -142,12 +142,17 @@ class Worker:
                                                                    exchange)))
             in_flight.append((push if d else None, pull))
             held = 0.0
+            if not d:  # before the weights: a recovery plan computes on the ones just used
+                plan = self._recv_coord("plan")
+                while plan.fields.get("recover"):
+                    plan = self._recover(data, sampler, plan, versions, step)
             if len(in_flight) > d:  # the oldest exchange: its acks and weights
                 push, pull = in_flight.popleft()
                 if push is not None:
                     self._pending_staleness += self.client.wait(push)
                 versions, held = self._take(pull)
-            plan = self._recv_coord("plan")
+            if d:
+                plan = self._recv_coord("plan")
             if plan.fields["stop"]:
                 for push, pull in in_flight:
                     if push is not None:
@@ -158,6 +163,22 @@ class Worker:
                 return
             versions = self._plan_table(plan, versions, len(in_flight))
             exchange = self._exchange_times(t3, held, plan)
+
+    def _recover(self, data, sampler: SliceSampler, plan: Message, versions: dict[int, int],
+                 step: int) -> Message:
+        """A worker died (barrier protocols): compute the share of its slice this plan
+        names on the weights of the iteration in flight — the model still holds them,
+        the next pull is not taken yet — push it only to the servers that have not
+        applied that iteration, report it, and return the next plan."""
+        f = plan.fields
+        loss, measured = self._step(data, sampler, f)
+        pushes = read_pushes(self.model, self.blocks)
+        ticket = self.client.push(pushes, versions, f["size"], part=int(f["part"]),
+                                  only=[int(r) for r in f["servers"]], start=f["start"])
+        staleness = self.client.wait(ticket)
+        report = self._report(f, loss, versions, staleness, measured, {"wait_s": 0.0, "comm_s": 0.0})
+        self.coord.send(self._plan_req(step, {**report, "recovery": True}))
+        return self._recv_coord("plan")
 
     def _take(self, pull) -> tuple[dict[int, int], float]:
         """Wait for a pull and write its weights into the model; returns each server's
@@ -184,7 +205,7 @@ class Worker:
         """One iteration's report. `staleness` lists σ of this worker's gradients that
         servers applied since the last report (one per server and gradient)."""
         staleness, self._pending_staleness = self._pending_staleness + staleness, []
-        return {"iteration": f["iteration"], "samples": f["size"], "loss": loss,
+        return {"iteration": f["iteration"], "start": f["start"], "samples": f["size"], "loss": loss,
                 "version": min(versions.values()), "staleness": staleness, **measured,
                 "mem": self.proc.memory_info().rss / self._mem_total, **exchange}
 

@@ -29,6 +29,10 @@ class ProgressDisplay:
         if self._progress is not None:
             self._progress.update(self._task, completed=iteration, **self.stats)
 
+    def note(self, text: str) -> None:
+        """A line above the bar (a failure, a recovery); on stderr when the bar is off."""
+        self.console.print(text, markup=False, highlight=False)
+
     def close(self) -> None:
         if self._progress is not None:
             self._progress.stop()
@@ -39,9 +43,11 @@ def print_summary(summary: dict[str, Any]) -> None:
     """The final summary as a table on stderr."""
     table = Table(title="equipoise run summary", show_header=False)
     for key in ("protocol", "workers", "servers", "iterations", "final_accuracy",
-                "samples_per_s", "wall_s", "barrier_wait_fraction", "run_dir"):
+                "samples_per_s", "wall_s", "barrier_wait_fraction", "lost_updates", "run_dir"):
         value = summary.get(key)
         if isinstance(value, float):
             value = f"{value:.4g}"
         table.add_row(key, str(value))
+    for r in summary.get("recovered", []):
+        table.add_row("recovered", f"{r['role']}{r['rank']} at iteration {r['iteration']}: {r['action']}")
     Console(stderr=True).print(table)

@@ -47,6 +47,9 @@ SCHEMA: dict[str, dict[str, FieldType]] = {
     # membership: the number of workers a barrier update waits for
     "members": {"workers": int},  # optional "retired": [worker ranks] (SSP clocks)
     "flush": {},  # apply a half-filled softsync group (end of a run)
+    # a worker died: forget it (optional "drop": drop its pending pushes, default true)
+    "lose": {"worker": int, "workers": int},
+    "expect": {"version": int},  # optional "pushes": int | null — the update in progress waits for that many
     # PSLD: measurements, emulated server stragglers, block migration
     "stats_req": {},
     "stats": {"busy_s": float, "bytes": int, "load_bytes": int, "blocks": int},
@@ -59,6 +62,7 @@ SCHEMA: dict[str, dict[str, FieldType]] = {
     "stop": {"reason": str},
     "error": {"message": str},
     "ping": {},
+    "beat": {"role": str, "rank": int},  # a child's heartbeat, and the coordinator's answer
     "pong": {},
 }
 

@@ -12,26 +12,76 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 from ...config import Config
 from ...neighbour import Burner, start_burner
 from ...scenario import Scenario
-from ...wire import make_transport
+from ...wire import Listener, Message, make_transport
 from ..checkpoint import Checkpoint
 from ..coordinator import make_coordinator
-from ..rpc import JobError
+from ..rpc import Failure, JobError
 from .cgroup import CpuLimit
+
+MISSED_BEATS = 3  # heartbeats missed before a process counts as lost
+
+
+class Heartbeats:
+    """A thread that takes every child's heartbeat and answers it (so a child can tell
+    that the coordinator is gone). A child that has beaten once and then misses
+    MISSED_BEATS periods is `quiet`."""
+
+    def __init__(self, listener: Listener, period: float):
+        self.listener, self.period = listener, period
+        self.last: dict[str, float] = {}
+        self.polled = time.monotonic()  # when this thread last looked: it may be starved too
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="heartbeats", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            got = self.listener.recv(timeout=0.2)
+            self.polled = time.monotonic()
+            if got is None:
+                continue
+            peer, msg = got
+            try:
+                if msg.type == "beat":
+                    self.last[f"{msg.fields['role']}{int(msg.fields['rank'])}"] = time.monotonic()
+                    self.listener.send(peer, Message("beat", {"role": "coordinator", "rank": 0}))
+            except (KeyError, TypeError, ValueError):
+                pass  # not a beat we understand: nothing to answer
+
+    def quiet(self, name: str, now: float) -> float | None:
+        """Seconds since `name`'s last beat, if that is more than MISSED_BEATS periods
+        (and this thread has been reading beats meanwhile)."""
+        last = self.last.get(name)
+        if last is None or now - last <= MISSED_BEATS * self.period or now - self.polled > self.period:
+            return None
+        return now - last
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self.listener.close()
 
 
 class Children:
     """The job's child processes, with their logs under run_dir/logs/; the
-    coordinator's `Peers`: it starts a role, says if one died, hears of planned stops."""
+    coordinator's `Peers`: it starts a role, says if one died or froze, hears of
+    planned stops. A process of a tolerated role killed by a signal or silent for
+    MISSED_BEATS heartbeats (then killed, so that it cannot come back) is `lost`; a
+    process that exits with an error of its own fails the job."""
 
-    def __init__(self, cfg: Config, run_dir: Path, coordinator: str):
-        self.cfg, self.coordinator = cfg, coordinator
+    def __init__(self, cfg: Config, run_dir: Path, coordinator: str, beats: Heartbeats | None = None):
+        self.cfg, self.coordinator, self.beats = cfg, coordinator, beats
         self.procs: dict[str, subprocess.Popen] = {}
+        self.tolerated: set[str] = set()
+        self.reported: set[str] = set()
+        self.failed: list[Failure] = []
         self.logs = run_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.env = dict(os.environ, OMP_NUM_THREADS=str(cfg.threads), MKL_NUM_THREADS=str(cfg.threads))
@@ -51,7 +101,7 @@ class Children:
         with (self.logs / f"{name}.log").open("w") as log:
             self.procs[name] = subprocess.Popen(
                 [sys.executable, "-m", "equipoise.runtime.proc", role, str(rank), self.coordinator,
-                 self.cfg_json], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                 self.beats.listener.address if self.beats else "", self.cfg_json], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=self.env)
         if role == "worker" and rank in self.limits:
             self.limits[rank].add(self.procs[name].pid)
@@ -60,13 +110,40 @@ class Children:
         """`role` `rank` was stopped on purpose (an elastic server): its exit is no failure."""
         self.stopped.add(f"{role}{rank}")
 
+    def tolerate(self, role: str) -> None:
+        self.tolerated.add(role)
+
     def check(self) -> None:
-        """Raise JobError naming the first child that failed. Workers exit 0 when told
-        to stop; servers only after the job."""
+        """Raise JobError naming the first child that failed beyond recovery. Workers
+        exit 0 when told to stop; servers only after the job."""
+        now = time.monotonic()
         for name, proc in self.procs.items():
+            if name in self.reported:
+                continue
+            role = name.rstrip("0123456789")
             code = proc.poll()
-            if code is not None and (code != 0 or (name.startswith("server") and name not in self.stopped)):
+            if code is None:
+                quiet = self.beats.quiet(name, now) if self.beats else None
+                if quiet is None:
+                    continue
+                proc.kill()  # fenced: a frozen process must not come back
+                proc.wait(timeout=5)
+                reason = f"stopped answering for {quiet:.1f} s (no heartbeat); killed"
+            elif code == 0 and (role != "server" or name in self.stopped):
+                continue
+            elif code >= 0:
                 raise JobError(f"{name} (pid {proc.pid}) exited with code {code}: {self.last_error(name)}")
+            else:
+                reason = f"exited with code {code} (signal {-code})"
+            if role not in self.tolerated:
+                raise JobError(f"{name} (pid {proc.pid}) {reason}: {self.last_error(name)}")
+            self.reported.add(name)
+            self.failed.append(Failure(role, int(name[len(role):]), reason, now))
+
+    def lost(self) -> list[Failure]:
+        self.check()
+        out, self.failed = self.failed, []
+        return out
 
     def last_error(self, name: str) -> str:
         lines = (self.logs / f"{name}.log").read_text(errors="replace").strip().splitlines()
@@ -124,10 +201,12 @@ def run_local(cfg: Config, run_dir: Path, data, resume: Checkpoint | None = None
     """Run one job on this machine and return its summary."""
     transport = make_transport("zmq", max_bytes=cfg.max_message_mb << 20)
     listener = transport.listen(cfg.listen_host)
-    children = neighbours = None
+    children = neighbours = beats = None
     clean = False
     try:
-        children = Children(cfg, run_dir, listener.address)
+        if cfg.heartbeat_s > 0:
+            beats = Heartbeats(transport.listen(cfg.listen_host), cfg.heartbeat_s)
+        children = Children(cfg, run_dir, listener.address, beats)
         neighbours = Neighbours(cfg, children)
         coord = make_coordinator(cfg, run_dir, transport, listener, data, peers=children, resume=resume,
                                  on_tick=neighbours.tick if cfg.neighbours else None)
@@ -139,5 +218,7 @@ def run_local(cfg: Config, run_dir: Path, data, resume: Checkpoint | None = None
             neighbours.stop()
         if children is not None:
             children.stop(grace=10.0 if clean else 0.0)
+        if beats is not None:
+            beats.close()
         listener.close()
         transport.close()

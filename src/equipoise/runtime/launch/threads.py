@@ -60,6 +60,13 @@ def run_threads(cfg: Config, run_dir: Path, data, resume: Checkpoint | None = No
         def retired(self, role: str, rank: int) -> None:
             pass
 
+        def tolerate(self, role: str) -> None:
+            pass  # a thread cannot be killed from outside: there are no losses to tolerate
+
+        def lost(self) -> list:
+            self.check()
+            return []
+
     try:
         return make_coordinator(cfg, run_dir, transport, listener, data, peers=Threads(), resume=resume).run()
     finally:

@@ -1,0 +1,110 @@
+"""Workers lost mid-run: the job completes, and under BSP and LB-BSP it ends where the
+job without the loss ends.
+
+Each test kills (or freezes) a worker process at an iteration drawn from a seeded
+generator, while the job runs in a thread of the test. The oracle is `train_reference`
+on the run's own splits (metrics.jsonl's `batch`, which lists the shares of a lost
+slice in sample order): any split of an iteration's global batch is the same SGD step.
+The tolerance, 1e-5: when every server combined the same slices, the job's arithmetic is
+the reference's operation by operation and the weights are equal bit for bit (the
+BSP oracle tests rely on that). When the worker died after one server had applied the
+iteration with its slice whole and another had not, those servers' blocks were updated
+from the same samples cut differently: the mean gradients differ by rounding, a few ulp
+of gradients of size ≤ 1 (float32 ulp ≈ 6e-8), scaled by lr ≤ 0.1 and carried through
+a few dozen SGD steps of a small MLP — orders of magnitude below 1e-5, while training
+moves the weights by more than 1e-3.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+
+import pytest
+import torch
+
+import equipoise
+from equipoise.config import Config
+from equipoise.reference import run_splits, train_reference
+
+from .helpers import records, role_pid, wait_for
+
+pytestmark = pytest.mark.timeout(150)
+
+BASE = dict(dataset="digits", model="mlp", global_batch=64, workers=4, servers=2, iterations=60,
+            eval_every=0, checkpoint_every=0, lr=0.05, optimizer="sgd", momentum=0.9, progress=False,
+            timeout=60.0, heartbeat_s=1.0, slowdown=[20.0, 20.0, 20.0, 20.0], seed=5)
+
+
+def _run_with(cfg: dict, run, action, at: int) -> dict:
+    """Run `cfg` in a thread; once iteration `at` is recorded, call action(pid of worker 1)."""
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(equipoise.train(cfg, out=run)))
+    thread.start()
+    try:
+        wait_for(lambda: len(records(run, "iteration")) >= at, 60, f"iteration {at}", interval=0.01)
+        action(role_pid(os.getpid(), "worker 1"))
+    finally:
+        thread.join(timeout=120)
+    assert not thread.is_alive(), "the job did not end"
+    return result
+
+
+def _assert_oracle(cfg: dict, run) -> float:
+    conf = Config.from_dict(cfg)
+    ref = train_reference(conf, splits=run_splits(run)).state_dict()
+    got = torch.load(run / "model.pt", weights_only=True)
+    diff = max((got[n] - ref[n]).abs().max().item() for n in ref)
+    assert diff <= 1e-5, f"final weights differ from the oracle by {diff:.3g}"
+    start = train_reference(conf, iterations=0).state_dict()
+    assert max((got[n] - start[n]).abs().max().item() for n in start) > 1e-3
+    return diff
+
+
+@pytest.mark.parametrize("protocol", ["bsp", "lbbsp"])
+def test_a_killed_worker_changes_nothing_but_the_time(tmp_path, protocol):
+    cfg = dict(BASE, protocol=protocol)
+    if protocol == "lbbsp":
+        cfg["slowdown"] = [10.0, 10.0, 20.0, 40.0]
+    at = random.Random(f"kill-{protocol}").randrange(5, 40)
+    run = tmp_path / "run"
+    summary = _run_with(cfg, run, lambda pid: os.kill(pid, signal.SIGKILL), at)
+    assert summary["status"] == "completed" and summary["iterations"] == 60
+    assert summary["samples"] >= 60 * 64  # the lost slice was computed again
+    [lost] = summary["recovered"]
+    assert (lost["role"], lost["rank"]) == ("worker", 1) and "signal 9" in lost["reason"]
+    assert summary["lost_updates"] == 0
+    events = [r for r in records(run, "event") if r["event"] == "failure"]
+    assert len(events) == 1 and events[0]["rank"] == 1
+    last = records(run, "iteration")[-1]
+    assert 1 not in last["workers"] and len(last["workers"]) == 3
+    _assert_oracle(cfg, run)
+
+
+def test_a_frozen_worker_is_detected_and_replaced(tmp_path):
+    cfg = dict(BASE, worker_restarts=1)
+    run = tmp_path / "run"
+    summary = _run_with(cfg, run, lambda pid: os.kill(pid, signal.SIGSTOP), 10)
+    [lost] = summary["recovered"]
+    assert lost["rank"] == 1 and "stopped answering" in lost["reason"] and "replacement" in lost["action"]
+    last = records(run, "iteration")[-1]
+    assert sorted(last["workers"]) == [0, 2, 3, 4]  # worker 4 replaced worker 1
+    assert any(r["event"] == "worker_joined" and r["worker"] == 4 for r in records(run, "event"))
+    _assert_oracle(cfg, run)
+
+
+@pytest.mark.parametrize("protocol,extra", [("asp", {}), ("softsync", {"softsync_n": 2}),
+                                            ("ssp", {"staleness_bound": 2})])
+def test_without_a_barrier_a_killed_worker_leaves_the_others_going(tmp_path, protocol, extra):
+    cfg = dict(BASE, protocol=protocol, **extra)
+    run = tmp_path / "run"
+    summary = _run_with(cfg, run, lambda pid: os.kill(pid, signal.SIGKILL), 15)
+    assert summary["status"] == "completed"
+    [lost] = summary["recovered"]
+    assert lost["rank"] == 1
+    assert summary["lost_updates"] in (0, 1)  # at most its last gradient, counted
+    if protocol == "ssp":
+        assert summary["staleness_max"] <= 2  # the bound holds without the lost worker
+    assert torch.load(run / "model.pt", weights_only=True)  # final weights were written
