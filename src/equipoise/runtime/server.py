@@ -12,6 +12,7 @@ produces it. A bad message is answered with an error and logged; it never stops 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -22,9 +23,16 @@ from ..policy.sync import ServerSync, SyncFault, Update, make_sync_policy
 from ..wire import Message, Transport
 from ..wire.bandwidth import TokenBucket
 from ..wire.names import grads_of, pack, states_for, states_of, values_of
+from ..wire.transport import QuietLog, kind_of
 from .store import OptimizerSpec, ParameterStore, Push, PushError
 
 log = logging.getLogger("equipoise.server")
+
+# Bounds on deferred replies, so that no sender can make a server hold requests without
+# end: a worker has at most overlap + 1 pulls in flight and the coordinator one state
+# request, so 16 per peer is ample; a request for a version more than MAX_AHEAD updates
+# away is refused outright (a protocol asks for at most a few versions ahead).
+MAX_HELD, MAX_HELD_PER_PEER, MAX_AHEAD = 4096, 16, 1 << 20
 
 
 @dataclass
@@ -56,6 +64,7 @@ class Server:
         self.factor, self.rate = 1.0, 1000e6
         self.bucket: TokenBucket | None = None
         self.busy_s, self.bytes = 0.0, 0
+        self.refusals = QuietLog(log)  # the first refusal of each kind per peer, then counts
 
     def serve(self) -> None:
         """Register with the coordinator, then handle messages until `stop`. Raises
@@ -93,7 +102,7 @@ class Server:
             return self._refuse(peer, f"server {self.rank} is not initialised yet")
         try:
             handler(peer, msg)
-        except (ValueError, KeyError, TypeError, IndexError) as exc:
+        except (ValueError, KeyError, TypeError, IndexError, ArithmeticError, AttributeError) as exc:
             # A bad message never stops a server: the sender gets the reason, we go on.
             log.debug("handling %s failed", msg.type, exc_info=True)
             if isinstance(exc, SyncFault):
@@ -102,11 +111,12 @@ class Server:
                 self._refuse(peer, str(exc) if isinstance(exc, PushError) else f"{type(exc).__name__}: {exc}")
 
     def _refuse(self, peer: bytes, reason: str) -> None:
-        log.warning("refused a message from %s: %s", peer.hex(), reason)
+        self.refusals(peer, kind_of(reason), "refused a message from %s: %s", peer.hex(), reason)
         self.listener.send(peer, Message("error", {"message": reason}))
 
     def _on_ping(self, peer: bytes, msg: Message) -> None:
-        fields = {"version": self.store.version, "samples": self.store.samples} if self.store else {}
+        fields = ({"version": self.store.version, "samples": self.store.samples, "held": len(self.held)}
+                  if self.store else {})
         self.listener.send(peer, Message("pong", fields))
 
     def _on_init(self, peer: bytes, msg: Message) -> None:
@@ -120,9 +130,9 @@ class Server:
                                   lr_modulation=str(f.get("lr_modulation", "none")))
         store = ParameterStore(blocks, values, OptimizerSpec.from_dict(f["optimizer"]), policy,
                                version=f["version"], samples=f["samples"], optim_state=states_of(msg.tensors))
+        self._straggle(f.get("straggler", {}))  # before the store changes: a bad one changes nothing
         self.store, self.sync = store, ServerSync(policy, workers, version=store.version)
         self.pushes, self.held, self.copies = {}, [], _CopyPool()
-        self._straggle(f.get("straggler", {}))
         self.listener.send(peer, Message("ready", {"rank": self.rank}))
 
     def _on_stop(self, peer: bytes, msg: Message) -> None:
@@ -134,9 +144,14 @@ class Server:
             "unapplied": sync.unapplied if sync else 0}))
 
     def _straggle(self, f: dict) -> None:
-        self.factor = float(f.get("factor", self.factor))
-        self.rate = float(f.get("rate_mbps", self.rate / 1e6)) * 1e6
-        bandwidth = float(f.get("bandwidth_mbps", 0.0))
+        """Set the emulated slowdown; ValueError (and nothing set) unless the factor and
+        rate are finite numbers > 0 and the bandwidth cap a finite number ≥ 0."""
+        if not isinstance(f, dict):
+            raise TypeError(f"straggler settings must be a map, not {type(f).__name__}")
+        factor = _positive("factor", f.get("factor", self.factor))
+        rate = _positive("rate_mbps", f.get("rate_mbps", self.rate / 1e6))
+        bandwidth = _positive("bandwidth_mbps", f.get("bandwidth_mbps", 0.0), zero_ok=True)
+        self.factor, self.rate = factor, rate * 1e6
         if "bandwidth_mbps" in f:
             self.bucket = TokenBucket(bandwidth * 1e6, clock=self.clock) if bandwidth > 0 else None
 
@@ -294,6 +309,15 @@ class Server:
 
     # -- deferred replies -------------------------------------------------------------
     def _hold(self, held: _Held) -> None:
+        if self.store.blocks and not self.sync.pull_ready(held.min_version):  # to be held: bounded
+            published = self.sync.published()
+            if held.min_version - published > MAX_AHEAD:
+                raise PushError(f"server {self.rank}: a {held.kind} request for version {held.min_version} "
+                                f"is more than {MAX_AHEAD} versions ahead of {published}")
+            mine = sum(h.peer == held.peer for h in self.held)
+            if mine >= MAX_HELD_PER_PEER or len(self.held) >= MAX_HELD:
+                raise PushError(f"server {self.rank}: too many requests held ({mine} from this peer, "
+                                f"{len(self.held)} in all); {held.kind} for version {held.min_version} refused")
         self.held.append(held)
         self._release()
 
@@ -324,6 +348,12 @@ class Server:
         done = self.listener.send(h.peer, msg)
         for slot in slots.values():
             slot[1] = done
+
+
+def _positive(name: str, x, zero_ok: bool = False) -> float:
+    if type(x) not in (int, float) or not math.isfinite(x) or x < 0 or (x == 0 and not zero_ok):
+        raise ValueError(f"straggler {name} = {x!r} must be a finite number {'≥' if zero_ok else '>'} 0")
+    return float(x)
 
 
 def _nbytes(tensors) -> int:

@@ -24,7 +24,10 @@ Semantics shared by every transport:
 from __future__ import annotations
 
 import logging
-from typing import Callable
+import re
+import threading
+import time
+from typing import Callable, Hashable
 from abc import ABC, abstractmethod
 
 from .message import DEFAULT_MAX_BYTES, Message, WireError, frames_nbytes
@@ -36,9 +39,57 @@ class PeerTimeout(TimeoutError):
     """No (valid) message arrived from a peer in time; the text names peer and timeout."""
 
 
+class QuietLog:
+    """Bounded logging of refusals: the first refusal of each kind from each peer is
+    logged (one warning line); the rest are counted, and the count is logged in one line
+    once per `every` seconds (at the next refusal), so a flood of bad messages writes a
+    few lines, not one per message. At most `max_keys` (peer, kind) pairs are told apart
+    per period (then one line per kind for all other peers), so memory stays bounded."""
+
+    def __init__(self, logger: logging.Logger, every: float = 60.0, max_keys: int = 64) -> None:
+        self.logger, self.every, self.max_keys = logger, every, max_keys
+        self.seen: dict[tuple, int] = {}
+        self.since, self.quiet, self.logged = time.monotonic(), 0, 0
+        self._lock = threading.Lock()
+
+    def __call__(self, peer: Hashable, kind: str, fmt: str, *args: object) -> bool:
+        """Log `fmt % args` if it is the first of `kind` from `peer` this period;
+        True if a line was written."""
+        with self._lock:
+            now = time.monotonic()
+            if now - self.since >= self.every:
+                if self.quiet:
+                    self.logger.warning("%d more refusals like the above in the last %.0f s, not logged "
+                                        "one by one", self.quiet, now - self.since)
+                self.seen, self.quiet, self.since = {}, 0, now
+            key = (peer, kind)
+            if key not in self.seen and len(self.seen) >= self.max_keys:
+                key = ("*", kind if len(self.seen) < 2 * self.max_keys else "*")
+            n = self.seen[key] = self.seen.get(key, 0) + 1
+            if n > 1:
+                self.quiet += 1
+                return False
+            self.logged += 1
+        self.logger.warning(fmt, *args)
+        return True
+
+
+_VARIABLE = re.compile(r"'[^']*'|\"[^\"]*\"|\[[^\]]*\]|\(.*\)|[-+]?\d[\w.+-]*")
+
+
+def kind_of(reason: object) -> str:
+    """The kind of a refusal: its text with numbers, quoted names and lists blanked."""
+    return _VARIABLE.sub("#", str(reason))[:100]
+
+
+_dropped = QuietLog(log)
+
+
 def log_dropped(address: str, peer: bytes, reason: object) -> None:
-    """Log a dropped malformed message (one warning line)."""
-    log.warning("%s dropped message from peer %s: %s", address, peer.hex(), reason)
+    """Log a dropped malformed message (one warning line; the first of each kind per
+    listener and peer, then counted: see QuietLog)."""
+    _dropped((address, peer), kind_of(reason), "%s dropped message from peer %s: %s", address, peer.hex(),
+             reason)
 
 
 def check_size(frames: list, max_bytes: int) -> None:

@@ -1,0 +1,555 @@
+"""Fuzz a live parameter server: generated bad messages, valid traffic in between.
+
+A real `equipoise.runtime.server.Server` runs in its own (spawned) process, logging to a
+file. This process plays its coordinator (hello, then init: one block of NUMEL float32,
+BSP with one worker, SGD lr 1 without momentum) and then two kinds of peers:
+
+* fuzz peers: raw ZeroMQ DEALER sockets sending generated messages of the CATEGORIES
+  below (garbage bytes, truncated and oversized frames, valid headers with wrong fields,
+  wrong dtypes, shapes and names, stale and future versions, replays of valid pushes,
+  unknown types, malformed control messages, and strangers: fresh identities, which
+  become unauthenticated peers once `keys` enables CURVE);
+* a well-behaved worker: every `valid_every` messages it pushes an integer-valued
+  gradient for the version the server is at, pulls the next version and pings. The ack
+  must carry version v + 1 and the parameters must equal, bit for bit, the initial
+  values minus the sum of its gradients (small integers: exact in float32).
+
+No fuzz push carries the version the server is at, so BSP refuses every one of them:
+only the worker's pushes may change the values, and the check catches anything else.
+Measured: replies by kind, server RSS (start, max, end), requests held (from the pong),
+log lines the server wrote, and that the server stops cleanly when told to.
+
+    python -m benchmarks.bench_fuzz --messages 100000 [--seed S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import multiprocessing as mp
+import random
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+import psutil
+import zmq
+
+from benchmarks.common import git_state, load_average, scoped_env, write_results
+
+NAME = "bench_fuzz"
+NUMEL = 64                   # one block of 64 float32
+MAX_BYTES = 1 << 20          # the server's max message size (MAXMSGSIZE): oversized frames are cheap
+REPLY_TIMEOUT = 60.0         # a valid request unanswered this long is a hang
+SEND_TIMEOUT = 60.0          # a fuzz socket that cannot queue this long: the server stopped reading
+FUZZ_PEERS = 8
+CATEGORIES = {  # relative weights
+    "garbage": 12, "truncated": 10, "oversized": 2, "fields": 20, "tensors": 15, "versions": 15,
+    "replay": 8, "unknown": 10, "control": 6, "stranger": 2,
+}
+NAN, INF = float("nan"), float("inf")
+BAD = [None, True, False, "x", "", [], {}, [1, 2], {"a": 1}, 1.5, NAN, INF, -INF, 2**63 - 1, 2**64 - 1,
+       -2**63, -1, 0, b"\x00\xff"]
+HUGE_INTS = [2**63 - 1, 2**64 - 1, -2**63, -1, 10**12]
+
+
+# -- the server (child process) --------------------------------------------------------------
+
+def _server_main(coordinator: str, log_path: str, keys: Any) -> None:
+    import torch
+
+    from equipoise.runtime.server import Server
+    from equipoise.wire import ZmqTransport
+
+    logging.basicConfig(filename=log_path, level=logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    torch.set_num_threads(1)
+    transport = ZmqTransport(max_bytes=MAX_BYTES, curve=keys)
+    try:
+        Server(0, transport, coordinator, timeout=300.0).serve()
+    finally:
+        transport.close()
+
+
+# -- message generation ------------------------------------------------------------------------
+
+def header(mtype: Any, fields: Any, table: Any = (), **extra: Any) -> bytes:
+    return msgpack.packb({"v": 1, "t": mtype, "f": fields, "x": list(table), **extra}, use_bin_type=True)
+
+
+def entry(name: str = "g0", dtype: str = "float32", shape: Any = (NUMEL,)) -> list:
+    return [name, dtype, list(shape)]
+
+
+class Generator:
+    """Fuzz messages as lists of frames; `version` is the version the server is at (only
+    the valid worker advances it, to `horizon` at most), `recent` the frames of the
+    worker's last pushes. A fuzz message may reach the server after the worker's next
+    push (they travel on different sockets), so "future" versions lie beyond `horizon`."""
+
+    def __init__(self, seed: int, horizon: int) -> None:
+        self.rng = random.Random(seed)
+        self.version, self.horizon = 0, horizon
+        self.recent: list[list[bytes]] = []
+
+    def tensor(self, dtype: str = "float32", n: int = NUMEL) -> bytes:
+        return np.array([self.rng.randint(-3, 3) for _ in range(n)]).astype(dtype).tobytes()
+
+    def other_version(self) -> int:
+        """Any version but the one the server is at: future, stale, huge or negative."""
+        v, h = self.version, self.horizon
+        choices = [h + 1, h + 2, h + 1000, *HUGE_INTS] + ([v - 1, 0] if v > 0 else [])
+        return self.rng.choice(choices)
+
+    def push(self, **fields: Any) -> list[bytes]:
+        f = {"worker": 0, "version": self.other_version(), "samples": 1, **fields}
+        return [header("push", f, [entry()]), self.tensor()]
+
+    def make(self, category: str) -> list[bytes]:
+        return getattr(self, f"_{category}")()
+
+    def _garbage(self) -> list[bytes]:
+        r = self.rng
+        kind = r.randrange(4)
+        if kind == 0:  # random bytes
+            return [r.randbytes(r.randrange(0, 300)) for _ in range(r.randint(1, 3))]
+        if kind == 1:  # valid msgpack, not a header
+            return [msgpack.packb(r.choice([[1, 2], 5, "ping", None, {"t": "ping"}, {1: 2}, b"x" * 9]))]
+        if kind == 2:  # a header map with a bad envelope
+            h = {"v": 1, "t": "ping", "f": {}, "x": []}
+            key = r.choice(list(h))
+            if r.random() < 0.5:
+                del h[key]
+            else:
+                h[key] = r.choice(BAD)
+            return [msgpack.packb(h, use_bin_type=True)]
+        return [b"\x00" * r.randrange(0, 64)]
+
+    def _truncated(self) -> list[bytes]:
+        r = self.rng
+        frames = self.push()
+        kind = r.randrange(4)
+        if kind == 0:
+            frames[0] = frames[0][:r.randrange(len(frames[0]))]
+        elif kind == 1:
+            frames[1] = frames[1][:r.randrange(len(frames[1]))]
+        elif kind == 2:
+            frames = frames[:1]
+        else:
+            frames.append(frames[1])  # one frame more than listed
+        return frames
+
+    def _oversized(self) -> list[bytes]:
+        r = self.rng
+        kind = r.randrange(4)
+        if kind == 0:  # a tensor frame longer than declared
+            return [header("push", {"worker": 0, "version": self.other_version(), "samples": 1}, [entry()]),
+                    self.tensor(n=NUMEL + r.randint(1, 4096))]
+        if kind == 1:  # a header over 1 MiB
+            return [header("ping", {"pad": "x" * ((1 << 20) + 10)})]
+        if kind == 2:  # frames over max_bytes in total (each frame under it)
+            half = b"\x00" * (MAX_BYTES // 2 + 8)
+            return [header("push", {"worker": 0, "version": self.other_version(), "samples": 1},
+                           [entry("g0", "uint8", [len(half)]), entry("g1", "uint8", [len(half)])]), half, half]
+        return [header("ping", {}), b"\x00" * (MAX_BYTES + 1)]  # a single frame over MAXMSGSIZE
+
+    def base_fields(self, mtype: str) -> dict:
+        v, r = self.version, self.rng
+        return {
+            "pull": {"worker": 0, "min_version": v + r.randint(0, 2)},
+            "push": {"worker": 0, "version": self.other_version(), "samples": 1},
+            "state_req": {"version": v},
+            "members": {"workers": 1},
+            "migrate": {"keys": [7], "to": "nowhere"},
+            "adopt": {"blocks": [[5, "w", 0, 4, "param", 4]], "version": self.other_version(), "samples": 0},
+            "init": {"blocks": [[0, "w", 0, NUMEL, "param", 4]], "optimizer": {"name": "sgd"},
+                     "version": 0, "samples": 0, "protocol": "bsp", "workers": 1},
+            "stop": {"reason": "fuzz"},
+            "plan_req": {"worker": 0, "step": 0, "report": {}},
+            "table_req": {"worker": 0},
+        }.get(mtype, {})
+
+    def _fields(self) -> list[bytes]:
+        """A known type with one required field missing or of the wrong type (or, for
+        requests that cannot change state, an int out of range)."""
+        r = self.rng
+        mtype = r.choice(["pull", "push", "state_req", "members", "migrate", "adopt", "init", "stop",
+                          "plan_req", "table_req", "ping", "flush", "stats_req", "straggle"])
+        f = self.base_fields(mtype)
+        table, frames = ([entry()], [self.tensor()]) if mtype == "push" else ([], [])
+        if not f:  # no required fields: junk extras, or a fields map that is no map
+            if r.random() < 0.5:
+                return [header(mtype, r.choice(BAD[2:9] + [5, 1.5]))]
+            # no huge finite numbers: a well-formed straggle may slow a server at will (only
+            # authentication keeps strangers from sending one)
+            return [header(mtype, {r.choice(["factor", "x", ""]): r.choice(BAD[:13] + [-1, 0])})]
+        name = r.choice(list(f))
+        if r.random() < 0.3:
+            del f[name]
+        elif mtype in ("pull", "push", "state_req") and isinstance(f[name], int) and r.random() < 0.5:
+            f[name] = r.choice(HUGE_INTS)
+        else:
+            f[name] = r.choice([b for b in BAD if type(b) is not type(f[name]) and not
+                                (type(f[name]) is float and type(b) is int)])
+        return [header(mtype, f, table), *frames]
+
+    def _tensors(self) -> list[bytes]:
+        r = self.rng
+        f = {"worker": r.choice([0, 0, 1, -1, 2**63 - 1]), "version": self.other_version(),
+             "samples": r.choice([1, 1, 0, -5, 2**63 - 1])}
+        kind = r.randrange(9)
+        if kind == 0:  # wrong dtype
+            dtype = r.choice(["float64", "int32", "float16", "int64", "uint8", "int8"])
+            return [header("push", f, [entry(dtype=dtype)]), self.tensor(dtype)]
+        if kind == 1:  # wrong shape
+            shape = r.choice([[NUMEL + 1], [NUMEL // 2, 2], [], [0], [1, NUMEL]])
+            return [header("push", f, [entry(shape=shape)]), self.tensor(n=math.prod(shape))]
+        if kind == 2:  # wrong names
+            names = r.choice([["g1"], ["gx"], ["b0"], ["s0.m"], ["g0", "g1"], [], ["g-1"], ["g" + "9" * 30]])
+            return [header("push", f, [entry(n) for n in names]), *(self.tensor() for _ in names)]
+        if kind == 3:  # non-finite values
+            t = np.zeros(NUMEL, dtype="float32")
+            t[r.randrange(NUMEL)] = r.choice([NAN, INF, -INF])
+            return [header("push", f, [entry()]), t.tobytes()]
+        if kind == 4:  # declared length differs from the frame
+            return [header("push", f, [entry(shape=[r.choice([NUMEL * 2, 2**62, 1])])]), self.tensor()]
+        if kind == 5:  # bool bytes other than 0/1
+            return [header("push", f, [entry(dtype="bool")]), bytes([2]) * NUMEL]
+        if kind == 6:  # a malformed table entry
+            bad = r.choice([["g0"], ["g0", "float32"], [0, "float32", [NUMEL]], ["g0", "complex64", [NUMEL]],
+                            ["g0", "float32", [-1]], ["g0", "float32", [1.5]], ["g0", "float32", [1] * 65],
+                            ["g0", "float32", "64"], "g0"])
+            return [header("push", f, [bad]), self.tensor()]
+        if kind == 7:  # duplicate names
+            return [header("push", f, [entry(), entry()]), self.tensor(), self.tensor()]
+        return [header("push", f, [entry()]), self.tensor()]  # fine tensors, wrong version or samples
+
+    def _versions(self) -> list[bytes]:
+        r, v = self.rng, self.version
+        far = [v + 1, v + 2, v + 5, v + 1000, v + (1 << 20) + 1, *HUGE_INTS, 0, v]
+        kind = r.randrange(3)
+        if kind == 0:
+            return [header("pull", {"worker": r.choice([0, 3]), "min_version": r.choice(far)})]
+        if kind == 1:
+            return [header("state_req", {"version": r.choice(far)})]
+        return self.push()
+
+    def _replay(self) -> list[bytes]:
+        if not self.recent:
+            return self.push()
+        return list(self.rng.choice(self.recent))
+
+    def _unknown(self) -> list[bytes]:
+        r = self.rng
+        if r.random() < 0.5:
+            mtype = r.choice(["", "PUSH", "push ", "pul", "\u2603", "x" * 200, "_on_push", "__init__",
+                              r.randbytes(8).hex()])
+            return [header(mtype, {})]
+        mtype, f = r.choice([
+            ("hello", {"role": "server", "rank": 0, "address": "tcp://x:1", "pid": 1}),
+            ("welcome", {"rank": 0, "servers": [], "table": []}), ("ready", {"rank": 0}),
+            ("plan", {"step": 0, "iteration": 0, "start": 0, "size": 1, "stop": False, "version": 0}),
+            ("params", {"version": 0, "held_s": 0.0}), ("ack", {"version": 0}), ("pong", {}),
+            ("state", {"version": 0, "samples": 0}), ("error", {"message": "x"}),
+            ("stats", {"busy_s": 0.0, "bytes": 0, "load_bytes": 0, "blocks": 1}),
+            ("table", {"table": [], "servers": [], "version": 0}), ("table_req", {"worker": 0}),
+            ("plan_req", {"worker": 0, "step": 0, "report": {}})])
+        return [header(mtype, f)]
+
+    def _control(self) -> list[bytes]:
+        """Coordinator messages with bad contents (right field types, wrong values)."""
+        r = self.rng
+        kind = r.randrange(5)
+        if kind == 0:
+            key = r.choice(["factor", "rate_mbps", "bandwidth_mbps"])
+            return [header("straggle", {key: r.choice([NAN, INF, -INF, -1.0, 0.0 if key != "bandwidth_mbps" else -2.0,
+                                                       "x", None, [1], {}])})]
+        if kind == 1:
+            return [header("migrate", {"keys": [r.choice([NAN, INF, -INF, "a", None, -1, 7, 2**64 - 1, [0], {}])],
+                                       "to": r.choice(["", "nowhere", "tcp://", "\x00"])})]
+        if kind == 2:
+            row = r.choice([[], [1], ["a", "w", 0, 1, "param", 4], [INF, "w", 0, 1, "param", 4], "row", None])
+            return [header("adopt", {"blocks": [row], "version": self.other_version(), "samples": 0})]
+        if kind == 3:
+            return [header("members", {"workers": 1, "retired": r.choice([[INF], [NAN], ["a"], 5, [None], [[1]]])})]
+        return self._bad_init()
+
+    def _bad_init(self) -> list[bytes]:
+        r = self.rng
+        spec = {"name": "sgd", "lr": 1.0, "momentum": 0.0, "weight_decay": 0.0, "schedule": "constant",
+                "total": 100, "step_size": 10, "gamma": 0.1, "global_batch": 1}
+        f = {"blocks": [[0, "w", 0, NUMEL, "param", 4]], "optimizer": spec, "version": 0, "samples": 0,
+             "protocol": "bsp", "workers": 1}
+        kind = r.randrange(5)
+        if kind == 0:
+            f["straggler"] = r.choice([{"factor": NAN}, {"rate_mbps": 0.0}, {"factor": -1.0}, "slow", [1],
+                                       {"bandwidth_mbps": INF}, {"factor": "x"}])
+        elif kind == 1:
+            f["optimizer"] = r.choice([{}, {**spec, "name": "lbfgs"}, {**spec, "lr": "x"}])
+        elif kind == 2:
+            f["protocol"] = r.choice(["nope", "", "BSP"])
+        elif kind == 3:
+            f["workers"] = r.choice(["x", None, [1], INF])
+        else:
+            f["blocks"] = r.choice([[[0, "w"]], [None], ["x"], [[INF, "w", 0, NUMEL, "param", 4]]])
+        return [header("init", f, [entry("b0")]), self.tensor()]
+
+    def _stranger(self) -> list[bytes]:
+        return self.make(self.rng.choice([c for c in CATEGORIES if c != "stranger"]))
+
+
+# -- the run ----------------------------------------------------------------------------------
+
+class Fuzz:
+    """One fuzzing run against a fresh server process; `run()` returns the results dict.
+    `keys` (a `CurveKeys`) makes the server, the coordinator and the valid worker use
+    CURVE; the fuzz peers too, except strangers, which then connect without keys."""
+
+    def __init__(self, messages: int, seed: int = 0, *, valid_every: int = 50, keys: Any = None) -> None:
+        from equipoise.wire import ZmqTransport
+
+        self.messages, self.seed, self.valid_every, self.keys = messages, seed, valid_every, keys
+        self.gen = Generator(seed, horizon=messages // valid_every + 2)
+        self.sent: Counter[str] = Counter()
+        self.replies: Counter[str] = Counter()
+        self.errors: Counter[str] = Counter()
+        self.failures: list[str] = []
+        self.checks = 0
+        self.rss: list[int] = []
+        self.held: list[int] = []
+        self.exchange_ms: list[float] = []
+        self.log_path = Path(tempfile.mkdtemp(prefix="equipoise-fuzz-")) / "server.log"
+        self.transport = ZmqTransport(max_bytes=MAX_BYTES, curve=keys)
+        self.ctx = zmq.Context()
+
+    # sockets
+    def _dealer(self, authenticated: bool = True) -> zmq.Socket:
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.linger = 0
+        if self.keys is not None and authenticated:
+            sock.curve_serverkey = self.keys.server_public
+            sock.curve_publickey, sock.curve_secretkey = self.keys.client_public, self.keys.client_secret
+        sock.connect(self.address)
+        return sock
+
+    def _send(self, sock: zmq.Socket, frames: list[bytes]) -> None:
+        deadline = time.monotonic() + SEND_TIMEOUT
+        while True:
+            try:
+                sock.send_multipart(frames, flags=zmq.NOBLOCK)
+                return
+            except zmq.Again:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"could not queue a message for {SEND_TIMEOUT:g} s: the server "
+                                       f"stopped reading") from None
+                self._drain()
+                time.sleep(0.001)
+
+    def _drain(self) -> None:
+        for sock in self.peers:
+            while sock.poll(0, zmq.POLLIN):
+                frames = sock.recv_multipart()
+                try:
+                    h = msgpack.unpackb(frames[0], raw=False)
+                    self.replies[h["t"]] += 1
+                    if h["t"] == "error":
+                        from equipoise.wire.transport import kind_of
+                        self.errors[kind_of(h["f"]["message"])] += 1
+                except Exception:  # the server sent something undecodable: a finding
+                    self.replies["<undecodable>"] += 1
+
+    # the server process
+    def _start(self) -> None:
+        from equipoise.wire import Message
+
+        self.listener = self.transport.listen()
+        with scoped_env(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1"):
+            self.proc = mp.get_context("spawn").Process(
+                target=_server_main, args=(self.listener.address, str(self.log_path), self.keys), daemon=True)
+            self.proc.start()
+        deadline = time.monotonic() + REPLY_TIMEOUT
+        while (got := self.listener.recv(timeout=0.5)) is None or got[1].type != "hello":
+            if time.monotonic() > deadline or not self.proc.is_alive():
+                raise RuntimeError("the server did not say hello")
+        self.address = got[1].fields["address"]
+        self.ps = psutil.Process(self.proc.pid)
+        self.admin = self.transport.connect(self.address)
+        self.worker = self.transport.connect(self.address)
+        spec = {"name": "sgd", "lr": 1.0, "momentum": 0.0, "weight_decay": 0.0, "schedule": "constant",
+                "total": 10**9, "step_size": 10, "gamma": 0.1, "global_batch": 1}
+        self.values = np.arange(NUMEL, dtype=np.float32)
+        self.admin.send(Message("init", {"blocks": [[0, "w", 0, NUMEL, "param", 4]], "optimizer": spec,
+                                         "version": 0, "samples": 0, "protocol": "bsp", "workers": 1},
+                                {"b0": _tensor(self.values)}))
+        self._expect(self.admin, "ready")
+
+    def _expect(self, conn: Any, kind: str) -> Any:
+        from equipoise.wire import PeerTimeout
+
+        deadline = time.monotonic() + REPLY_TIMEOUT
+        while True:  # in short waits, to notice at once a server that died
+            try:
+                reply = conn.recv(timeout=0.5)
+                break
+            except PeerTimeout:
+                if not self.proc.is_alive():
+                    raise RuntimeError(f"the server died (exit code {self.proc.exitcode})") from None
+                if time.monotonic() > deadline:
+                    raise
+        if reply.type != kind:
+            raise AssertionError(f"expected {kind!r}, got {reply.type!r} {reply.fields}")
+        return reply
+
+    def _valid_exchange(self) -> None:
+        """Push for the current version, pull the next, ping: every answer exactly right."""
+        from equipoise.wire import Message
+        from equipoise.wire.message import encode
+
+        v, t0 = self.gen.version, time.perf_counter()
+        grad = np.array([self.gen.rng.randint(-3, 3) for _ in range(NUMEL)], dtype=np.float32)
+        push = Message("push", {"worker": 0, "version": v, "samples": 1}, {"g0": _tensor(grad)})
+        self.worker.send(push)
+        ack = self._expect(self.worker, "ack")
+        self.worker.send(Message("pull", {"worker": 0, "min_version": v + 1}))
+        params = self._expect(self.worker, "params")
+        self.worker.send(Message("ping", {}))
+        pong = self._expect(self.worker, "pong")
+        self.exchange_ms.append((time.perf_counter() - t0) * 1e3)
+        self.values = self.values - grad  # SGD, lr 1: w − g, exact for these small integers
+        got = params.tensors["b0"].numpy()
+        problems = []
+        if ack.fields["version"] != v + 1 or params.fields["version"] != v + 1 or pong.fields["version"] != v + 1:
+            problems.append(f"versions {ack.fields['version']}, {params.fields['version']}, "
+                            f"{pong.fields['version']} after a push for {v}")
+        if got.shape != (NUMEL,) or not np.all(np.isfinite(got)) or not np.array_equal(got, self.values):
+            problems.append(f"values differ from the valid pushes' (max |diff| "
+                            f"{float(np.max(np.abs(got - self.values))) if got.shape == (NUMEL,) else 'shape'})")
+        if problems:
+            self.failures.append(f"check {self.checks}: " + "; ".join(problems))
+            self.values = got.copy()
+        self.checks += 1
+        self.held.append(int(pong.fields.get("held", -1)))
+        self.gen.version = v + 1
+        self.gen.recent = (self.gen.recent + [[bytes(memoryview(f)) for f in encode(push)]])[-16:]
+
+    def _sample(self) -> None:
+        if not self.proc.is_alive():
+            raise RuntimeError(f"the server died (exit code {self.proc.exitcode})")
+        self.rss.append(self.ps.memory_info().rss)
+        self.cpu_s = sum(self.ps.cpu_times()[:2])
+
+    def run(self) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        crashed = hung = None
+        stopped = False
+        self._start()
+        try:
+            self.peers = [self._dealer() for _ in range(FUZZ_PEERS)]
+            strangers = [self._dealer(authenticated=False) for _ in range(4)]
+            self._valid_exchange()
+            self._sample()
+            names, weights = list(CATEGORIES), list(CATEGORIES.values())
+            rng = self.gen.rng
+            for i in range(1, self.messages + 1):
+                category = rng.choices(names, weights)[0]
+                frames = self.gen.make(category)
+                if category == "stranger":
+                    j = rng.randrange(len(strangers))
+                    self._send(strangers[j], frames)
+                    if rng.random() < 0.5:  # a fresh identity next time
+                        strangers[j].close(linger=0)
+                        strangers[j] = self._dealer(authenticated=False)
+                else:
+                    self._send(rng.choice(self.peers), frames)
+                self.sent[category] += 1
+                if i % self.valid_every == 0:
+                    self._valid_exchange()
+                if i % 200 == 0:
+                    self._drain()
+                if i % 1000 == 0:
+                    self._sample()
+            self._valid_exchange()
+            self._sample()
+            self._drain()
+            self.admin.send(_message("stop", {"reason": "fuzz finished"}))
+            self._expect(self.admin, "ack")
+            self.proc.join(REPLY_TIMEOUT)
+            stopped = self.proc.exitcode == 0
+        except AssertionError as exc:  # a valid request got the wrong kind of answer
+            self.failures.append(str(exc))
+        except (TimeoutError, RuntimeError) as exc:
+            if self.proc.is_alive():
+                hung = f"{type(exc).__name__}: {exc}"
+            else:
+                crashed = f"exit code {self.proc.exitcode}: {exc}"
+        finally:
+            for sock in getattr(self, "peers", []) + locals().get("strangers", []):
+                sock.close(linger=0)
+            self.ctx.term()
+            self.transport.close()
+            if self.proc.is_alive():
+                self.proc.terminate()
+                self.proc.join(5)
+        return self._results(time.perf_counter() - t0, crashed, hung, stopped)
+
+    def _results(self, seconds: float, crashed: str | None, hung: str | None, stopped: bool) -> dict[str, Any]:
+        lines = self.log_path.read_text(errors="replace").splitlines() if self.log_path.exists() else []
+        tracebacks = sum("Traceback" in line for line in lines)
+        mb = [round(r / 2**20, 1) for r in self.rss] or [math.nan]
+        return {
+            "seed": self.seed, "messages": sum(self.sent.values()), "valid_every": self.valid_every,
+            "sent_by_category": dict(sorted(self.sent.items())),
+            "replies_by_kind": dict(sorted(self.replies.items())),
+            "top_errors": dict(self.errors.most_common(20)),
+            "valid_checks": self.checks, "valid_checks_failed": len(self.failures),
+            "failures": self.failures[:10],
+            "valid_exchange_ms_median": float(np.median(self.exchange_ms)) if self.exchange_ms else math.nan,
+            "valid_exchange_ms_max": max(self.exchange_ms, default=math.nan),
+            "server_rss_mb": {"start": mb[0], "max": max(mb), "end": mb[-1]},
+            "held": {"max": max(self.held, default=-1), "end": self.held[-1] if self.held else -1},
+            "log_lines": len(lines), "log_warnings": sum(" WARNING " in line for line in lines),
+            "log_tracebacks": tracebacks,
+            "crashed": crashed, "hung": hung, "stopped_cleanly": stopped,
+            "server_cpu_s": round(getattr(self, "cpu_s", math.nan), 2), "seconds": round(seconds, 2), "messages_per_s": round(sum(self.sent.values()) / seconds, 1),
+        }
+
+
+def _tensor(a: np.ndarray) -> Any:
+    import torch
+
+    return torch.from_numpy(a.copy())
+
+
+def _message(mtype: str, fields: dict) -> Any:
+    from equipoise.wire import Message
+
+    return Message(mtype, fields)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=100_000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--valid-every", type=int, default=50, help="a valid exchange every N messages")
+    parser.add_argument("--results", default=None, help=f"JSON path (default benchmarks/results/{NAME}.json)")
+    args = parser.parse_args(argv)
+    load_at_start, git_at_start = load_average(), git_state()
+    results = Fuzz(args.messages, args.seed, valid_every=args.valid_every).run()
+    payload = {"command": ["python", "-m", "benchmarks.bench_fuzz", *(sys.argv[1:] if argv is None else argv)],
+               "loadavg_at_start": load_at_start, "git_at_start": git_at_start, **results}
+    path = write_results(NAME, payload, args.results)
+    for key, value in results.items():
+        print(f"{key}: {value}")
+    print(f"wrote {path}")
+    ok = not (results["crashed"] or results["hung"] or results["valid_checks_failed"]) and results["stopped_cleanly"]
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

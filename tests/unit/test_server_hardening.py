@@ -1,0 +1,126 @@
+"""Fixes found by fuzzing a live server (benchmarks/bench_fuzz.py), each driven here on
+one in-process server: bad control messages are refused without effect, held requests
+are bounded, and refusals are logged once per kind and peer, not once per message."""
+
+import logging
+import math
+
+import pytest
+import torch
+
+from equipoise.runtime import server as server_mod
+from equipoise.runtime.server import MAX_AHEAD, MAX_HELD_PER_PEER, Server
+from equipoise.runtime.store import OptimizerSpec
+from equipoise.wire import InMemoryTransport, Message
+from equipoise.wire.transport import QuietLog, kind_of
+
+pytestmark = pytest.mark.timeout(60)
+SPEC = OptimizerSpec("sgd", 1.0, 0.0, 0.0, "constant", 100, 10, 0.1, 1).to_dict()
+
+
+def init(**extra):
+    return Message("init", {"blocks": [[0, "w", 0, 2, "param", 4]], "optimizer": SPEC, "version": 0,
+                            "samples": 0, "protocol": "bsp", "workers": 1, **extra}, {"b0": torch.zeros(2)})
+
+
+@pytest.fixture
+def server():
+    """A BSP server with one block of two zeros; `server.sent` records its replies."""
+    s = Server(0, InMemoryTransport(), "nowhere")
+    s.sent = []
+    s.listener.send = lambda peer, msg: s.sent.append((peer, msg)) or (lambda: True)
+    s.handle(b"coord", init())
+    assert s.sent.pop()[1].type == "ready"
+    yield s
+    s.listener.close()
+
+
+def reply(s, peer, msg):
+    s.sent.clear()
+    s.handle(peer, msg)
+    return [m for p, m in s.sent if p == peer]
+
+
+def test_non_finite_or_odd_numbers_in_control_messages_are_refused_not_fatal(server):
+    # int(inf) raised OverflowError, which the server did not catch: it died
+    (r,) = reply(server, b"x", Message("members", {"workers": 1, "retired": [math.inf]}))
+    assert r.type == "error" and "OverflowError" in r.fields["message"]
+    (r,) = reply(server, b"x", Message("migrate", {"keys": [math.inf], "to": "nowhere"}))
+    assert r.type == "error"
+    assert server.sync.workers == 1 and set(server.store.blocks) == {0}
+
+
+@pytest.mark.parametrize("straggler", [{"factor": math.nan}, {"factor": 0.0}, {"rate_mbps": 0},
+                                       {"rate_mbps": -math.inf}, {"bandwidth_mbps": math.inf},
+                                       {"factor": "slow"}, {"factor": True}, "slow", [1.0]])
+def test_bad_straggler_settings_are_refused_and_change_nothing(server, straggler):
+    server.handle(b"w", Message("push", {"worker": 0, "version": 0, "samples": 1}, {"g0": torch.ones(2)}))
+    store = server.store
+    # an init with bad settings used to replace the store first (values lost), then fail
+    (r,) = reply(server, b"coord", init(straggler=straggler))
+    assert r.type == "error" and "straggler" in r.fields["message"]
+    assert server.store is store and store.values[0].tolist() == [-1.0, -1.0]
+    (r,) = reply(server, b"coord", Message("straggle", straggler if isinstance(straggler, dict) else {"factor": straggler}))
+    assert r.type == "error" and "straggler" in r.fields["message"]
+    # rate 0 divided by zero (fatal) and nan/inf slept forever on the next push
+    assert (server.factor, server.rate, server.bucket) == (1.0, 1000e6, None)
+    (r,) = reply(server, b"w", Message("push", {"worker": 0, "version": 1, "samples": 1}, {"g0": torch.ones(2)}))
+    assert r.type == "ack" and r.fields["version"] == 2
+
+
+def test_held_requests_are_bounded_per_peer_in_all_and_in_how_far_ahead(server, monkeypatch):
+    (r,) = reply(server, b"p", Message("pull", {"worker": 0, "min_version": MAX_AHEAD + 1}))
+    assert r.type == "error" and "ahead" in r.fields["message"]
+    (r,) = reply(server, b"p", Message("state_req", {"version": 2**64 - 1}))
+    assert r.type == "error" and "ahead" in r.fields["message"] and not server.held
+    for _ in range(MAX_HELD_PER_PEER):
+        assert reply(server, b"p", Message("pull", {"worker": 0, "min_version": MAX_AHEAD})) == []
+    (r,) = reply(server, b"p", Message("pull", {"worker": 0, "min_version": 1}))
+    assert r.type == "error" and "too many requests held" in r.fields["message"]
+    monkeypatch.setattr(server_mod, "MAX_HELD", MAX_HELD_PER_PEER + 2)
+    assert reply(server, b"q", Message("pull", {"worker": 0, "min_version": 1})) == []
+    assert reply(server, b"r", Message("pull", {"worker": 0, "min_version": 1})) == []
+    (r,) = reply(server, b"s", Message("pull", {"worker": 0, "min_version": 1}))
+    assert r.type == "error" and len(server.held) == MAX_HELD_PER_PEER + 2
+    # a pull that can be answered now is never refused, and the held ones still are answered
+    assert [m.type for m in reply(server, b"s", Message("pull", {"worker": 0, "min_version": 0}))] == ["params"]
+    reply(server, b"w", Message("push", {"worker": 0, "version": 0, "samples": 1}, {"g0": torch.ones(2)}))
+    assert sorted(p for p, m in server.sent if m.type == "params") == [b"q", b"r"]
+    assert reply(server, b"w", Message("ping", {}))[0].fields["held"] == MAX_HELD_PER_PEER
+
+
+def test_refusals_are_logged_once_per_kind_and_peer(server, caplog):
+    caplog.set_level(logging.WARNING, logger="equipoise.server")
+    for peer in (b"a", b"b"):
+        for v in range(50):  # one kind: pushes for another version
+            server.handle(peer, Message("push", {"worker": 0, "version": v + 5, "samples": 1},
+                                        {"g0": torch.ones(2)}))
+        server.handle(peer, Message("hello", {"role": "x", "rank": 0, "address": "", "pid": 1}))
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 4 and sum("computed on version 5," in m for m in lines) == 2
+    assert server.refusals.quiet == 98
+    assert sum(m.type == "error" for _, m in server.sent) == 102  # every sender is still told
+
+
+def test_quiet_log_sums_up_each_period_and_bounds_its_memory(caplog):
+    caplog.set_level(logging.WARNING, logger="t")
+    q = QuietLog(logging.getLogger("t"), every=3600.0, max_keys=4)
+    for peer in range(100):
+        for _ in range(3):
+            q(peer, "kind", "refused %s", peer)
+    assert len(caplog.records) == 5 and len(q.seen) == 5  # 4 peers, then one line for all others
+    q.every = 0.0
+    q(0, "kind", "refused %s", 0)
+    assert "295 more refusals" in caplog.records[-2].getMessage() and len(q.seen) == 1
+    assert kind_of("tensor 'g0' frame has 12 bytes, expected 16") == "tensor # frame has # bytes, expected #"
+
+
+def test_malformed_frames_are_logged_once_per_kind_by_the_transport(caplog):
+    caplog.set_level(logging.WARNING, logger="equipoise.wire")
+    t = InMemoryTransport()
+    listener = t.listen()
+    for i in range(200):
+        t.inject(listener.address, [b"\xc1garbage%d" % i], peer=b"evil")
+    assert listener.recv(timeout=0) is None
+    assert len(caplog.records) == 1 and b"evil".hex() in caplog.records[0].getMessage()
+    t.close()
