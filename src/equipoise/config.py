@@ -92,6 +92,8 @@ class Config:
     timeout: float = 120.0
     heartbeat_s: float = 2.0  # children beat this often; 3 missed beats: the process is lost (0: off)
     worker_restarts: int = 0  # replacement workers started for lost ones, in all (torchrun's max_restarts)
+    replication: int = 0  # 0: a lost server is recovered by rolling back to the last in-memory snapshot
+    snapshot_every: int = 10  # iterations between in-memory snapshots for that rollback (0: none; a lost server fails the job)
     host: str = "127.0.0.1"
     transport: str = "tcp"  # "tcp" on `host`, or "ipc": Unix sockets, this machine only
     max_message_mb: int = 1024
@@ -158,7 +160,7 @@ class Config:
             _at_least(key, getattr(self, key), 1)
         for key in ("iterations", "seed", "eval_every", "eval_samples", "checkpoint_every", "lr_step_size",
                     "max_batch", "worker_batch", "reference_batch", "softsync_n", "staleness_bound",
-                    "psld_max_servers", "worker_restarts"):
+                    "psld_max_servers", "worker_restarts", "snapshot_every"):
             _at_least(key, getattr(self, key), 0)
         _at_least("heartbeat_s", self.heartbeat_s, 0.0)
         _at_least("psld_interval", self.psld_interval, 1)
@@ -175,6 +177,9 @@ class Config:
                 f"workers = {self.workers} is more than global_batch = {self.global_batch}: "
                 "every worker needs at least one sample per iteration"
             )
+        if self.replication != 0:
+            raise ConfigError(f"replication = {self.replication!r}: only 0 is supported (a lost server is "
+                              "recovered from the in-memory snapshots of snapshot_every)")
         self._validate_protocol()
         self._validate_lists()
 

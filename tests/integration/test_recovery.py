@@ -108,3 +108,31 @@ def test_without_a_barrier_a_killed_worker_leaves_the_others_going(tmp_path, pro
     if protocol == "ssp":
         assert summary["staleness_max"] <= 2  # the bound holds without the lost worker
     assert torch.load(run / "model.pt", weights_only=True)  # final weights were written
+
+
+def _run_killing(cfg: dict, run, role: str, at: int) -> dict:
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(equipoise.train(cfg, out=run)))
+    thread.start()
+    try:
+        wait_for(lambda: len(records(run, "iteration")) >= at, 60, f"iteration {at}", interval=0.01)
+        os.kill(role_pid(os.getpid(), role), signal.SIGKILL)
+    finally:
+        thread.join(timeout=120)
+    assert not thread.is_alive(), "the job did not end"
+    return result
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_a_killed_server_is_replaced_and_the_job_replays_from_the_snapshot(tmp_path, optimizer):
+    cfg = dict(BASE, optimizer=optimizer, lr=0.01 if optimizer == "adam" else 0.05, snapshot_every=10)
+    at = random.Random(f"server-{optimizer}").randrange(12, 45)
+    run = tmp_path / "run"
+    summary = _run_killing(cfg, run, "server 1", at)
+    assert summary["status"] == "completed" and summary["iterations"] == 60
+    [lost] = summary["recovered"]
+    assert (lost["role"], lost["rank"]) == ("server", 1) and "signal 9" in lost["reason"]
+    first, until = lost["replayed"]
+    assert first % 10 == 0 and first <= until and until - first <= 10 + 1
+    assert (run / "logs" / "server1.lost.log").exists()
+    _assert_oracle(cfg, run)

@@ -16,6 +16,7 @@ import itertools
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -67,8 +68,12 @@ class PSClient:
     """Worker `worker`'s connections to the servers holding `blocks`. Call `set_table`
     before the first request; every `wait` gives up after `timeout` seconds."""
 
-    def __init__(self, transport: Transport, worker: int, blocks: list[Block], timeout: float):
+    def __init__(self, transport: Transport, worker: int, blocks: list[Block], timeout: float,
+                 interrupt: Callable[[], None] = lambda: None):
+        """`interrupt()` is called about every 0.2 s while a wait goes on; it may raise
+        to abandon the wait (the coordinator resets the job)."""
         self.transport, self.worker, self.blocks, self.timeout = transport, int(worker), list(blocks), timeout
+        self.interrupt = interrupt
         self.who = f"worker {self.worker}"
         self.conns: dict[int, Connection] = {}  # server rank → connection
         self.by_server: dict[int, list[Block]] = {}  # server rank → its blocks (only servers holding any)
@@ -159,6 +164,13 @@ class PSClient:
             conn.close()
         self.conns = {}
 
+    def reset(self, table: list[int], addresses: list[str]) -> None:
+        """Abandon every request in flight (new connections: late replies to the old
+        ones are never read) and route by `table`."""
+        self.close()
+        self._owed, self._got = {}, {}
+        self.set_table(table, addresses)
+
     # -- internals ----------------------------------------------------------------------
     def _send(self, kind: str, make, only: list[int] | None = None) -> Ticket:
         ticket = Ticket(kind, next(self._ids), [])
@@ -173,13 +185,15 @@ class PSClient:
     def _receive(self, conn: Connection, deadline: float, limit: float) -> None:
         """Take one reply off `conn` and file it under the oldest ticket owed one of
         its type."""
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise ClientError(f"{self.who}: no reply from {conn.address} within {limit:g}s")
-        try:
-            reply = conn.recv(timeout=left)
-        except PeerTimeout:
-            raise ClientError(f"{self.who}: no reply from {conn.address} within {limit:g}s") from None
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ClientError(f"{self.who}: no reply from {conn.address} within {limit:g}s")
+            try:
+                reply = conn.recv(timeout=min(left, 0.2))
+                break
+            except PeerTimeout:
+                self.interrupt()
         if reply.type == "error":
             raise ClientError(f"{self.who}: {conn.address} refused: {reply.fields.get('message')}")
         owed = self._owed.get(id(conn), {}).get(reply.type)

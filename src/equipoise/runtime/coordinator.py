@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -36,7 +37,7 @@ from .blocks import model_tensors, read_values
 from .checkpoint import Checkpoint, CheckpointError
 from .planner import PlanSettings, Planner
 from .recovery import Assignments
-from .rpc import Failure, JobError, Peers, Rpc
+from .rpc import Failure, JobError, PeerLost, Peers, Rpc
 from .servers import ServerManager, ServerSettings
 from .snapshots import SnapshotSettings, Snapshots, State
 from .stats import RunStats
@@ -57,9 +58,20 @@ def make_coordinator(cfg: Config, run_dir: Path, transport: Transport, listener:
     return kind(cfg, run_dir, transport, listener, data, peers=peers, resume=resume, on_tick=on_tick)
 
 
+@dataclass(frozen=True)
+class Memory:
+    """An in-memory snapshot at a barrier: what a rollback restores."""
+
+    iteration: int
+    state: State
+    table: list[int]
+
+
 class Coordinator:
     """What both pacings share; `BarrierCoordinator` and `StreamCoordinator` decide
     when a plan request is answered and when an iteration ends."""
+
+    recovers_servers = False  # whether a lost server is replaced and the job rolled back
 
     def __init__(self, cfg: Config, run_dir: Path, transport: Transport, listener: Listener, data, *,
                  peers: Peers, resume: Checkpoint | None = None,
@@ -102,7 +114,12 @@ class Coordinator:
         self.lost_updates = 0  # gradients applied on some servers and not on others
         self.restarts = cfg.worker_restarts  # replacements still allowed
         self.joins_owed = 0  # replacements to start at the next barrier
+        self.epoch = 0  # rollbacks so far; a plan request of an earlier epoch is stale
+        self.memory: Memory | None = None  # the snapshot a rollback restores
+        self.replacing: dict[int, str] = {}  # lost servers being replaced: rank -> address ("" until hello)
         peers.tolerate("worker")
+        if self.recovers_servers and cfg.snapshot_every:
+            peers.tolerate("server")
 
     # -- the job ------------------------------------------------------------------------
     def run(self) -> dict:
@@ -154,6 +171,7 @@ class Coordinator:
             values, optim = self.resume.values, self.resume.optim
             version, samples = self.resume.version, self.resume.samples
         self.servers.start(addresses, self.blocks, table, values, optim, version, samples, len(self.workers))
+        self.memory = Memory(self.iteration, State(values, optim, version, samples), list(table))
 
     def _new_model(self) -> torch.nn.Module:
         return build_model(self.cfg.model, self.data.input_shape, self.data.num_classes)
@@ -162,24 +180,32 @@ class Coordinator:
     def _train(self) -> None:
         self.servers.start_planned()
         while len(self.done) < len(self.workers):
-            for failure in self.peers.lost():
-                self._lose(failure)
-            self.rpc.tick(None, "")
-            if self.on_tick is not None and self.stats.t_start is not None:
-                self.on_tick(self.stats.elapsed())
-            got = self.listener.recv(timeout=0.1)
-            if got is None:
-                self._check_stalled()
-                continue
-            peer, msg = got
-            if self.servers.note_hello(msg):
-                continue
-            if msg.type == "table_req":
-                self._on_table_req(peer, msg.fields)
-            elif msg.type == "plan_req":
-                self._on_plan_req(peer, msg.fields)
-            else:
-                self.listener.send(peer, Message("error", {"message": f"coordinator does not accept {msg.type!r} now"}))
+            try:
+                self._step()
+            except PeerLost:
+                continue  # a server was lost: the next step's `lost` hands it to `_lose`
+
+    def _step(self) -> None:
+        """Handle what was lost, then one message (or none within 0.1 s)."""
+        for failure in sorted(self.peers.lost(), key=lambda f: f.role != "server"):
+            self._lose(failure)
+        if self.replacing:
+            self._roll_back()
+        self.rpc.tick(None, "")
+        if self.on_tick is not None and self.stats.t_start is not None:
+            self.on_tick(self.stats.elapsed())
+        got = self.listener.recv(timeout=0.1)
+        if got is None:
+            return self._check_stalled()
+        peer, msg = got
+        if self.servers.note_hello(msg) or self._note_replacement(msg):
+            return
+        if msg.type == "table_req":
+            self._on_table_req(peer, msg.fields)
+        elif msg.type == "plan_req":
+            self._on_plan_req(peer, msg.fields)
+        else:
+            self.listener.send(peer, Message("error", {"message": f"coordinator does not accept {msg.type!r} now"}))
 
     def _on_table_req(self, peer: bytes, f: dict) -> None:
         try:
@@ -192,6 +218,8 @@ class Coordinator:
     def _on_plan_req(self, peer: bytes, f: dict) -> None:
         try:
             worker = int(f["worker"])
+            if int(f.get("epoch", 0)) != self.epoch:
+                return  # sent before a rollback: the worker asks again
             if worker not in self.workers:
                 self.listener.send(peer, Message("error", {"message": f"unknown worker {worker}"}))
                 return
@@ -250,7 +278,7 @@ class Coordinator:
             if got is None:
                 continue
             peer, msg = got
-            if not self.servers.note_hello(msg) and msg.type == "plan_req":
+            if not self.servers.note_hello(msg) and msg.type == "plan_req" and msg.fields.get("epoch", 0) == self.epoch:
                 self.waiting[int(msg.fields["worker"])] = (peer, time.monotonic())
             if msg.type == "hello" and wanted(msg):
                 return peer
@@ -258,7 +286,7 @@ class Coordinator:
     def _welcome(self, rank: int) -> Message:
         self.known_table[rank] = self.servers.version
         return Message("welcome", {"rank": rank, "servers": self.servers.addresses, "table": self.servers.table,
-                                   "blocks": [b.to_list() for b in self.blocks]})
+                                   "blocks": [b.to_list() for b in self.blocks], "epoch": self.epoch})
 
     def _event(self, name: str, t: int, **fields) -> None:
         self.snapshots.event(name, t, **fields)
@@ -293,10 +321,15 @@ class Coordinator:
         self.display.update(t + 1, sps=record["samples_per_s"], loss=record["loss"])
 
     def _snapshot(self, t: int, version: int, cursor: int, *, force: bool = False) -> None:
-        """Take the snapshot of iteration t if one is due (`force`: the final one)."""
+        """Take the snapshot of iteration t if one is due (`force`: the final one); under
+        a barrier keep one in memory every `snapshot_every` iterations for a rollback."""
         want_eval, want_ckpt = (True, True) if force else self.snapshots.due(t)
-        if want_eval or want_ckpt:
+        every = self.cfg.snapshot_every if self.recovers_servers else 0
+        want_mem = bool(every and t % every == 0 and t < self.total and self.memory and t > self.memory.iteration)
+        if want_eval or want_ckpt or want_mem:
             state = self.snapshots.fetch(self.servers.broadcast, version)
+            if want_mem:
+                self.memory = Memory(t, state, list(self.servers.table))
             self.snapshots.take(t, state, cursor=cursor, blocks=self.blocks, table=self.servers.table,
                                 elapsed=self.stats.elapsed(), want_eval=want_eval, want_ckpt=want_ckpt)
 
@@ -321,7 +354,9 @@ class Coordinator:
 
     # -- failures -------------------------------------------------------------------------
     def _lose(self, failure: Failure) -> None:
-        """A worker process was lost (killed, or frozen and then killed)."""
+        """A process was lost (killed, or frozen and then killed)."""
+        if failure.role == "server":
+            return self._lose_server(failure)
         w = failure.rank
         if w not in self.workers or w in self.done:
             return  # it had been told to stop: nothing was in flight
@@ -332,9 +367,13 @@ class Coordinator:
         active = sorted(set(self.workers) - self.stopped)
         if not active:
             raise JobError(f"worker{w} {failure.reason}, and no worker is left")
-        replies = self.servers.broadcast(Message("lose", {"worker": w, "workers": len(active),
-                                                          "drop": not delivered}), "ack")
-        action = self._after_loss(w, delivered, active, replies)
+        self.servers.workers = len(active)
+        try:
+            replies = self.servers.broadcast(Message("lose", {"worker": w, "workers": len(active),
+                                                              "drop": not delivered}), "ack")
+            action = self._after_loss(w, delivered, active, replies)
+        except PeerLost:  # handled next; the rollback replays without this worker
+            action = "removed; a server was lost meanwhile and the rollback replays without it"
         if self.restarts > 0:
             self.restarts -= 1
             self.joins_owed += 1
@@ -350,6 +389,49 @@ class Coordinator:
         """Pacing-specific recovery once the servers forgot `worker`; what was done."""
         raise NotImplementedError
 
+    def _lose_server(self, failure: Failure) -> None:
+        """Start a replacement; the rollback follows once it has registered."""
+        if not self.recovers_servers or self.memory is None:
+            raise JobError(f"server{failure.rank} {failure.reason}")
+        self.replacing[failure.rank] = ""
+        self.peers.spawn("server", failure.rank)
+        entry = {"role": "server", "rank": failure.rank, "reason": failure.reason, "iteration": self.iteration,
+                 "seen_s": round(self.stats.elapsed(), 3),
+                 "action": f"replaced; every server rolled back to the snapshot of iteration "
+                           f"{self.memory.iteration}, iterations {self.memory.iteration}–{self.iteration - 1} "
+                           f"replayed", "replayed": [self.memory.iteration, self.iteration]}
+        self.recovered.append(entry)
+        self._event("failure", self.iteration, **{k: v for k, v in entry.items() if k != "iteration"})
+        log.warning("server%d %s: %s", failure.rank, failure.reason, entry["action"])
+        self.display.note(f"server{failure.rank} lost ({failure.reason}): {entry['action']}")
+
+    def _note_replacement(self, msg: Message) -> bool:
+        if msg.type == "hello" and msg.fields.get("role") == "server" and msg.fields.get("rank") in self.replacing:
+            self.replacing[int(msg.fields["rank"])] = str(msg.fields["address"])
+            return True
+        return False
+
+    def _roll_back(self) -> None:
+        """Every server starts again from the last in-memory snapshot, the replacements
+        too; every worker is told to start again from its iteration (a new epoch)."""
+        if not all(self.replacing.values()):
+            self._await_hello("replacement servers to register",
+                              lambda m: self._note_replacement(m) and all(self.replacing.values()))
+        mem = self.memory
+        self.servers.restore(dict(self.replacing), mem.table, mem.state.values, mem.state.optim,
+                             mem.state.version, mem.state.samples)
+        self.replacing = {}
+        self.epoch += 1
+        self.iteration, self.cursor = mem.iteration, mem.iteration * self.cfg.global_batch
+        self.waiting, self.assign = {}, Assignments()
+        self.reports = {t: r for t, r in self.reports.items() if t < mem.iteration}
+        self.snapshots.replay_from(mem.iteration)
+        for w in sorted(set(self.workers) - self.stopped):
+            self.known_table[w] = self.servers.version
+            self.listener.send(self.workers[w], _plan(mem.iteration, 0, 0, mem.iteration, stop=False, reset=True,
+                                                      epoch=self.epoch, table=self.servers.table,
+                                                      servers=self.servers.addresses))
+
     def _check_stalled(self) -> None:
         """Fail, naming the laggards, if some workers wait and others are silent too long."""
         if not self.waiting:
@@ -362,6 +444,8 @@ class Coordinator:
 
 class BarrierCoordinator(Coordinator):
     """BSP and LB-BSP: iteration t's plans go out once every worker asked for them."""
+
+    recovers_servers = True
 
     def _advance(self, worker: int) -> None:
         if self.assign.queue.get(worker):

@@ -25,6 +25,15 @@ class Failure:
     seen_s: float
 
 
+class PeerLost(JobError):
+    """A server of the job was lost and the coordinator can recover it: whatever was
+    waiting for it is abandoned (the recovery resets every server and worker)."""
+
+    def __init__(self, failure: Failure):
+        super().__init__(f"{failure.role}{failure.rank} {failure.reason}")
+        self.failure = failure
+
+
 class Peers(Protocol):
     """What a launcher offers the coordinator: start a role, say if one died, and hear
     that one stopped on purpose."""
@@ -34,7 +43,8 @@ class Peers(Protocol):
         exited with an error of its own, or a role not tolerated died)."""
 
     def lost(self) -> list[Failure]:
-        """Processes of tolerated roles lost since the last call, each reported once."""
+        """Processes of tolerated roles lost since the last call, each reported once
+        (`check` raises PeerLost on noticing a lost server, to interrupt a wait for it)."""
 
     def tolerate(self, role: str) -> None:
         """From now on a lost process of `role` is reported by `lost`, not `check`."""
@@ -83,4 +93,4 @@ class Rpc:
         return self.expect(conn, kind, who)
 
 
-__all__ = ["Failure", "JobError", "Peers", "Rpc"]
+__all__ = ["Failure", "JobError", "PeerLost", "Peers", "Rpc"]

@@ -20,7 +20,7 @@ from typing import Callable
 from ..policy.placement import Block, placement_blocks
 from ..policy.psld import AddServer, MoveBlock, Psld, RemoveServer, ServerAction, parse_control
 from ..scenario import BlockMove, Scenario, ServerRemove
-from ..wire import Message, Transport, names
+from ..wire import Message, PeerTimeout, Transport, names
 from .pool import ServerPool
 from .rpc import JobError, Peers, Rpc
 
@@ -109,6 +109,34 @@ class ServerManager:
         return Message("init", {**self.init_fields, "blocks": [b.to_list() for b in mine], "version": version,
                                 "samples": samples, "workers": self.workers,
                                 "straggler": self.scenario.server_straggle(rank, 0.0, 0)}, tensors)
+
+    def restore(self, addresses: dict[int, str], table: list[int], values: dict, optim: dict,
+                version: int, samples: int) -> None:
+        """Every server starts again from a snapshot: the replacements at `addresses`
+        (rank → address) and the survivors alike get their blocks of `table` with the
+        snapshot's values and optimizer state. Replies to requests a loss interrupted are
+        skipped while waiting for the servers to be ready."""
+        pool = self.pool
+        for rank, address in addresses.items():
+            pool.conns[rank].close()
+            pool.addresses[rank], pool.conns[rank] = address, self.transport.connect(address)
+        pool.table, pool.version = list(table), pool.version + 1
+        self._straggle_sent = {}  # a replacement starts unslowed: send the current factors again
+        for s in pool.live():
+            mine = [b for b in pool.blocks if table[b.key] == s]
+            pool.conns[s].send(self._init(s, mine, values, optim, version, samples))
+        for s in pool.live():
+            deadline = self.rpc.deadline()
+            while True:
+                self.rpc.tick(deadline, f"waiting for server {s} to take the snapshot")
+                try:
+                    reply = pool.conns[s].recv(timeout=0.2)
+                except PeerTimeout:
+                    continue
+                if reply.type == "error":
+                    raise JobError(f"server {s} refused the snapshot: {reply.fields.get('message')}")
+                if reply.type == "ready":
+                    break
 
     def start_planned(self) -> None:
         """Servers the scenario adds at iteration N start with the job, so the join at

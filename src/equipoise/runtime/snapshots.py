@@ -92,6 +92,11 @@ class Snapshots:
         if want_eval:
             self._pending.append(self._evals.submit(self._evaluate, t, blocks, state.values, elapsed))
 
+    def replay_from(self, t: int) -> None:
+        """The job rolled back to iteration t: the snapshots from t on are due again."""
+        if self._taken_at is not None and self._taken_at >= t:
+            self._taken_at = None
+
     def event(self, name: str, t: int, **fields) -> None:
         self.metrics.write({"type": "event", "event": name, "iteration": t, "time": time.time(), **fields})
 

@@ -27,7 +27,7 @@ from ..models import build_model
 from ..policy.placement import Block
 from ..policy.sync import make_sync_policy
 from ..scenario import Scenario
-from ..wire import Message, Transport
+from ..wire import Message, PeerTimeout, Transport
 from .blocks import read_pushes, write_values
 from .client import ClientError, PSClient, Pulled, receive
 from .stretch import Stretch
@@ -39,6 +39,15 @@ def _clamp01(x: float) -> float:
 
 class WorkerError(ClientError):
     """A fault of this worker's step (non-finite loss, a bad plan); names the worker."""
+
+
+class Reset(Exception):
+    """The coordinator rolled the job back (a server was lost): start again from the
+    plan it will send, on the block table `msg` carries."""
+
+    def __init__(self, msg: Message):
+        super().__init__("reset")
+        self.msg = msg
 
 
 class Worker:
@@ -53,6 +62,8 @@ class Worker:
         self.policy = make_sync_policy(cfg.protocol, softsync_n=cfg.softsync_n or cfg.workers,
                                        staleness_bound=cfg.staleness_bound)
         self._pending_staleness: list[int] = []
+        self.epoch = 0  # rollbacks so far: plan requests carry it, older ones are ignored
+        self._inbox: deque[Message] = deque()  # coordinator messages read while waiting for servers
         # Neighbours are real processes the launcher runs; the worker only emulates factors.
         self.scenario = Scenario.of(cfg)
 
@@ -63,14 +74,23 @@ class Worker:
         welcome = self._request(Message("hello", {
             "role": "worker", "rank": self.rank, "address": "", "pid": os.getpid()}), "welcome")
         self.blocks = [Block.from_list(r) for r in welcome.fields["blocks"]]
-        self.client = PSClient(self.transport, self.rank, self.blocks, cfg.timeout)
+        self.epoch = int(welcome.fields.get("epoch", 0))
+        self.client = PSClient(self.transport, self.rank, self.blocks, cfg.timeout, interrupt=self._look)
         try:
             self.client.set_table(welcome.fields["table"], welcome.fields["servers"])
             self.model = build_model(cfg.model, data.input_shape, data.num_classes)
             self.model.train()
             self.stretch = Stretch(self.model)
             self._mem_total = psutil.virtual_memory().total
-            self._loop(data, SliceSampler(len(data), cfg.global_batch, cfg.seed))
+            sampler = SliceSampler(len(data), cfg.global_batch, cfg.seed)
+            while True:
+                try:
+                    return self._loop(data, sampler)
+                except Reset as reset:  # start again from the plan the coordinator sends
+                    f = reset.msg.fields
+                    self.epoch, self._pending_staleness = int(f["epoch"]), []
+                    self._inbox.clear()
+                    self.client.reset(f["table"], f["servers"])
         finally:
             self.client.close()
             self.coord.close()
@@ -233,11 +253,30 @@ class Worker:
 
     # -- the coordinator ----------------------------------------------------------------
     def _plan_req(self, step: int, report: dict) -> Message:
-        return Message("plan_req", {"worker": self.rank, "step": step, "report": report})
+        return Message("plan_req", {"worker": self.rank, "step": step, "report": report, "epoch": self.epoch})
 
     def _request(self, msg: Message, expect: str) -> Message:
         self.coord.send(msg)
         return self._recv_coord(expect)
 
     def _recv_coord(self, expect: str) -> Message:
-        return receive(self.coord, expect, self.cfg.timeout, f"worker {self.rank}")
+        """The coordinator's next message (Reset if it rolled the job back)."""
+        msg = self._inbox.popleft() if self._inbox else receive(self.coord, expect, self.cfg.timeout,
+                                                                 f"worker {self.rank}")
+        if msg.fields.get("reset"):
+            raise Reset(msg)
+        if msg.type != expect:
+            raise WorkerError(f"worker {self.rank}: expected {expect!r} from the coordinator, got {msg.type!r}"
+                              + (f": {msg.fields.get('message')}" if msg.type == "error" else ""))
+        return msg
+
+    def _look(self) -> None:
+        """While waiting for servers: keep what the coordinator sent; a reset ends the wait."""
+        while True:
+            try:
+                msg = self.coord.recv(timeout=0)
+            except PeerTimeout:
+                return
+            if msg.fields.get("reset"):
+                raise Reset(msg)
+            self._inbox.append(msg)

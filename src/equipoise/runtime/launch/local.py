@@ -22,7 +22,7 @@ from ...scenario import Scenario
 from ...wire import Listener, Message, make_transport
 from ..checkpoint import Checkpoint
 from ..coordinator import make_coordinator
-from ..rpc import Failure, JobError
+from ..rpc import Failure, JobError, PeerLost
 from .cgroup import CpuLimit
 
 MISSED_BEATS = 3  # heartbeats missed before a process counts as lost
@@ -97,7 +97,13 @@ class Children:
             self.spawn("worker", rank)
 
     def spawn(self, role: str, rank: int) -> None:
+        """Start `role` `rank` (again, if it was lost: its log is kept as NAME.lost.log)."""
         name = f"{role}{rank}"
+        if name in self.reported:  # a replacement under the same name
+            self.reported.discard(name)
+            if self.beats is not None:
+                self.beats.last.pop(name, None)
+            (self.logs / f"{name}.log").replace(self.logs / f"{name}.lost.log")
         with (self.logs / f"{name}.log").open("w") as log:
             self.procs[name] = subprocess.Popen(
                 [sys.executable, "-m", "equipoise.runtime.proc", role, str(rank), self.coordinator,
@@ -138,10 +144,16 @@ class Children:
             if role not in self.tolerated:
                 raise JobError(f"{name} (pid {proc.pid}) {reason}: {self.last_error(name)}")
             self.reported.add(name)
-            self.failed.append(Failure(role, int(name[len(role):]), reason, now))
+            failure = Failure(role, int(name[len(role):]), reason, now)
+            self.failed.append(failure)
+            if role == "server":
+                raise PeerLost(failure)
 
     def lost(self) -> list[Failure]:
-        self.check()
+        try:
+            self.check()
+        except PeerLost:
+            pass  # it is in `failed`
         out, self.failed = self.failed, []
         return out
 
