@@ -25,6 +25,7 @@ PLACEMENTS = ("round_robin", "mxnet", "byteps", "greedy", "psld", "oracle")
 
 
 PREDICTORS = ("last", "ewma", "narx")
+AUTH_MODES = ("curve", "plain", "off")  # wire/auth.py describes them
 T = TypeVar("T")
 
 
@@ -92,6 +93,7 @@ class Config:
     timeout: float = 120.0
     host: str = "127.0.0.1"
     transport: str = "tcp"  # "tcp" on `host`, or "ipc": Unix sockets, this machine only
+    auth: str = "curve"  # curve (encrypted+authenticated) | plain (authenticated, clear) | off
     max_message_mb: int = 1024
     progress: bool = True
 
@@ -144,6 +146,7 @@ class Config:
         _choice("batch_policy", self.batch_policy, BATCH_POLICIES)
         _choice("predictor", self.predictor, PREDICTORS)
         _choice("transport", self.transport, ("tcp", "ipc"))
+        _choice("auth", self.auth, AUTH_MODES)
         _choice("lr_modulation", self.lr_modulation, LR_MODULATIONS)
         _choice("placement", self.placement, PLACEMENTS)
         if self.model not in BUILTIN_MODELS and ":" not in self.model:

@@ -34,6 +34,7 @@ def test_parse_override(item, expected):
 
 @pytest.mark.parametrize("values, words", [
     ({"protocol": "foo"}, ["protocol", "'foo'"]),
+    ({"auth": "none"}, ["auth", "'none'", "curve", "plain", "off"]),
     ({"global_batch": 0}, ["global_batch", "0"]),
     ({"workers": 9, "global_batch": 8}, ["workers", "9", "global_batch"]),
     ({"lr": -1.0}, ["lr", "-1.0"]),
