@@ -93,7 +93,7 @@ class Config:
     timeout: float = 120.0
     host: str = "127.0.0.1"
     transport: str = "tcp"  # "tcp" on `host`, or "ipc": Unix sockets, this machine only
-    auth: str = "curve"  # curve (encrypted+authenticated) | plain (authenticated, clear) | off
+    auth: str = "plain"  # plain (authenticated, clear) | curve (encrypted too) | off; docs/configuration.md
     max_message_mb: int = 1024
     progress: bool = True
 
@@ -211,6 +211,9 @@ class Config:
                     "number of epochs falls as μ·λ grows when learners are added, and that keeping μ·λ "
                     f"near the single-learner batch preserves it — try worker_batch ≈ "
                     f"{max(1, round(self.reference_batch / self.workers))} or retune lr")
+        if self.auth == "plain" and self.transport == "tcp" and self.host not in ("127.0.0.1", "localhost", "::1"):
+            out.append(f"auth = \"plain\" with host = {self.host!r}: the job's passwords cross the network "
+                       "in clear; use auth = \"curve\" (encrypted) beyond loopback")
         return out
 
     def _validate_lists(self) -> None:
