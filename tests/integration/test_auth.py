@@ -17,9 +17,9 @@ from equipoise.wire import JobKeys, Message, PeerTimeout, ZmqTransport, generate
 
 from .helpers import capture_job_keys, records, wait_for
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(240)
 
-JOB = dict(dataset="digits", model="mlp", global_batch=64, workers=2, servers=2, iterations=300,
+JOB = dict(dataset="digits", model="mlp", global_batch=64, workers=2, servers=2, iterations=600,
            eval_every=0, checkpoint_every=0, progress=False, timeout=60.0)
 ATTACKS = [Message("stop", {"reason": "intruder"}), Message("pull", {"worker": 0, "min_version": 0}),
            Message("init", {"blocks": [], "optimizer": {}, "version": 0, "samples": 0, "protocol": "asp",
@@ -41,6 +41,7 @@ def test_only_the_jobs_processes_get_in(tmp_path, monkeypatch, transport, mode):
     job = threading.Thread(target=lambda: result.update(equipoise.train(
         dict(JOB, transport=transport, auth=mode), out=run)))
     job.start()
+    workers: list[psutil.Process] = []
     try:
         log = run / "logs" / "server0.log"
         server0 = wait_for(lambda: log.exists() and re.search(r"listening on (\S+)", log.read_text()),
@@ -48,6 +49,10 @@ def test_only_the_jobs_processes_get_in(tmp_path, monkeypatch, transport, mode):
         wait_for(lambda: len(records(run, "iteration")) >= 2, 60, "training to start")
         children = psutil.Process(os.getpid()).children(recursive=True)
         coordinator = children[0].cmdline()[-1]
+        # Hold the job (BSP waits for its workers) so that it surely runs while we probe.
+        workers += [p for p in children if "worker" in p.cmdline()]
+        for p in workers:
+            p.suspend()
         # Outsiders: nothing they send to a server or the coordinator is answered or acted on.
         for outsider in _outsiders(keys, mode):
             with outsider:
@@ -66,6 +71,8 @@ def test_only_the_jobs_processes_get_in(tmp_path, monkeypatch, transport, mode):
                 assert reply.type == "error" and f"{msg.type!r} from a worker" in reply.fields["message"]
         cmdlines = [p.cmdline() for p in children]
     finally:
+        for p in workers:
+            p.resume()
         job.join(timeout=150)
     assert not job.is_alive()
     assert result["status"] == "completed" and result["iterations"] == JOB["iterations"]
