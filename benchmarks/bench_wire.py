@@ -16,10 +16,16 @@ goes: the steps of a real server process, timed by wrapping its methods inside t
 process (no file is changed), and the same steps in this process next to baselines (a
 copy into fresh vs reused memory) and cheaper alternatives.
 
+With ``--auth`` it measures instead what authentication costs (config key ``auth``,
+wire/auth.py): the same push+pull against three real servers, with auth "off", "curve"
+and "plain", repetitions interleaved (off, curve, plain, off, ...), written to
+benchmarks/results/bench_wire_auth.json.
+
 Run from the repository root::
 
     python -m benchmarks.bench_wire --preset ci
     python -m benchmarks.bench_wire --preset full
+    python -m benchmarks.bench_wire --preset full --auth
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from benchmarks.harness import EquipoiseClient, RawEcho
 from benchmarks.wire_profile import profile_server, profile_server_process, small_round_trip_ms
 
 NAME = "bench_wire"
+AUTH_MODES = ("off", "curve", "plain")
 TARGET_RATIO = 1.3
 MB = 1_000_000
 DEFAULT_NUMELS = (1_000_000, 10_000_000)  # float32: 4 MB and 40 MB
@@ -128,6 +135,54 @@ def measure_wire(numels: Sequence[int] = DEFAULT_NUMELS, reps: int = 5, warmup: 
     return results
 
 
+def measure_auth(numels: Sequence[int] = DEFAULT_NUMELS, reps: int = 5, warmup: int = 2,
+                 modes: Sequence[str] = AUTH_MODES) -> list[dict[str, Any]]:
+    """Push+pull milliseconds per auth mode for each payload size, one server per mode,
+    repetitions interleaved across the modes."""
+    out = []
+    for numel in numels:
+        grad = torch.randn(numel) * 1e-3
+        clients: dict[str, EquipoiseClient] = {}
+        try:
+            for mode in modes:
+                clients[mode] = EquipoiseClient(numel, auth=mode)
+            runs = interleave({m: (lambda c=c: sum(c.push_pull(grad)) * 1e3) for m, c in clients.items()},
+                              reps, warmup=warmup)
+        finally:
+            for c in clients.values():
+                c.close()
+        base = median(runs[modes[0]])
+        out.append({"numel": numel, "nbytes": numel * 4, "ms": runs,
+                    "median_ms": {m: median(v) for m, v in runs.items()},
+                    "min_ms": {m: min(v) for m, v in runs.items()},
+                    "max_ms": {m: max(v) for m, v in runs.items()},
+                    f"ratio_to_{modes[0]}": {m: ratio(median(v), base) for m, v in runs.items()}})
+    return out
+
+
+def auth_table(results: Sequence[dict[str, Any]]) -> str:
+    modes = list(results[0]["median_ms"])
+    rows = [[f"{r['nbytes'] / MB:g} MB", len(r["ms"][modes[0]]),
+             *(f"{r['median_ms'][m]:.1f} ({r['min_ms'][m]:.1f}–{r['max_ms'][m]:.1f})" for m in modes),
+             *(r[f"ratio_to_{modes[0]}"][m] for m in modes[1:])] for r in results]
+    return markdown_table(["payload", "reps", *(f"{m} ms median (min–max)" for m in modes),
+                           *(f"{m}/{modes[0]}" for m in modes[1:])], rows)
+
+
+def run_auth(preset: str, results_path: str | Path | None = None) -> dict[str, Any]:
+    """The auth comparison with a preset's sizes and repetitions; prints and writes it."""
+    p = PRESETS[preset]
+    load_at_start, git_at_start = load_average(), git_state()
+    results = measure_auth(p.numels, reps=p.reps, warmup=p.warmup)
+    print(f"## push+pull by auth mode (preset {preset}, {p.reps} interleaved reps)\n")
+    print(auth_table(results))
+    payload = {"preset": preset, "modes": list(AUTH_MODES), "loadavg_at_start": load_at_start,
+               "loadavg_at_end": load_average(), "git_at_start": git_at_start, "results": results}
+    path = write_results(f"{NAME}_auth", payload, results_path)
+    print(f"\nwrote {path}")
+    return payload
+
+
 # -- report ----------------------------------------------------------------------------------
 
 def results_table(results: Sequence[WireResult]) -> str:
@@ -185,6 +240,12 @@ if __name__ == "__main__":
     parser.add_argument("--preset", choices=sorted(PRESETS), default="ci")
     parser.add_argument("--profile", action="store_true", default=None,
                         help="always profile the server side (default: only when over target)")
-    parser.add_argument("--results", default=None, help=f"JSON path (default benchmarks/results/{NAME}.json)")
+    parser.add_argument("--auth", action="store_true",
+                        help="compare the auth modes instead (off, curve, plain)")
+    parser.add_argument("--results", default=None, help=f"JSON path (default benchmarks/results/{NAME}.json, "
+                        f"or {NAME}_auth.json with --auth)")
     args = parser.parse_args()
-    run(args.preset, profile=args.profile, results_path=args.results)
+    if args.auth:
+        run_auth(args.preset, results_path=args.results)
+    else:
+        run(args.preset, profile=args.profile, results_path=args.results)

@@ -43,16 +43,17 @@ def _raw_echo_server(pipe: Pipe) -> None:
         ctx.term()
 
 
-def _equipoise_server(coordinator: str, timings: Pipe | None = None) -> None:
-    """A real equipoise server, as the local launcher runs it (one torch thread). With a
-    `timings` pipe, its steps are timed (by wrapping methods in this process only) and
-    the list of milliseconds of each step is sent through the pipe when it stops."""
+def _equipoise_server(coordinator: str, timings: Pipe | None = None, keys: dict | None = None) -> None:
+    """A real equipoise server, as the local launcher runs it (one torch thread), with the
+    server's `JobKeys.to_dict()` if any. With a `timings` pipe, its steps are timed (by
+    wrapping methods in this process only) and the list of milliseconds of each step is
+    sent through the pipe when it stops."""
     from equipoise.runtime.server import Server
-    from equipoise.wire import ZmqTransport
+    from equipoise.wire import JobKeys, ZmqTransport
 
     torch.set_num_threads(1)
     record = _instrument_server() if timings is not None else None
-    transport = ZmqTransport()
+    transport = ZmqTransport(keys=JobKeys.from_dict(keys) if keys else None)
     try:
         Server(0, transport, coordinator, timeout=SERVER_IDLE_TIMEOUT).serve()
     finally:
@@ -153,33 +154,40 @@ class RawEcho:
 
 class EquipoiseClient:
     """Plays the coordinator of one real equipoise server holding one block of `numel`
-    float32 parameters (SGD, constant lr 1e-6, ASP, one worker), then acts as its worker."""
+    float32 parameters (SGD, constant lr 1e-6, ASP, one worker), then acts as its worker.
+    `auth` is the job's config key: "off", or "curve"/"plain" with fresh keys, the server
+    holding the server's, this process the coordinator's (init, stop) and the worker's
+    (push, pull)."""
 
-    def __init__(self, numel: int, *, instrument: bool = False) -> None:
+    def __init__(self, numel: int, *, instrument: bool = False, auth: str = "off") -> None:
         from equipoise.policy.placement import make_blocks
         from equipoise.runtime.store import OptimizerSpec
-        from equipoise.wire import Message, ZmqTransport
+        from equipoise.wire import Message, ZmqTransport, generate_keys
 
         self.Message = Message
-        self.transport = ZmqTransport()
+        keys = generate_keys(auth) if auth != "off" else None
+        self.transport = ZmqTransport(keys=keys["coordinator"] if keys else None)
+        self.worker = ZmqTransport(keys=keys["worker"] if keys else None)
+        server_keys = keys["server"].to_dict() if keys else None
         self.listener = self.transport.listen()
         self.timings: Pipe | None = None
         self.server_ms: dict[str, list[float]] = {}
         if instrument:
             self.timings, child = mp.get_context("spawn").Pipe(duplex=False)
-            self.proc = _spawn(_equipoise_server, self.listener.address, child)
+            self.proc = _spawn(_equipoise_server, self.listener.address, child, server_keys)
             child.close()
         else:
-            self.proc = _spawn(_equipoise_server, self.listener.address)
+            self.proc = _spawn(_equipoise_server, self.listener.address, None, server_keys)
         hello = self._hello()
-        self.conn = self.transport.connect(hello.fields["address"])
+        self.control = self.transport.connect(hello.fields["address"])
+        self.conn = self.worker.connect(hello.fields["address"])
         blocks = make_blocks([("w", numel, "param", 4)], block_size=numel)
         spec = OptimizerSpec("sgd", lr=1e-6, momentum=0.0, weight_decay=0.0, schedule="constant",
                              total=1, step_size=100, gamma=0.1, global_batch=1)
-        self.conn.send(Message("init", {
+        self.control.send(Message("init", {
             "blocks": [b.to_list() for b in blocks], "optimizer": spec.to_dict(), "version": 0,
             "samples": 0, "protocol": "asp", "workers": 1}, {"b0": torch.zeros(numel)}))
-        self._expect("ready")
+        self._expect("ready", self.control)
         self.version = 0
 
     def _hello(self) -> Any:
@@ -192,8 +200,8 @@ class EquipoiseClient:
                 raise RuntimeError(f"equipoise server exited with code {self.proc.exitcode}")
         raise TimeoutError("equipoise server did not say hello")
 
-    def _expect(self, kind: str) -> Any:
-        reply = self.conn.recv(timeout=REPLY_TIMEOUT)
+    def _expect(self, kind: str, conn: Any = None) -> Any:
+        reply = (conn or self.conn).recv(timeout=REPLY_TIMEOUT)
         if reply.type != kind:
             raise RuntimeError(f"equipoise server sent {reply.type!r} ({reply.fields}), expected {kind!r}")
         return reply
@@ -218,10 +226,11 @@ class EquipoiseClient:
 
     def close(self) -> None:
         try:
-            self.conn.send(self.Message("stop", {"reason": "benchmark finished"}))
-            self._expect("ack")
+            self.control.send(self.Message("stop", {"reason": "benchmark finished"}))
+            self._expect("ack", self.control)
             if self.timings is not None and self.timings.poll(REPLY_TIMEOUT):
                 self.server_ms = self.timings.recv()
         finally:
+            self.worker.close()
             self.transport.close()
             _join(self.proc)

@@ -25,6 +25,7 @@ PLACEMENTS = ("round_robin", "mxnet", "byteps", "greedy", "psld", "oracle")
 
 
 PREDICTORS = ("last", "ewma", "narx")
+AUTH_MODES = ("curve", "plain", "off")  # wire/auth.py describes them
 T = TypeVar("T")
 
 
@@ -96,6 +97,7 @@ class Config:
     snapshot_every: int = 10  # iterations between in-memory snapshots for that rollback (0: none; a lost server fails the job)
     host: str = "127.0.0.1"
     transport: str = "tcp"  # "tcp" on `host`, or "ipc": Unix sockets, this machine only
+    auth: str = "plain"  # plain (authenticated, clear) | curve (encrypted too) | off; docs/configuration.md
     max_message_mb: int = 1024
     progress: bool = True
 
@@ -148,6 +150,7 @@ class Config:
         _choice("batch_policy", self.batch_policy, BATCH_POLICIES)
         _choice("predictor", self.predictor, PREDICTORS)
         _choice("transport", self.transport, ("tcp", "ipc"))
+        _choice("auth", self.auth, AUTH_MODES)
         _choice("lr_modulation", self.lr_modulation, LR_MODULATIONS)
         _choice("placement", self.placement, PLACEMENTS)
         if self.model not in BUILTIN_MODELS and ":" not in self.model:
@@ -216,6 +219,9 @@ class Config:
                     "number of epochs falls as μ·λ grows when learners are added, and that keeping μ·λ "
                     f"near the single-learner batch preserves it — try worker_batch ≈ "
                     f"{max(1, round(self.reference_batch / self.workers))} or retune lr")
+        if self.auth == "plain" and self.transport == "tcp" and self.host not in ("127.0.0.1", "localhost", "::1"):
+            out.append(f"auth = \"plain\" with host = {self.host!r}: the job's passwords cross the network "
+                       "in clear; use auth = \"curve\" (encrypted) beyond loopback")
         return out
 
     def _validate_lists(self) -> None:

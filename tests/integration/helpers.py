@@ -119,3 +119,14 @@ def all_gone(pids: list[int], timeout: float = 15) -> bool:
 
 __all__ = ["cli", "start_cli", "set_args", "wait_for", "records", "assert_equals_reference",
            "descendants", "role_pid", "all_gone", "os"]
+
+
+def capture_job_keys(monkeypatch) -> dict:
+    """A test hook: the dict fills with role -> JobKeys when a job run by this process
+    (equipoise.train, local launcher) generates its keys."""
+    from equipoise.runtime.launch import local
+
+    keys: dict = {}
+    real = local.generate_keys
+    monkeypatch.setattr(local, "generate_keys", lambda mode: keys.update(real(mode)) or keys)
+    return keys

@@ -13,7 +13,9 @@ import zmq
 
 import equipoise
 
-from .helpers import all_gone, descendants, records, role_pid, set_args, start_cli, wait_for
+from equipoise.wire.auth import secure_connection
+
+from .helpers import all_gone, capture_job_keys, descendants, records, role_pid, set_args, start_cli, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -21,10 +23,12 @@ LONG = dict(dataset="digits", model="mlp", global_batch=64, workers=4, servers=2
             iterations=100000, eval_every=0, checkpoint_every=0, progress=False, timeout=30.0)
 
 
-def _send_raw(address: str, frames: list[bytes]) -> None:
+def _send_raw(address: str, frames: list[bytes], keys) -> None:
+    """Send `frames` as they are, over a connection authenticated with `keys` (JobKeys)."""
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 1000)
+    secure_connection(sock, keys)
     sock.connect(address)
     sock.send_multipart(frames)
     sock.poll(300)  # give the server a moment; an error reply may or may not come
@@ -32,7 +36,9 @@ def _send_raw(address: str, frames: list[bytes]) -> None:
     ctx.term()
 
 
-def test_malformed_messages_are_logged_and_the_server_serves_on(tmp_path):
+def test_malformed_messages_are_logged_and_the_server_serves_on(tmp_path, monkeypatch):
+    """From a peer the server authenticates (the job's worker keys), so they reach it."""
+    keys = capture_job_keys(monkeypatch)
     run = tmp_path / "run"
     cfg = dict(LONG, iterations=300, eval_every=100)
     result: dict = {}
@@ -50,7 +56,7 @@ def test_malformed_messages_are_logged_and_the_server_serves_on(tmp_path):
         [header("nonsense", {})],                                           # unknown type
         [header("push", {"worker": 0, "version": 0, "samples": 4}, [["g0", "float32", [4]]]), nan],
     ):
-        _send_raw(address, frames)
+        _send_raw(address, frames, keys["worker"])
     thread.join(timeout=100)
     assert not thread.is_alive()
     assert result["status"] == "completed" and result["iterations"] == 300

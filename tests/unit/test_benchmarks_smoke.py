@@ -30,6 +30,13 @@ def test_wire_core_runs_on_a_tiny_payload(tmp_path):
     assert doc["machine"]["cpus"] >= 1
 
 
+def test_wire_auth_comparison_runs_on_a_tiny_payload():
+    (r,) = bench_wire.measure_auth([16_384], reps=2, warmup=1)
+    assert set(r["ms"]) == {"off", "curve", "plain"} and all(len(v) == 2 for v in r["ms"].values())
+    assert all(r["min_ms"][m] <= r["median_ms"][m] <= r["max_ms"][m] for m in r["ms"])
+    assert "curve ms median (min–max)" in bench_wire.auth_table([r])
+
+
 def test_wire_profile_times_every_server_step():
     profile = wire_profile.profile_server(4096, reps=1)
     assert profile["server: store.check (finite check)"] > 0

@@ -34,6 +34,7 @@ def test_parse_override(item, expected):
 
 @pytest.mark.parametrize("values, words", [
     ({"protocol": "foo"}, ["protocol", "'foo'"]),
+    ({"auth": "none"}, ["auth", "'none'", "curve", "plain", "off"]),
     ({"global_batch": 0}, ["global_batch", "0"]),
     ({"workers": 9, "global_batch": 8}, ["workers", "9", "global_batch"]),
     ({"lr": -1.0}, ["lr", "-1.0"]),
@@ -61,3 +62,9 @@ def test_bad_toml_names_file(tmp_path):
     f.write_text("lr = = 1")
     with pytest.raises(ConfigError, match="bad.toml"):
         read_toml(f)
+
+
+def test_auth_defaults_to_authenticated_and_warns_about_plain_beyond_loopback():
+    assert Config().auth == "plain" and not Config().warnings()
+    assert any("curve" in w for w in Config(host="*").warnings())
+    assert not Config(host="*", auth="curve").warnings() and not Config(host="*", transport="ipc").warnings()

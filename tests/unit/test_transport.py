@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -12,13 +13,14 @@ import torch
 import zmq
 
 from equipoise.wire import (
-    CurveKeys,
     InMemoryTransport,
+    JobKeys,
     Message,
     PeerTimeout,
     WireError,
     ZmqTransport,
     encode,
+    generate_keys,
     make_transport,
 )
 
@@ -210,21 +212,60 @@ def test_zmq_malformed_reply_raises_wire_error():
         ctx.destroy(linger=0)
 
 
-def test_zmq_curve():
-    keys = CurveKeys.generate()
-    assert b"secret" not in repr(keys).encode() and keys.server_secret.decode() not in repr(keys)
-    with ZmqTransport(curve=keys) as transport:
-        listener = transport.listen()
-        thread = serve(listener, lambda m: PONG, timeout=3)
-        assert transport.connect(listener.address).request(PING, timeout=5) == PONG
-        thread.join(5)
-        impostor = CurveKeys.generate()
-        wrong = CurveKeys(impostor.server_public, b"", keys.client_public, keys.client_secret)
-        with ZmqTransport(curve=wrong, send_timeout=0.3) as other, ZmqTransport(send_timeout=0.3) as plain:
-            for bad in (other.connect(listener.address), plain.connect(listener.address)):
+@pytest.mark.parametrize("mode", ["curve", "plain"])
+@pytest.mark.parametrize("host", ["127.0.0.1", "ipc"])
+def test_zmq_auth_admits_the_job_roles_only(mode, host):
+    keys, foreign = generate_keys(mode), generate_keys(mode)
+    # the job's listening key with a client key of no role: reaches ZAP, which refuses it
+    stranger = JobKeys(mode, "worker", foreign["worker"].client, keys["worker"].listener, {})
+    with ZmqTransport(keys=keys["server"]) as server:
+        listener = server.listen(host)
+        for role in ("coordinator", "server", "worker"):
+            with ZmqTransport(keys=keys[role]) as t:
+                t.connect(listener.address).send(Message("ping", {"n": role}))
+                peer, msg = listener.recv(5)
+                assert msg.origin == role == msg.fields["n"]
+        for other in (ZmqTransport(send_timeout=0.3), ZmqTransport(keys=foreign["coordinator"], send_timeout=0.3),
+                      ZmqTransport(keys=stranger, send_timeout=0.3)):
+            with other:
                 with pytest.raises(PeerTimeout):  # either send cannot queue or no reply
-                    bad.request(PING, timeout=0.3)
-            assert listener.recv(0.2) is None
+                    other.connect(listener.address).request(Message("stop", {"reason": "x"}), timeout=0.3)
+        assert listener.recv(0.3) is None
+
+
+def test_zap_logs_a_refused_key_once(caplog):
+    keys = generate_keys("curve")
+    stranger = JobKeys("curve", "coordinator", generate_keys("curve")["worker"].client, keys["worker"].listener, {})
+    with ZmqTransport(keys=keys["server"]) as server, ZmqTransport(keys=stranger, send_timeout=0.3) as bad:
+        listener = server.listen()
+        with caplog.at_level(logging.WARNING, logger="equipoise.wire"):
+            for _ in range(3):  # three connections, each retrying its handshake
+                bad.connect(listener.address).send(PING)
+            assert listener.recv(1.0) is None
+    refusals = [r for r in caplog.records if "refused a connection" in r.getMessage()]
+    assert len(refusals) == 1 and "unknown CURVE key" in refusals[0].getMessage()
+
+
+def test_job_keys_hold_distinct_secrets_and_travel_as_json():
+    for mode in ("curve", "plain"):
+        keys = generate_keys(mode)
+        assert len({k.client[1] for k in keys.values()}) == 3
+        assert keys["worker"].listener[1] == ""  # a worker cannot pass for a listener
+        for k in keys.values():
+            assert JobKeys.from_dict(json.loads(json.dumps(k.to_dict()))) == k
+            assert all(s not in repr(k) for s in k.secrets())
+    with pytest.raises(ValueError, match="malformed job keys"):
+        JobKeys.from_dict({"mode": "curve"})
+    with pytest.raises(ValueError, match="cannot listen"), ZmqTransport(keys=generate_keys("curve")["worker"]) as t:
+        t.listen()
+    with pytest.raises(ValueError, match="no keys"):
+        generate_keys("off")
+
+
+def test_without_keys_origin_is_none(transport):
+    listener = transport.listen()
+    transport.connect(listener.address).send(PING)
+    assert listener.recv(5)[1].origin is None
 
 
 def test_make_transport_rejects_unknown_kind():

@@ -1,6 +1,10 @@
 """Entry point of a server or worker process started by the local launcher.
 
-``python -m equipoise.runtime.proc ROLE RANK COORDINATOR_ADDRESS HEARTBEAT_ADDRESS CONFIG_JSON``
+``python -m equipoise.runtime.proc ROLE RANK COORDINATOR_ADDRESS``, with the job on stdin:
+one JSON document ``{"config": {...}, "keys": {...} | null}`` that the launcher writes and
+closes (the role's `JobKeys`, wire/auth.py) and the
+heartbeat address. Keys never appear on a command line, where
+any local user could read them (/proc/<pid>/cmdline).
 
 The process dies with its parent (PR_SET_PDEATHSIG on Linux), ignores Ctrl-C (the
 launcher decides how the job ends), and exits 1 with a one-line error on failure. With a
@@ -15,10 +19,13 @@ import ctypes
 import json
 import logging
 import os
+import select
 import signal
 import sys
 import threading
 import time
+
+STDIN_TIMEOUT = 60.0
 
 
 def _die_with_parent() -> None:
@@ -54,26 +61,47 @@ def _beat(transport, address: str, role: str, rank: int, period: float, timeout:
             os._exit(1)
 
 
+def read_job(fd: int, timeout: float = STDIN_TIMEOUT) -> dict:
+    """The JSON document on `fd` up to end of file; TimeoutError if it does not end within
+    `timeout` seconds, ValueError if it is not a JSON object."""
+    chunks, deadline = [], time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+            raise TimeoutError(f"the launcher sent no complete job on stdin within {timeout:g} s")
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    job = json.loads(b"".join(chunks))
+    if not isinstance(job, dict):
+        raise ValueError("the job on stdin is not a JSON object")
+    return job
+
+
 def main(argv: list[str]) -> int:
-    role, rank, coordinator, beats, cfg_json = argv
+    role, rank, coordinator = argv
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {role}{rank} %(levelname)s %(message)s")
     from ..config import Config
-    from ..wire import make_transport
+    from ..wire import JobKeys, make_transport
 
-    cfg = Config.from_dict(json.loads(cfg_json))
-    transport = make_transport("zmq", max_bytes=cfg.max_message_mb << 20)
-    # Importing torch (and a server's optimizers) holds the interpreter for seconds, long
-    # enough to look frozen: done before the heartbeat starts.
-    import torch  # noqa: F401
-    if role == "server":
-        from .server import _warm_up
-        _warm_up()
-    if beats and cfg.heartbeat_s > 0:
-        threading.Thread(target=_beat, args=(transport, beats, role, int(rank), cfg.heartbeat_s, cfg.timeout),
-                         name="heartbeat", daemon=True).start()
+    transport = None
     try:
+        job = read_job(sys.stdin.fileno())
+        cfg = Config.from_dict(job["config"])
+        keys = JobKeys.from_dict(job["keys"]) if job.get("keys") is not None else None
+        transport = make_transport("zmq", max_bytes=cfg.max_message_mb << 20, keys=keys)
+        # Importing torch (and a server's optimizers) holds the interpreter for seconds, long
+        # enough to look frozen: done before the heartbeat starts.
+        import torch  # noqa: F401
+        if role == "server":
+            from .server import _warm_up
+            _warm_up()
+        if job.get("beats") and cfg.heartbeat_s > 0:
+            threading.Thread(target=_beat, args=(transport, job["beats"], role, int(rank), cfg.heartbeat_s,
+                                                 cfg.timeout), name="heartbeat", daemon=True).start()
         if role == "server":
             from .server import Server
             Server(int(rank), transport, coordinator, host=cfg.listen_host, timeout=cfg.timeout).serve()
@@ -87,7 +115,8 @@ def main(argv: list[str]) -> int:
         print(f"error: {role} {rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return 1
     finally:
-        transport.close()
+        if transport is not None:
+            transport.close()
     return 0
 
 

@@ -34,6 +34,12 @@ log = logging.getLogger("equipoise.server")
 # away is refused outright (a protocol asks for at most a few versions ahead).
 MAX_HELD, MAX_HELD_PER_PEER, MAX_AHEAD = 4096, 16, 1 << 20
 
+# Who may send a server each message type (`Message.origin`, the job role an authenticating
+# transport vouches for; None, without authentication, passes). A type not listed here,
+# i.e. every control message, is the coordinator's alone.
+SENDERS = {"push": {"worker"}, "pull": {"worker"}, "ping": {"coordinator", "server", "worker"},
+           "adopt": {"coordinator", "server"}}  # adopt: from the server handing its blocks over
+
 
 @dataclass
 class _Held:
@@ -59,6 +65,7 @@ class Server:
         self.copies = _CopyPool()
         self.held: list[_Held] = []
         self.done = False
+        self.intruders: set[bytes] = set()  # peers refused for their role (logged once each)
         # Server stragglers (PSLD): extra time (factor − 1)·bytes / rate, a bandwidth cap,
         # and the busy time and bytes handled since the coordinator last asked, on `clock`.
         self.factor, self.rate = 1.0, 1000e6
@@ -95,6 +102,14 @@ class Server:
 
     # -- dispatch ---------------------------------------------------------------------
     def handle(self, peer: bytes, msg: Message) -> None:
+        if msg.origin is not None and msg.origin not in SENDERS.get(msg.type, ("coordinator",)):
+            if peer not in self.intruders:
+                self.intruders.add(peer)
+                log.warning("refused %r from %s, a %s (further refusals of this peer not logged)",
+                            msg.type, peer.hex(), msg.origin)
+            self.listener.send(peer, Message("error", {"message": f"server {self.rank} does not accept "
+                                                       f"{msg.type!r} from a {msg.origin}"}))
+            return
         handler = getattr(self, f"_on_{msg.type}", None)
         if handler is None:
             return self._refuse(peer, f"server {self.rank} does not accept {msg.type!r} messages")

@@ -26,7 +26,8 @@ from .message import (
 from .schema import SCHEMA, check_fields, register
 from .transport import Connection, Listener, PeerTimeout, Transport
 from .memory import InMemoryTransport
-from .zmq_transport import CurveKeys, ZmqTransport
+from .auth import JobKeys, generate_keys
+from .zmq_transport import ZmqTransport
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -34,8 +35,8 @@ __all__ = [
     "MAX_HEADER_BYTES",
     "WIRE_VERSION",
     "Connection",
-    "CurveKeys",
     "InMemoryTransport",
+    "JobKeys",
     "Listener",
     "Message",
     "PeerTimeout",
@@ -46,6 +47,7 @@ __all__ = [
     "check_fields",
     "decode",
     "encode",
+    "generate_keys",
     "make_transport",
     "register",
 ]

@@ -10,6 +10,9 @@ that issued them; share that object between threads. Sending to a listener
 that does not exist (yet, or any more) silently drops the message, like a
 ZeroMQ DEALER whose peer never answers. :meth:`InMemoryTransport.inject`
 delivers raw frames to a listener to test malformed-input handling.
+
+There is no authentication: every peer lives in the process, so every received message
+is trusted and has ``origin`` None (no role check applies; see wire/auth.py).
 """
 
 from __future__ import annotations

@@ -66,11 +66,16 @@ class Message:
     list, dict with str keys; tuples arrive as lists). ``tensors`` maps names
     to CPU tensors of a dtype in :data:`DTYPES`. Equality compares type,
     fields and tensors exactly (dtype, shape, ``torch.equal``).
+
+    ``origin`` is not sent: a listener that authenticates its peers sets it on a
+    received message to the sender's job role ("coordinator", "server", "worker");
+    it is None when the transport does not authenticate (wire/auth.py).
     """
 
     type: str
     fields: dict = field(default_factory=dict)
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    origin: str | None = None
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Message):

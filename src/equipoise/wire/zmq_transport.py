@@ -1,4 +1,11 @@
-"""ZeroMQ transport: ROUTER listeners, DEALER connections, optional CURVE.
+"""ZeroMQ transport: ROUTER listeners, DEALER connections, per-job authentication.
+
+With ``keys`` (a role's :class:`~equipoise.wire.auth.JobKeys`), every listener, tcp or
+ipc, is a CURVE (or PLAIN) server whose ZAP handler admits only the job's own roles, and
+every received message carries its sender's role in ``Message.origin`` ("coordinator",
+"server" or "worker"); a peer without the job's credentials fails the handshake and no
+message of it is ever delivered. Without keys there is no authentication and ``origin``
+is None. See wire/auth.py for the modes.
 
 Each :class:`ZmqTransport` owns its own ``zmq.Context`` (never the global
 instance); create transports in the process that uses them, i.e. after any
@@ -24,11 +31,11 @@ import os
 import socket as _socket
 import tempfile
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import zmq
 
+from .auth import ROLES, JobKeys, ZapHandler, secure_connection, secure_listener
 from .message import DEFAULT_MAX_BYTES, Message, WireError, decode, encode
 from .transport import (
     Connection,
@@ -45,35 +52,11 @@ _WILDCARDS = ("*", "0.0.0.0", "")
 _INT_MAX = 2**31 - 1
 
 
-@dataclass(frozen=True)
-class CurveKeys:
-    """CURVE key pairs (Z85 bytes from ``zmq.curve_keypair()``).
-
-    Listeners become CURVE servers with the server pair; connections become
-    CURVE clients that only talk to a server holding ``server_secret``.
-    Traffic is encrypted. Clients are not authenticated (no ZAP handler):
-    anyone who knows ``server_public`` can connect.
-    """
-
-    server_public: bytes
-    server_secret: bytes = field(repr=False)
-    client_public: bytes
-    client_secret: bytes = field(repr=False)
-
-    @classmethod
-    def generate(cls) -> "CurveKeys":
-        """Fresh random key pairs; RuntimeError if libzmq lacks CURVE support."""
-        if not zmq.has("curve"):
-            raise RuntimeError("this libzmq build has no CURVE support")
-        server_public, server_secret = zmq.curve_keypair()
-        client_public, client_secret = zmq.curve_keypair()
-        return cls(server_public, server_secret, client_public, client_secret)
-
-
 class ZmqTransport(Transport):
     """TCP transport over ZeroMQ; see the module docstring for copy semantics.
 
-    ``max_bytes`` bounds every message both ways; ``curve`` enables CURVE;
+    ``max_bytes`` bounds every message both ways; ``keys`` (None: no authentication)
+    secures every socket, see the module docstring;
     ``send_timeout`` bounds how long a connection's ``send`` may block when it
     cannot queue (no handshaken peer, or high-water mark) before PeerTimeout;
     ``copy_threshold``: frames at least this large are sent zero-copy.
@@ -82,18 +65,19 @@ class ZmqTransport(Transport):
     def __init__(
         self,
         max_bytes: int = DEFAULT_MAX_BYTES,
-        curve: CurveKeys | None = None,
+        keys: JobKeys | None = None,
         *,
         send_timeout: float = 30.0,
         copy_threshold: float = COPY_THRESHOLD,
     ) -> None:
         self.max_bytes = int(max_bytes)
-        self.curve = curve
+        self.keys = keys
         self.send_timeout = check_timeout(send_timeout)
         self.copy_threshold = copy_threshold
         self._zero_copy = copy_threshold < _INT_MAX
         self._ctx = zmq.Context()
         self._open: set[_ZmqEndpoint] = set()  # keeps sockets alive until closed
+        self._zap: ZapHandler | None = None  # started by the first listener
 
     def _socket(self, kind: int) -> zmq.Socket:
         sock = self._ctx.socket(kind)
@@ -113,12 +97,7 @@ class ZmqTransport(Transport):
         """
         if host == "ipc":
             return self._listen_ipc()
-        sock = self._socket(zmq.ROUTER)
-        sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
-        if self.curve is not None:
-            sock.curve_secretkey = self.curve.server_secret
-            sock.curve_publickey = self.curve.server_public
-            sock.curve_server = True
+        sock = self._router()
         try:
             port = sock.bind_to_random_port(f"tcp://{host or '*'}")
         except zmq.ZMQError as exc:
@@ -127,9 +106,21 @@ class ZmqTransport(Transport):
         shown = _socket.gethostname() if host in _WILDCARDS else host
         return self._track(_ZmqListener(sock, f"tcp://{shown}:{port}", self))
 
-    def _listen_ipc(self) -> Listener:
+    def _router(self) -> zmq.Socket:
         sock = self._socket(zmq.ROUTER)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        if self.keys is not None:
+            try:
+                secure_listener(sock, self.keys)
+            except ValueError:
+                sock.close(linger=0)
+                raise
+            if self._zap is None:  # before the bind: no handshake may find no handler
+                self._zap = ZapHandler(self._ctx, self.keys)
+        return sock
+
+    def _listen_ipc(self) -> Listener:
+        sock = self._router()
         path = tempfile.mktemp(prefix=f"equipoise-{os.getpid()}-", suffix=".sock")
         try:
             sock.bind(f"ipc://{path}")
@@ -141,10 +132,8 @@ class ZmqTransport(Transport):
     def connect(self, address: str) -> Connection:
         """Connect a DEALER to ``address`` (e.g. ``tcp://127.0.0.1:5555``)."""
         sock = self._socket(zmq.DEALER)
-        if self.curve is not None:
-            sock.curve_serverkey = self.curve.server_public
-            sock.curve_publickey = self.curve.client_public
-            sock.curve_secretkey = self.curve.client_secret
+        if self.keys is not None:
+            secure_connection(sock, self.keys)
         try:
             sock.connect(address)
         except zmq.ZMQError as exc:
@@ -160,6 +149,8 @@ class ZmqTransport(Transport):
         """Close all sockets of this transport (LINGER 0) and terminate the context."""
         for endpoint in list(self._open):
             endpoint.close()
+        if self._zap is not None:
+            self._zap.close()
         if not self._ctx.closed:
             self._ctx.destroy(linger=0)
 
@@ -186,6 +177,7 @@ class _ZmqEndpoint:
         self._transport = transport
         self.address = address
         self.max_bytes = transport.max_bytes
+        self._auth = transport.keys is not None
         self._zero_copy = transport._zero_copy
 
     def _send(self, frames: list) -> Callable[[], bool]:
@@ -212,7 +204,12 @@ class _ZmqListener(_ZmqEndpoint, Listener):
             frames = self._sock.recv_multipart(copy=False)
             peer = frames[0].bytes
             try:
-                return peer, decode(frames[1:], max_bytes=self.max_bytes)
+                msg = decode(frames[1:], max_bytes=self.max_bytes)
+                if self._auth:  # the role ZAP gave this connection; never absent when authenticated
+                    msg.origin = frames[-1].get("User-Id")
+                    if msg.origin not in ROLES:
+                        raise WireError(f"no job role for this connection ({msg.origin!r})")
+                return peer, msg
             except WireError as exc:
                 log_dropped(self.address, peer, exc)
             if time.monotonic() >= deadline:

@@ -1,6 +1,10 @@
 """The local launcher: the coordinator runs in this process, servers and workers as child
 processes on this machine, all talking ZeroMQ over loopback.
 
+With `auth` other than "off" it generates the job's keys (wire/auth.py) and gives each
+child its role's keys, with the config, on the child's stdin (runtime/proc.py): never on
+a command line, in the environment, a log or the run directory.
+
 Whatever happens — success, a dead child, a timeout, Ctrl-C — every child (and every
 noisy-neighbour burner and cgroup) is cleaned up before `run_local` returns or raises, so
 no process is orphaned and every port is freed.
@@ -10,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 import threading
@@ -19,7 +24,7 @@ from pathlib import Path
 from ...config import Config
 from ...neighbour import Burner, start_burner
 from ...scenario import Scenario
-from ...wire import Listener, Message, make_transport
+from ...wire import JobKeys, Listener, Message, generate_keys, make_transport
 from ..checkpoint import Checkpoint
 from ..coordinator import make_coordinator
 from ..rpc import Failure, JobError, PeerLost
@@ -76,8 +81,9 @@ class Children:
     MISSED_BEATS heartbeats (then killed, so that it cannot come back) is `lost`; a
     process that exits with an error of its own fails the job."""
 
-    def __init__(self, cfg: Config, run_dir: Path, coordinator: str, beats: Heartbeats | None = None):
-        self.cfg, self.coordinator, self.beats = cfg, coordinator, beats
+    def __init__(self, cfg: Config, run_dir: Path, coordinator: str, keys: dict[str, JobKeys] | None = None,
+                 beats: Heartbeats | None = None):
+        self.cfg, self.coordinator, self.keys, self.beats = cfg, coordinator, keys, beats
         self.procs: dict[str, subprocess.Popen] = {}
         self.tolerated: set[str] = set()
         self.reported: set[str] = set()
@@ -85,7 +91,6 @@ class Children:
         self.logs = run_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.env = dict(os.environ, OMP_NUM_THREADS=str(cfg.threads), MKL_NUM_THREADS=str(cfg.threads))
-        self.cfg_json = json.dumps(cfg.to_dict())
         self.limits: dict[int, CpuLimit] = {}
         self.stopped: set[str] = set()  # processes stopped on purpose (elastic servers)
         tag = f"equipoise-{os.getpid()}"
@@ -105,10 +110,13 @@ class Children:
                 self.beats.last.pop(name, None)
             (self.logs / f"{name}.log").replace(self.logs / f"{name}.lost.log")
         with (self.logs / f"{name}.log").open("w") as log:
-            self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "equipoise.runtime.proc", role, str(rank), self.coordinator,
-                 self.beats.listener.address if self.beats else "", self.cfg_json], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=self.env)
+            self.procs[name] = proc = subprocess.Popen(
+                [sys.executable, "-m", "equipoise.runtime.proc", role, str(rank), self.coordinator],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.PIPE, env=self.env)
+        keys = self.keys[role].to_dict() if self.keys else None
+        _write_all(proc.stdin, json.dumps({"config": self.cfg.to_dict(), "keys": keys,
+                                            "beats": self.beats.listener.address if self.beats else ""}).encode(),
+                   self.cfg.timeout)
         if role == "worker" and rank in self.limits:
             self.limits[rank].add(self.procs[name].pid)
 
@@ -179,6 +187,23 @@ class Children:
             limit.remove()
 
 
+def _write_all(pipe, data: bytes, timeout: float) -> None:
+    """Write `data` to a child's stdin and close it, within `timeout` seconds; a child
+    that died meanwhile is left for `Children.check` to report."""
+    fd, deadline = pipe.fileno(), time.monotonic() + timeout
+    os.set_blocking(fd, False)
+    try:
+        while data:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([], [fd], [], remaining)[1]:
+                raise TimeoutError(f"a child did not read its job from stdin within {timeout:g} s")
+            data = data[os.write(fd, data):]
+    except BrokenPipeError:
+        pass
+    finally:
+        pipe.close()
+
+
 class Neighbours:
     """Starts and stops the scenario's CPU burners beside their workers on schedule."""
 
@@ -211,14 +236,16 @@ class Neighbours:
 
 def run_local(cfg: Config, run_dir: Path, data, resume: Checkpoint | None = None) -> dict:
     """Run one job on this machine and return its summary."""
-    transport = make_transport("zmq", max_bytes=cfg.max_message_mb << 20)
+    keys = generate_keys(cfg.auth) if cfg.auth != "off" else None
+    transport = make_transport("zmq", max_bytes=cfg.max_message_mb << 20,
+                               keys=keys["coordinator"] if keys else None)
     listener = transport.listen(cfg.listen_host)
     children = neighbours = beats = None
     clean = False
     try:
         if cfg.heartbeat_s > 0:
             beats = Heartbeats(transport.listen(cfg.listen_host), cfg.heartbeat_s)
-        children = Children(cfg, run_dir, listener.address, beats)
+        children = Children(cfg, run_dir, listener.address, keys, beats)
         neighbours = Neighbours(cfg, children)
         coord = make_coordinator(cfg, run_dir, transport, listener, data, peers=children, resume=resume,
                                  on_tick=neighbours.tick if cfg.neighbours else None)

@@ -1,0 +1,201 @@
+"""Per-job credentials and the ZAP handler that checks them on every listener.
+
+A job's launcher calls :func:`generate_keys` once and hands each child process the
+:class:`JobKeys` of its role out of band (the local launcher writes them to the child's
+stdin, never to a command line, a log or the run directory). Three roles hold distinct
+credentials: ``coordinator``, ``server`` and ``worker``. A listener accepts a connection
+only if its ZAP handler (ZeroMQ RFC 27, run in a thread of the listening transport)
+finds the peer's credential in the job's allow-list; the role it maps to becomes the
+connection's ZAP User-Id, which the transport sets as ``Message.origin`` on every
+message received over it.
+
+Modes (config key ``auth``):
+
+* ``curve``: CurveZMQ (Hintjens, "CurveZMQ", RFC 26, 2013), every connection encrypted
+  and authenticated. One listening key pair, held by the coordinator and the servers, is
+  the CURVE server key of every listener; each role has its own client key pair. A worker
+  holds neither the listening secret nor another role's client secret, so it cannot pass
+  for a listener, the coordinator or a server.
+* ``plain``: ZeroMQ PLAIN: user name = role, a random per-job password per role, checked
+  by ZAP against SHA-256 digests (a server knows the coordinator password's digest, not
+  the password). Authenticated but NOT encrypted: the password travels in clear, so anyone
+  able to read the traffic (root on this machine for loopback or ipc; anyone on the path
+  for other hosts) can replay it. Acceptable on loopback/ipc only.
+* ``off``: no authentication, for debugging; ``Message.origin`` is then None.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import secrets
+import threading
+from dataclasses import dataclass, field
+
+import zmq
+from zmq.utils import z85
+
+ROLES = ("coordinator", "server", "worker")
+ZAP_DOMAIN = b"equipoise"
+_ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+
+log = logging.getLogger("equipoise.wire")
+
+
+@dataclass(frozen=True)
+class JobKeys:
+    """The credentials of one role of one job (from :func:`generate_keys`).
+
+    ``mode``: "curve" or "plain". ``client``: this role's (public, secret) CURVE key pair
+    in Z85, or (role, password) under PLAIN. ``listener``: the listening (public, secret)
+    CURVE pair; the secret is "" for workers, which never listen; unused under PLAIN.
+    ``allowed``: the ZAP allow-list, CURVE client public key -> role, or under PLAIN role ->
+    SHA-256 hex digest of its password.
+    """
+
+    mode: str
+    role: str
+    client: tuple[str, str] = field(repr=False)
+    listener: tuple[str, str] = field(repr=False)
+    allowed: dict[str, str] = field(repr=False)
+
+    def to_dict(self) -> dict:
+        """Plain JSON-able data; :meth:`from_dict` reads it back."""
+        return {"mode": self.mode, "role": self.role, "client": list(self.client),
+                "listener": list(self.listener), "allowed": dict(self.allowed)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "JobKeys":
+        """ValueError naming the problem if `d` is not what :meth:`to_dict` writes."""
+        try:
+            keys = cls(str(d["mode"]), str(d["role"]), _pair(d["client"]), _pair(d["listener"]),
+                       {str(k): str(v) for k, v in d["allowed"].items()})
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            raise ValueError(f"malformed job keys ({type(exc).__name__}: {exc})") from None
+        if keys.mode not in ("curve", "plain") or keys.role not in ROLES:
+            raise ValueError(f"job keys of unknown mode {keys.mode!r} or role {keys.role!r}")
+        return keys
+
+    def secrets(self) -> list[str]:
+        """Every secret these keys hold (for tests that check none leaks)."""
+        return [s for s in (self.client[1], self.listener[1]) if s]
+
+
+def _pair(v) -> tuple[str, str]:
+    a, b = v
+    return str(a), str(b)
+
+
+def generate_keys(mode: str) -> dict[str, JobKeys]:
+    """Fresh credentials for one job: role -> JobKeys. RuntimeError if `mode` is "curve"
+    and this libzmq has no CURVE support; ValueError for a mode other than curve/plain."""
+    if mode == "curve":
+        if not zmq.has("curve"):
+            raise RuntimeError("this libzmq build has no CURVE support (use auth = \"plain\")")
+        pairs = {role: tuple(k.decode() for k in zmq.curve_keypair()) for role in ROLES}
+        listen = tuple(k.decode() for k in zmq.curve_keypair())
+        allowed = {pairs[role][0]: role for role in ROLES}
+        return {role: JobKeys(mode, role, pairs[role], (listen[0], "" if role == "worker" else listen[1]),
+                              allowed) for role in ROLES}
+    if mode == "plain":
+        words = {role: secrets.token_urlsafe(32) for role in ROLES}
+        allowed = {role: _digest(w) for role, w in words.items()}
+        return {role: JobKeys(mode, role, (role, words[role]), ("", ""), allowed) for role in ROLES}
+    raise ValueError(f"auth mode {mode!r} has no keys (expected 'curve' or 'plain')")
+
+
+def _digest(password: str | bytes) -> str:
+    data = password.encode() if isinstance(password, str) else password
+    return hashlib.sha256(data).hexdigest()
+
+
+def secure_listener(sock: zmq.Socket, keys: JobKeys) -> None:
+    """Make `sock` (not yet bound) a CURVE or PLAIN server that refuses any peer the
+    job's ZAP handler does not accept, and fails closed if no handler answers."""
+    if keys.mode == "curve":
+        if not keys.listener[1]:
+            raise ValueError(f"the {keys.role} keys cannot listen (no listening secret)")
+        sock.curve_secretkey = keys.listener[1].encode()
+        sock.curve_publickey = keys.listener[0].encode()
+        sock.curve_server = True
+    else:
+        sock.plain_server = True
+    sock.zap_domain = ZAP_DOMAIN
+    sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
+
+
+def secure_connection(sock: zmq.Socket, keys: JobKeys) -> None:
+    """Make `sock` (not yet connected) present this role's credentials."""
+    if keys.mode == "curve":
+        sock.curve_serverkey = keys.listener[0].encode()
+        sock.curve_publickey = keys.client[0].encode()
+        sock.curve_secretkey = keys.client[1].encode()
+    else:
+        sock.plain_username = keys.client[0].encode()
+        sock.plain_password = keys.client[1].encode()
+
+
+class ZapHandler:
+    """Answers the ZAP requests of one ZeroMQ context in a daemon thread.
+
+    It binds the context's ZAP endpoint at construction (before any listener binds, so no
+    handshake ever finds it missing), accepts a peer whose credential is in
+    ``keys.allowed`` with its role as User-Id, and refuses any other with status 400,
+    logging one warning per refused credential (not per attempt: a refused DEALER keeps
+    reconnecting).
+    """
+
+    def __init__(self, ctx: zmq.Context, keys: JobKeys) -> None:
+        self.keys = keys
+        self.refused: set[bytes] = set()
+        self._stop = threading.Event()
+        self._sock = ctx.socket(zmq.REP)
+        self._sock.linger = 0
+        self._sock.bind(_ZAP_ENDPOINT)
+        self._thread = threading.Thread(target=self._run, name="equipoise-zap", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                if self._sock.poll(100, zmq.POLLIN):
+                    request = self._sock.recv_multipart()
+                    self._sock.send_multipart(self.answer(request))
+        except zmq.ZMQError:  # the context was terminated under us: nothing left to guard
+            pass
+        finally:
+            self._sock.close(linger=0)
+
+    def answer(self, request: list[bytes]) -> list[bytes]:
+        """The ZAP reply to one request (RFC 27 frames)."""
+        if len(request) < 6 or request[0] != b"1.0":
+            return [b"1.0", request[1] if len(request) > 1 else b"", b"500", b"bad ZAP request", b"", b""]
+        request_id, domain, address, mechanism, creds = request[1], request[2], request[3], request[5], request[6:]
+        role, why = self._role(mechanism, creds)
+        if role is not None and domain == ZAP_DOMAIN:
+            return [b"1.0", request_id, b"200", b"OK", role.encode(), b""]
+        seen = mechanism + b"\0" + (creds[0] if creds else b"")
+        if seen not in self.refused:
+            self.refused.add(seen)
+            log.warning("refused a connection from %s: %s", address.decode(errors="replace") or "?",
+                        why or f"ZAP domain {domain!r}")
+        return [b"1.0", request_id, b"400", b"not a peer of this job", b"", b""]
+
+    def _role(self, mechanism: bytes, creds: list[bytes]) -> tuple[str | None, str]:
+        if self.keys.mode == "curve" and mechanism == b"CURVE" and len(creds) == 1:
+            public = z85.encode(creds[0]).decode()
+            role = self.keys.allowed.get(public)
+            return role, "" if role else f"unknown CURVE key {public[:8]}…"
+        if self.keys.mode == "plain" and mechanism == b"PLAIN" and len(creds) == 2:
+            user = creds[0].decode(errors="replace")
+            expected = self.keys.allowed.get(user)
+            if expected is not None and hmac.compare_digest(expected, _digest(creds[1])):
+                return user, ""
+            return None, f"wrong PLAIN user or password (user {user[:20]!r})"
+        return None, f"mechanism {mechanism.decode(errors='replace')!r} is not this job's"
+
+    def close(self) -> None:
+        """Stop the thread (it closes its socket); call before terminating the context."""
+        self._stop.set()
+        self._thread.join(timeout=5)
