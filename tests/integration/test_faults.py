@@ -67,7 +67,7 @@ def test_malformed_messages_are_logged_and_the_server_serves_on(tmp_path, monkey
 
 def test_a_dead_server_without_recovery_fails_the_job_fast_naming_it(tmp_path):
     run = tmp_path / "run"
-    proc = start_cli("train", "--out", str(run), *set_args(LONG))
+    proc = start_cli("train", "--out", str(run), *set_args(dict(LONG, snapshot_every=0)))  # no rollback
     try:
         wait_for(lambda: len(records(run, "iteration")) >= 5, 60, "training to start")
         victim = role_pid(proc.pid, "server 1")
