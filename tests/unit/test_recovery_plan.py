@@ -1,0 +1,71 @@
+"""The bookkeeping that lets a barrier iteration end as if a lost worker had not been
+lost: slices cut among survivors, and servers told how many pushes they wait for."""
+
+from __future__ import annotations
+
+import pytest
+
+from equipoise.policy.sync import BSP, PushedTwice, SSP, ServerSync, SoftSync
+from equipoise.runtime.recovery import Assignments, _cut
+
+
+def test_a_cut_covers_the_slice_once_in_proportion():
+    pieces = _cut(100, 10, {0: 1.0, 2: 1.0, 3: 2.0})
+    # 2.5, 2.5, 5 samples: the tie for the spare sample goes to the first worker
+    assert pieces == {0: (100, 3), 2: (103, 2), 3: (105, 5)}
+    assert _cut(0, 1, {4: 1.0, 5: 1.0}) in ({4: (0, 1)}, {5: (0, 1)})  # no empty pieces
+    with pytest.raises(ValueError):
+        _cut(0, 4, {1: 0.0})
+
+
+def test_a_lost_worker_slices_go_to_the_survivors_for_the_servers_behind():
+    a = Assignments()
+    a.begin(7, {0: (448, 16), 1: (464, 16), 2: (480, 32)})
+    new = a.lose(1, {0: 16, 2: 32}, behind=[1])  # server 0 applied iteration 7 already
+    assert sum(s.size for s in new) == 16 and {s.servers for s in new} == {(1,)}
+    assert sorted((s.worker, s.start, s.size) for s in new) == [(0, 464, 5), (2, 469, 11)]  # 16·1/3, 16·2/3
+    assert a.expected(0) == 2 and a.expected(1) == 2 + len(new)
+    assert a.owed() and a.next_share(0).worker == 0
+    # a survivor lost in turn: its own slice and its share go to the last one
+    again = a.lose(0, {2: 32}, behind=[0, 1])
+    assert {(s.worker, s.servers) for s in again} == {(2, (0, 1)), (2, (1,))}
+    # server 0: worker 2's slice and worker 0's again; server 1: those and both shares
+    assert a.expected(0) == 2 and a.expected(1) == 4
+    assert all(s.worker == 2 for s in a.slices)
+
+
+def test_server_sync_drops_a_lost_push_and_waits_for_what_it_is_told():
+    sync = ServerSync(BSP(), 3)
+    sync.accept(0, 0, 16)
+    dead = sync.accept(1, 0, 16)
+    assert sync.lose(1, 2, drop=True) == [dead]
+    sync.accept(2, 0, 32)
+    assert sync.next_update() is None  # held until `expect`
+    sync.expect(0, 4)
+    sync.accept(0, 0, 8, part=1)
+    with pytest.raises(PushedTwice):
+        sync.accept(0, 0, 8, part=1)
+    assert sync.next_update() is None
+    sync.accept(2, 0, 8, part=2)
+    update = sync.next_update()
+    assert update is not None and len(update.pushes) == 4
+    sync.on_applied(update)
+    assert sync.expected is None and sync.version == 1
+    sync.accept(0, 1, 32)
+    assert sync.next_update() is None
+    sync.accept(2, 1, 32)
+    assert sync.next_update() is not None  # two workers from now on
+
+
+def test_without_a_barrier_a_lost_worker_leaves_the_clock_and_the_group():
+    sync = ServerSync(SSP(bound=1), 2)
+    sync.accept(0, 0)
+    sync.on_applied(sync.next_update())
+    assert sync.published() == 0  # worker 1 holds the clock back
+    sync.lose(1, 1, drop=True)
+    assert sync.published() == 1
+    soft = ServerSync(SoftSync(n=1), 3)
+    soft.accept(0, 0)
+    soft.accept(1, 0)
+    assert soft.lose(2, 2, drop=True) == [] and soft.next_update() is not None  # λ = 2 now
+    assert soft.applied[0] == 0  # counted once applied
