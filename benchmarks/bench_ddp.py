@@ -96,16 +96,16 @@ PRESETS: dict[str, Preset] = {"ci": Preset(iterations=40, reps=1), "full": Prese
 
 # -- equipoise -----------------------------------------------------------------------------
 
-def run_equipoise(spec: Spec) -> dict[str, Any]:
-    """One equipoise BSP job; its summary's throughput plus the steady-state rate over
-    iterations [warmup, iterations) from metrics.jsonl."""
+def run_equipoise(spec: Spec, **extra: Any) -> dict[str, Any]:
+    """One equipoise BSP job (`extra`: more config keys); its summary's throughput plus
+    the steady-state rate over iterations [warmup, iterations) from metrics.jsonl."""
     import equipoise
 
     cfg = dict(protocol="bsp", workers=spec.workers, servers=spec.servers,
                global_batch=spec.global_batch, iterations=spec.iterations, model=spec.model,
                dataset=spec.dataset, lr=spec.lr, momentum=spec.momentum, optimizer="sgd",
                seed=spec.seed, threads=1, eval_every=0, checkpoint_every=0, progress=False,
-               timeout=spec.timeout)
+               timeout=spec.timeout, **extra)
     with tempfile.TemporaryDirectory(prefix="bench-ddp-") as tmp:
         t0 = time.perf_counter()
         summary = equipoise.train(cfg, out=Path(tmp) / "run")
