@@ -93,7 +93,7 @@ class Config:
     timeout: float = 120.0
     heartbeat_s: float = 2.0  # children beat this often; 3 missed beats: the process is lost (0: off)
     worker_restarts: int = 0  # replacement workers started for lost ones, in all (torchrun's max_restarts)
-    replication: int = 0  # 0: a lost server is recovered by rolling back to the last in-memory snapshot
+    replication: int = 0  # 1: every block also on a backup server, in lockstep; 0: roll back to a snapshot
     snapshot_every: int = 10  # iterations between in-memory snapshots for that rollback (0: none; a lost server fails the job)
     host: str = "127.0.0.1"
     transport: str = "tcp"  # "tcp" on `host`, or "ipc": Unix sockets, this machine only
@@ -180,9 +180,11 @@ class Config:
                 f"workers = {self.workers} is more than global_batch = {self.global_batch}: "
                 "every worker needs at least one sample per iteration"
             )
-        if self.replication != 0:
-            raise ConfigError(f"replication = {self.replication!r}: only 0 is supported (a lost server is "
-                              "recovered from the in-memory snapshots of snapshot_every)")
+        if self.replication not in (0, 1):
+            raise ConfigError(f"replication = {self.replication!r} must be 0 (a lost server is recovered from "
+                              "the in-memory snapshots of snapshot_every) or 1 (a backup on the next server)")
+        if self.replication and self.protocol not in ("bsp", "lbbsp"):
+            raise ConfigError(f"replication = 1 needs a barrier protocol (bsp, lbbsp), not {self.protocol!r}")
         self._validate_protocol()
         self._validate_lists()
 

@@ -31,7 +31,7 @@ from equipoise.reference import run_splits, train_reference
 
 from .helpers import records, role_pid, wait_for
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = pytest.mark.timeout(300)
 
 BASE = dict(dataset="digits", model="mlp", global_batch=64, workers=4, servers=2, iterations=60,
             eval_every=0, checkpoint_every=0, lr=0.05, optimizer="sgd", momentum=0.9, progress=False,
@@ -44,10 +44,10 @@ def _run_with(cfg: dict, run, action, at: int) -> dict:
     thread = threading.Thread(target=lambda: result.update(equipoise.train(cfg, out=run)))
     thread.start()
     try:
-        wait_for(lambda: len(records(run, "iteration")) >= at, 60, f"iteration {at}", interval=0.01)
+        wait_for(lambda: len(records(run, "iteration")) >= at, 120, f"iteration {at}", interval=0.01)
         action(role_pid(os.getpid(), "worker 1"))
     finally:
-        thread.join(timeout=120)
+        thread.join(timeout=180)
     assert not thread.is_alive(), "the job did not end"
     return result
 
@@ -115,24 +115,34 @@ def _run_killing(cfg: dict, run, role: str, at: int) -> dict:
     thread = threading.Thread(target=lambda: result.update(equipoise.train(cfg, out=run)))
     thread.start()
     try:
-        wait_for(lambda: len(records(run, "iteration")) >= at, 60, f"iteration {at}", interval=0.01)
+        wait_for(lambda: len(records(run, "iteration")) >= at, 120, f"iteration {at}", interval=0.01)
         os.kill(role_pid(os.getpid(), role), signal.SIGKILL)
     finally:
-        thread.join(timeout=120)
+        thread.join(timeout=180)
     assert not thread.is_alive(), "the job did not end"
     return result
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_a_killed_server_is_replaced_and_the_job_replays_from_the_snapshot(tmp_path, optimizer):
-    cfg = dict(BASE, optimizer=optimizer, lr=0.01 if optimizer == "adam" else 0.05, snapshot_every=10)
-    at = random.Random(f"server-{optimizer}").randrange(12, 45)
+@pytest.mark.parametrize("replication", [0, 1])
+def test_a_killed_server_changes_nothing_but_the_time(tmp_path, optimizer, replication):
+    """replication = 0: a replacement, and a replay from the last snapshot (iterations
+    that are multiples of 10); replication = 1: server 1's backup (the next server of
+    the ring 0 → 1 → 2 → 0) takes its blocks and at most the iteration in flight is
+    replayed."""
+    cfg = dict(BASE, optimizer=optimizer, lr=0.01 if optimizer == "adam" else 0.05, snapshot_every=10,
+               replication=replication, servers=3)
+    at = random.Random(f"server-{optimizer}-{replication}").randrange(12, 45)
     run = tmp_path / "run"
     summary = _run_killing(cfg, run, "server 1", at)
     assert summary["status"] == "completed" and summary["iterations"] == 60
     [lost] = summary["recovered"]
     assert (lost["role"], lost["rank"]) == ("server", 1) and "signal 9" in lost["reason"]
     first, until = lost["replayed"]
-    assert first % 10 == 0 and first <= until and until - first <= 10 + 1
-    assert (run / "logs" / "server1.lost.log").exists()
+    if replication:
+        assert until - first <= 1 and "its backup, server 2, took its blocks" in lost["action"]
+        assert not (run / "logs" / "server1.lost.log").exists()  # no replacement process
+    else:
+        assert first % 10 == 0 and first <= until and until - first <= 10 + 1
+        assert (run / "logs" / "server1.lost.log").exists()
     _assert_oracle(cfg, run)

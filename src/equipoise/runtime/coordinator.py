@@ -118,7 +118,7 @@ class Coordinator:
         self.memory: Memory | None = None  # the snapshot a rollback restores
         self.replacing: dict[int, str] = {}  # lost servers being replaced: rank -> address ("" until hello)
         peers.tolerate("worker")
-        if self.recovers_servers and cfg.snapshot_every:
+        if self.recovers_servers and (cfg.snapshot_every or cfg.replication):
             peers.tolerate("server")
 
     # -- the job ------------------------------------------------------------------------
@@ -172,6 +172,8 @@ class Coordinator:
             version, samples = self.resume.version, self.resume.samples
         self.servers.start(addresses, self.blocks, table, values, optim, version, samples, len(self.workers))
         self.memory = Memory(self.iteration, State(values, optim, version, samples), list(table))
+        if self.cfg.replication:
+            self.servers.replicate()
 
     def _new_model(self) -> torch.nn.Module:
         return build_model(self.cfg.model, self.data.input_shape, self.data.num_classes)
@@ -325,7 +327,8 @@ class Coordinator:
         a barrier keep one in memory every `snapshot_every` iterations for a rollback."""
         want_eval, want_ckpt = (True, True) if force else self.snapshots.due(t)
         every = self.cfg.snapshot_every if self.recovers_servers else 0
-        want_mem = bool(every and t % every == 0 and t < self.total and self.memory and t > self.memory.iteration)
+        want_mem = bool(every and not self.cfg.replication and t % every == 0 and t < self.total
+                        and self.memory and t > self.memory.iteration)
         if want_eval or want_ckpt or want_mem:
             state = self.snapshots.fetch(self.servers.broadcast, version)
             if want_mem:
@@ -390,9 +393,12 @@ class Coordinator:
         raise NotImplementedError
 
     def _lose_server(self, failure: Failure) -> None:
-        """Start a replacement; the rollback follows once it has registered."""
+        """replication = 1: fail over to the backup. Else start a replacement; the
+        rollback follows once it has registered."""
         if not self.recovers_servers or self.memory is None:
             raise JobError(f"server{failure.rank} {failure.reason}")
+        if self.cfg.replication:
+            return self._fail_over(failure)
         self.replacing[failure.rank] = ""
         self.peers.spawn("server", failure.rank)
         entry = {"role": "server", "rank": failure.rank, "reason": failure.reason, "iteration": self.iteration,
@@ -411,16 +417,48 @@ class Coordinator:
             return True
         return False
 
+    def _fail_over(self, failure: Failure) -> None:
+        """replication = 1: the lost server's backup takes its blocks; every server
+        starts again from the newest version every block still has (the start of the
+        iteration in flight, or its end if it was complete and replicated everywhere),
+        and the workers replay from there. New backups are named among the survivors."""
+        lost, now = failure.rank, self.iteration
+        if lost not in self.servers.backup_of:
+            raise JobError(f"server{lost} {failure.reason}, and it had no backup")
+        for version in (now, now - 1):
+            state = self.servers.read_back(lost, version) if version >= 0 else None
+            if state is not None:
+                break
+        else:
+            raise JobError(f"server{lost} {failure.reason}; no version of its blocks survives")
+        backup = self.servers.backup_of[lost]
+        self.memory = Memory(version, state, self.servers.promote(lost))
+        self._restart()
+        self.servers.replicate()
+        entry = {"role": "server", "rank": lost, "reason": failure.reason, "iteration": now,
+                 "seen_s": round(self.stats.elapsed(), 3),
+                 "action": f"its backup, server {backup}, took its blocks; every server restarted from version "
+                           f"{version}, iterations {version}–{now - 1} replayed", "replayed": [version, now]}
+        self.recovered.append(entry)
+        self._event("failure", now, **{k: v for k, v in entry.items() if k != "iteration"})
+        log.warning("server%d %s: %s", lost, failure.reason, entry["action"])
+        self.display.note(f"server{lost} lost ({failure.reason}): {entry['action']}")
+
     def _roll_back(self) -> None:
         """Every server starts again from the last in-memory snapshot, the replacements
-        too; every worker is told to start again from its iteration (a new epoch)."""
+        too."""
         if not all(self.replacing.values()):
             self._await_hello("replacement servers to register",
                               lambda m: self._note_replacement(m) and all(self.replacing.values()))
-        mem = self.memory
-        self.servers.restore(dict(self.replacing), mem.table, mem.state.values, mem.state.optim,
-                             mem.state.version, mem.state.samples)
+        self._restart(dict(self.replacing))
         self.replacing = {}
+
+    def _restart(self, replacements: dict[int, str] | None = None) -> None:
+        """Every server (and the `replacements`, rank → address) starts from `memory`;
+        every worker is told to start again from its iteration (a new epoch)."""
+        mem = self.memory
+        self.servers.restore(replacements or {}, mem.table, mem.state.values, mem.state.optim,
+                             mem.state.version, mem.state.samples)
         self.epoch += 1
         self.iteration, self.cursor = mem.iteration, mem.iteration * self.cfg.global_batch
         self.waiting, self.assign = {}, Assignments()
@@ -508,6 +546,8 @@ class BarrierCoordinator(Coordinator):
         self.iteration += 1
         if actions:  # workers compute meanwhile; they ask for the table before pushing
             self.servers.carry_out(t, actions)
+            if self.cfg.replication:  # the ring over the servers there are now
+                self.servers.replicate()
         self._end_iteration(t - 1)
 
     def _membership(self, t: int) -> bool:

@@ -24,6 +24,7 @@ from ..wire import Message, Transport
 from ..wire.bandwidth import TokenBucket
 from ..wire.names import grads_of, pack, states_for, states_of, values_of
 from ..wire.transport import QuietLog, kind_of
+from .replica import Replication
 from .store import OptimizerSpec, ParameterStore, Push, PushError
 
 log = logging.getLogger("equipoise.server")
@@ -38,7 +39,8 @@ MAX_HELD, MAX_HELD_PER_PEER, MAX_AHEAD = 4096, 16, 1 << 20
 # transport vouches for; None, without authentication, passes). A type not listed here,
 # i.e. every control message, is the coordinator's alone.
 SENDERS = {"push": {"worker"}, "pull": {"worker"}, "ping": {"coordinator", "server", "worker"},
-           "adopt": {"coordinator", "server"}}  # adopt: from the server handing its blocks over
+           "adopt": {"coordinator", "server"},  # adopt: from the server handing its blocks over
+           "replica": {"server"}, "replica_ack": {"server"}}  # replication = 1: primary <-> backup
 
 
 @dataclass
@@ -64,6 +66,7 @@ class Server:
         self.pushes: dict[int, Push] = {}  # the tensors of the pushes `sync` holds, by token
         self.copies = _CopyPool()
         self.held: list[_Held] = []
+        self.replication: Replication | None = None  # replication = 1: backup duties both ways
         self.done = False
         self.intruders: set[bytes] = set()  # peers refused for their role (logged once each)
         # Server stragglers (PSLD): extra time (factor − 1)·bytes / rate, a bandwidth cap,
@@ -85,6 +88,8 @@ class Server:
         try:
             self._loop()
         finally:
+            if self.replication is not None:
+                self.replication.close()
             conn.close()
             self.listener.close()
 
@@ -148,6 +153,8 @@ class Server:
         self._straggle(f.get("straggler", {}))  # before the store changes: a bad one changes nothing
         self.store, self.sync = store, ServerSync(policy, workers, version=store.version)
         self.pushes, self.held, self.copies = {}, [], _CopyPool()
+        if self.replication is not None:
+            self.replication.reset(store.version)
         self.listener.send(peer, Message("ready", {"rank": self.rank}))
 
     def _on_stop(self, peer: bytes, msg: Message) -> None:
@@ -318,9 +325,49 @@ class Server:
         self._release()
 
     def _apply(self, update: Update) -> None:
-        """One update of the store, with σ of each gradient as `sync` measured it."""
+        """One update of the store, with σ of each gradient as `sync` measured it; with a
+        backup, the new version is forwarded to it."""
         self.store.apply([self.pushes.pop(t) for t in update.tokens], list(update.sigmas))
         self.sync.on_applied(update)
+        if self.replication is not None and self.replication.backup is not None:
+            self._record()
+
+    # -- replication = 1 --------------------------------------------------------------
+    def _replication(self) -> Replication:
+        if self.replication is None:
+            self.replication = Replication(self.transport, self.rank, self.listener.address)
+            self.replication.reset(self.store.version if self.store else 0)
+        return self.replication
+
+    def _record(self) -> None:
+        store = self.store
+        self.replication.record(store.version, store.samples, store.values, store.optim_state())
+
+    def _on_replicate(self, peer: bytes, msg: Message) -> None:
+        """The coordinator names this server's backup ("": none); the current version
+        is forwarded at once."""
+        self._replication().set_backup(str(msg.fields["backup"]))
+        self._record()
+        self.listener.send(peer, Message("ack", {"version": self.sync.published()}))
+
+    def _on_replica(self, peer: bytes, msg: Message) -> None:
+        """A primary forwards a version it applied (this server is its backup)."""
+        self._replication().on_replica(msg)
+
+    def _on_replica_ack(self, peer: bytes, msg: Message) -> None:
+        """The backup has a version: it may be published."""
+        self._replication().on_ack(int(msg.fields["version"]))
+        self._release()
+
+    def _on_replica_req(self, peer: bytes, msg: Message) -> None:
+        """The coordinator reads back a state at `version`: this server's own, or a
+        primary's it backs."""
+        primary, version = int(msg.fields["primary"]), int(msg.fields["version"])
+        kept = self._replication().find(primary, version)
+        if kept is None:
+            raise KeyError(f"server {self.rank} holds no state of server {primary} at version {version}")
+        self.listener.send(peer, Message("state", {"version": kept.version, "samples": kept.samples,
+                                                   "blocks": 1}, kept.tensors))
 
     # -- deferred replies -------------------------------------------------------------
     def _hold(self, held: _Held) -> None:
@@ -341,7 +388,8 @@ class Server:
         for h in self.held:
             # An empty server applies no updates, so its version stands still: it has
             # nothing to wait for.
-            if not self.store.blocks or self.sync.pull_ready(h.min_version):
+            published = self.replication is None or self.replication.published(h.min_version)
+            if not self.store.blocks or (self.sync.pull_ready(h.min_version) and published):
                 self._reply(h)
             else:
                 keep.append(h)

@@ -23,6 +23,7 @@ from ..scenario import BlockMove, Scenario, ServerRemove
 from ..wire import Message, PeerTimeout, Transport, names
 from .pool import ServerPool
 from .rpc import JobError, Peers, Rpc
+from .snapshots import State
 
 log = logging.getLogger("equipoise.coordinator")
 
@@ -78,6 +79,7 @@ class ServerManager:
         self._hellos: dict[int, str] = {}  # of those, registered: rank -> address
         self._planned: dict[int, int] = {}  # scenario additions started early: rank -> join iteration
         self._rates: dict[int, float] = {}  # last measured bytes/s per server
+        self.backup_of: dict[int, int] = {}  # replication = 1: primary rank -> backup rank
 
     # -- start --------------------------------------------------------------------------
     def place(self, tensors) -> tuple[list[Block], list[int]]:
@@ -137,6 +139,50 @@ class ServerManager:
                     raise JobError(f"server {s} refused the snapshot: {reply.fields.get('message')}")
                 if reply.type == "ready":
                     break
+
+    # -- replication = 1 ------------------------------------------------------------------
+    def replicate(self) -> None:
+        """Each live server's backup is the next live server (a ring); each forwards its
+        current version to its backup at once."""
+        live = self.pool.live()
+        self.backup_of = {r: live[(i + 1) % len(live)] for i, r in enumerate(live)} if len(live) > 1 else {}
+        for r in live:
+            backup = self.pool.addresses[self.backup_of[r]] if r in self.backup_of else ""
+            self.pool.request(r, Message("replicate", {"backup": backup}), "ack")
+
+    def read_back(self, lost: int, version: int) -> State | None:
+        """Every block's values and optimizer state at `version`: the survivors' own, the
+        lost server's from its backup; None if one of them no longer holds that version."""
+        for r in self.pool.live():  # late replies to requests the loss interrupted
+            while True:
+                try:
+                    self.pool.conns[r].recv(timeout=0.05)
+                except PeerTimeout:
+                    break
+        values, optim, samples = {}, {}, []
+        for r in self.pool.live():
+            holder = r if r != lost else self.backup_of.get(lost)
+            if holder is None:
+                return None
+            try:
+                reply = self.pool.request(holder, Message("replica_req", {"primary": r, "version": version}),
+                                          "state")
+            except JobError as exc:
+                if "refused" not in str(exc):
+                    raise
+                return None
+            values.update(names.values_of(reply.tensors))
+            optim.update(names.states_of(reply.tensors))
+            samples.append(int(reply.fields["samples"]))
+        return State(values, optim, version, min(samples))
+
+    def promote(self, lost: int) -> list[int]:
+        """The lost server's backup takes its blocks: the new table (the pool forgets the
+        lost server)."""
+        backup, pool = self.backup_of[lost], self.pool
+        pool.conns[lost].close()
+        pool.conns[lost], pool.addresses[lost] = None, ""
+        return [backup if r == lost else r for r in pool.table]
 
     def start_planned(self) -> None:
         """Servers the scenario adds at iteration N start with the job, so the join at

@@ -117,7 +117,10 @@ class Worker:
           the update (by the time every ack is in, every pull is answered: nothing is in
           flight at the barrier, when blocks may move between servers); otherwise the
           push goes first, so the weights the pull brings include our own gradient. The
-          acks are in before the plan request, whose report carries their σ.
+          acks are in before the plan request, whose report carries their σ. The next
+          plan is read before the pulled weights are written: if it is a recovery plan (a
+          share of a lost worker's slice, barrier protocols) the model still holds the
+          weights of the iteration in flight.
         * d = 1 (Rudra-adv*: communication decoupled from compute): exchange k stays in
           flight while step k+1 computes on the weights exchange k−1 brought, and its
           pull asks for the clock of step k+2. Every gradient is tagged with the version

@@ -49,7 +49,12 @@ SCHEMA: dict[str, dict[str, FieldType]] = {
     "flush": {},  # apply a half-filled softsync group (end of a run)
     # a worker died: forget it (optional "drop": drop its pending pushes, default true)
     "lose": {"worker": int, "workers": int},
-    "expect": {"version": int},  # optional "pushes": int | null — the update in progress waits for that many
+    "expect": {"version": int},
+    # replication = 1: a backup named by the coordinator; primary -> backup versions and acks
+    "replicate": {"backup": str},
+    "replica": {"primary": int, "version": int, "samples": int, "reply_to": str},  # + tensors
+    "replica_ack": {"version": int, "backup": int},
+    "replica_req": {"primary": int, "version": int},  # answered with a "state"  # optional "pushes": int | null — the update in progress waits for that many
     # PSLD: measurements, emulated server stragglers, block migration
     "stats_req": {},
     "stats": {"busy_s": float, "bytes": int, "load_bytes": int, "blocks": int},

@@ -1,0 +1,92 @@
+"""A server's part in `replication = 1` (barrier protocols): every version it applies is
+forwarded, values and optimizer state, to a backup server, and published — pulls and
+state requests for it answered — only once the backup has acknowledged it. Primary and
+backup each keep the last two versions, so that after a loss every block's state at the
+start of the iteration in flight can be read back: from its primary if that survived,
+else from the backup (Li et al., "Scaling Distributed Machine Learning with the Parameter
+Server", OSDI 2014, replicate a server's key range on its neighbour in the same way).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from ..wire import Connection, Message, Transport
+from ..wire.names import pack
+
+
+@dataclass(frozen=True)
+class Version:
+    """One server's blocks at `version`: values and optimizer state as wire tensors
+    (copies: never changed after they are taken)."""
+
+    version: int
+    samples: int
+    tensors: dict[str, torch.Tensor]
+
+
+class Replication:
+    def __init__(self, transport: Transport, rank: int, address: str):
+        self.transport, self.rank, self.address = transport, rank, address
+        self.backup: Connection | None = None
+        self.confirmed = 0  # the newest version the backup acknowledged
+        self.own: deque[Version] = deque(maxlen=2)
+        self.replicas: dict[int, deque[Version]] = {}  # primary rank -> its last two versions
+        self._acks: dict[str, Connection] = {}  # primary address -> connection for acks
+
+    def reset(self, version: int) -> None:
+        """A new start (an init): nothing replicated yet; `version` counts as confirmed
+        (the coordinator holds it)."""
+        self.own.clear()
+        self.replicas.clear()
+        self.confirmed = version
+
+    def set_backup(self, address: str) -> None:
+        if self.backup is not None:
+            self.backup.close()
+        self.backup = self.transport.connect(address) if address else None
+
+    def record(self, version: int, samples: int, values: dict, state: dict) -> None:
+        """Keep a copy of this server's state at `version` and forward it to the backup."""
+        own = Version(version, samples, {k: t.clone() for k, t in pack(values=values, states=state).items()})
+        self.own.append(own)
+        if self.backup is None:
+            self.confirmed = version
+            return
+        self.backup.send(Message("replica", {"primary": self.rank, "version": version, "samples": samples,
+                                             "reply_to": self.address}, own.tensors))
+
+    def on_replica(self, msg: Message) -> None:
+        """Keep a primary's forwarded version and acknowledge it to the primary."""
+        f = msg.fields
+        primary, version = int(f["primary"]), int(f["version"])
+        self.replicas.setdefault(primary, deque(maxlen=2)).append(
+            Version(version, int(f["samples"]), dict(msg.tensors)))
+        address = str(f["reply_to"])
+        if address not in self._acks:
+            self._acks[address] = self.transport.connect(address)
+        self._acks[address].send(Message("replica_ack", {"version": version, "backup": self.rank}))
+
+    def on_ack(self, version: int) -> None:
+        self.confirmed = max(self.confirmed, int(version))
+
+    def published(self, version: int) -> bool:
+        """Whether `version` may be published (the backup has it)."""
+        return version <= self.confirmed
+
+    def find(self, primary: int, version: int) -> Version | None:
+        """This server's own state (primary = its rank) or a primary's replica at `version`."""
+        kept = self.own if primary == self.rank else self.replicas.get(primary, ())
+        return next((v for v in kept if v.version == version), None)
+
+    def close(self) -> None:
+        for conn in [self.backup, *self._acks.values()]:
+            if conn is not None:
+                conn.close()
+        self.backup, self._acks = None, {}
+
+
+__all__ = ["Replication", "Version"]
