@@ -1,7 +1,7 @@
 """What surviving failures and keeping strangers out cost: equipoise BSP throughput
-with authentication off, plain (the default) and CURVE, and with in-memory snapshots for
-server rollback never, every 10 iterations (the default) and every iteration — the
-variants interleaved in one invocation (A, B, C, …, A, B, C, …), medians with min–max.
+with authentication off, plain (the default) and CURVE, with in-memory snapshots for
+server rollback never, every 10 iterations (the default) and every iteration, and with
+`replication = 1` (a lockstep backup of every server) — the variants interleaved in one invocation (A, B, C, …, A, B, C, …), medians with min–max.
 
     python -m benchmarks.bench_costs --preset full
 
@@ -26,6 +26,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},  # auth = "plain", snapshot_every = 10, heartbeat_s = 2
     "curve": dict(auth="curve"),
     "snapshot every iteration": dict(snapshot_every=1),
+    "replication 1": dict(replication=1),
 }
 
 
