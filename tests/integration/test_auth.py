@@ -19,8 +19,9 @@ from .helpers import capture_job_keys, records, wait_for
 
 pytestmark = pytest.mark.timeout(240)
 
+# heartbeat_s = 0: the test suspends the workers on purpose (else they would be lost).
 JOB = dict(dataset="digits", model="mlp", global_batch=64, workers=2, servers=2, iterations=600,
-           eval_every=0, checkpoint_every=0, progress=False, timeout=60.0)
+           eval_every=0, checkpoint_every=0, progress=False, timeout=60.0, heartbeat_s=0.0)
 ATTACKS = [Message("stop", {"reason": "intruder"}), Message("pull", {"worker": 0, "min_version": 0}),
            Message("init", {"blocks": [], "optimizer": {}, "version": 0, "samples": 0, "protocol": "asp",
                             "workers": 1})]
@@ -69,6 +70,10 @@ def test_only_the_jobs_processes_get_in(tmp_path, monkeypatch, transport, mode):
             for msg in (ATTACKS[0], ATTACKS[0], ATTACKS[2]):
                 reply = conn.request(msg, timeout=30)
                 assert reply.type == "error" and f"{msg.type!r} from a worker" in reply.fields["message"]
+            # Nor may it pass for a server with the coordinator.
+            reply = worker.connect(coordinator).request(Message("hello", {
+                "role": "server", "rank": 7, "address": "tcp://127.0.0.1:1", "pid": 1}), timeout=30)
+            assert reply.type == "error" and "a worker may not send 'hello' as a server" in reply.fields["message"]
         cmdlines = [p.cmdline() for p in children]
     finally:
         for p in workers:

@@ -46,6 +46,7 @@ from .store import OptimizerSpec
 log = logging.getLogger("equipoise.coordinator")
 
 REPORT_KEYS = ("iteration", "samples", "loss", "compute_s", "wait_s", "comm_s")
+_SENT_BY = {"plan_req": "worker", "table_req": "worker"}  # requests only workers send
 
 
 def make_coordinator(cfg: Config, run_dir: Path, transport: Transport, listener: Listener, data, *,
@@ -117,6 +118,7 @@ class Coordinator:
         self.epoch = 0  # rollbacks so far; a plan request of an earlier epoch is stale
         self.memory: Memory | None = None  # the snapshot a rollback restores
         self.replacing: dict[int, str] = {}  # lost servers being replaced: rank -> address ("" until hello)
+        self._refused: set[tuple[str, str]] = set()  # (role, message type) refused and logged once
         peers.tolerate("worker")
         if self.recovers_servers and (cfg.snapshot_every or cfg.replication):
             peers.tolerate("server")
@@ -146,7 +148,7 @@ class Coordinator:
         while len(servers) < self.cfg.servers or len(workers) < self.cfg.workers:
             self.rpc.tick(deadline, "waiting for servers and workers to register "
                           f"({len(servers)}/{self.cfg.servers} servers, {len(workers)}/{self.cfg.workers} workers)")
-            got = self.listener.recv(timeout=0.2)
+            got = self._recv(timeout=0.2)
             if got is None:
                 continue
             peer, msg = got
@@ -196,7 +198,7 @@ class Coordinator:
         self.rpc.tick(None, "")
         if self.on_tick is not None and self.stats.t_start is not None:
             self.on_tick(self.stats.elapsed())
-        got = self.listener.recv(timeout=0.1)
+        got = self._recv(timeout=0.1)
         if got is None:
             return self._check_stalled()
         peer, msg = got
@@ -276,7 +278,7 @@ class Coordinator:
         deadline = self.rpc.deadline()
         while True:
             self.rpc.tick(deadline, f"waiting for {what}")
-            got = self.listener.recv(timeout=0.2)
+            got = self._recv(timeout=0.2)
             if got is None:
                 continue
             peer, msg = got
@@ -284,6 +286,23 @@ class Coordinator:
                 self.waiting[int(msg.fields["worker"])] = (peer, time.monotonic())
             if msg.type == "hello" and wanted(msg):
                 return peer
+
+    def _recv(self, timeout: float) -> tuple[bytes, Message] | None:
+        """The next message, unless its sender's authenticated role (`origin`) contradicts
+        what it claims: a hello's role, or a worker's request from another role."""
+        got = self.listener.recv(timeout=timeout)
+        if got is None or got[1].origin is None:
+            return got
+        peer, msg = got
+        claimed = msg.fields.get("role") if msg.type == "hello" else _SENT_BY.get(msg.type, msg.origin)
+        if claimed == msg.origin:
+            return got
+        if (msg.origin, msg.type) not in self._refused:
+            self._refused.add((msg.origin, msg.type))
+            log.warning("refused a %r from a %s claiming to be a %s", msg.type, msg.origin, claimed)
+        self.listener.send(peer, Message("error", {"message": f"a {msg.origin} may not send {msg.type!r} "
+                                                              f"as a {claimed}"}))
+        return None
 
     def _welcome(self, rank: int) -> Message:
         self.known_table[rank] = self.servers.version
