@@ -1,25 +1,39 @@
 """Fuzz a live parameter server: generated bad messages, valid traffic in between.
 
 A real `equipoise.runtime.server.Server` runs in its own (spawned) process, logging to a
-file. This process plays its coordinator (hello, then init: one block of NUMEL float32,
-BSP with one worker, SGD lr 1 without momentum) and then two kinds of peers:
+file, authenticated as in a real job (`--auth`, default "plain", the default of real
+jobs; "curve"; or "off", no authentication, for comparison): one `generate_keys(auth)`
+per run, the server listening with the job's "server" keys. This process plays its
+coordinator with the "coordinator" keys (hello, then init: one block of NUMEL float32,
+BSP with one worker, SGD lr 1 without momentum) and then three kinds of peers:
 
-* fuzz peers: raw ZeroMQ DEALER sockets sending generated messages of the CATEGORIES
-  below (garbage bytes, truncated and oversized frames, valid headers with wrong fields,
-  wrong dtypes, shapes and names, stale and future versions, replays of valid pushes,
-  unknown types, malformed control messages, and strangers: fresh identities, which
-  become unauthenticated peers once `keys` enables CURVE);
-* a well-behaved worker: every `valid_every` messages it pushes an integer-valued
-  gradient for the version the server is at, pulls the next version and pings. The ack
-  must carry version v + 1 and the parameters must equal, bit for bit, the initial
-  values minus the sum of its gradients (small integers: exact in float32).
+* fuzz peers: raw ZeroMQ DEALER sockets holding the job's "worker" keys, sending
+  generated messages of the CATEGORIES below (garbage bytes, truncated and oversized
+  frames, valid headers with wrong fields, wrong dtypes, shapes and names, stale and
+  future versions, replays of valid pushes, unknown types); "control" messages
+  (coordinator messages with bad contents) come from a raw DEALER with the
+  "coordinator" keys, a buggy coordinator, since the server reads them from no other role;
+  "impostor" peers, also worker-keyed, send well-formed coordinator-only messages (stop,
+  init with other values, members, straggle, migrate, lose, expect, replicate,
+  replica_req, flush, state_req, stats_req): each must be answered with an error, and
+  none may take effect (any would stop the server, hang it or change the values);
+* strangers: fresh identities that connect without keys or with another job's keys (of
+  any role). They send fuzz messages and, with authentication, dangerous well-formed ones
+  (coordinator-only messages, pushes for the version the server is at); they must get
+  no reply and no handshake of theirs may succeed (socket monitor events);
+* a well-behaved worker with the "worker" keys: every `valid_every` messages it pushes an
+  integer-valued gradient for the version the server is at, pulls the next version and
+  pings. The ack must carry version v + 1 and the parameters must equal, bit for bit,
+  the initial values minus the sum of its gradients (small integers: exact in float32).
 
 No fuzz push carries the version the server is at, so BSP refuses every one of them:
 only the worker's pushes may change the values, and the check catches anything else.
+With `--auth off` there is no role to refuse, so impostors are not sent (a `stop` would
+end the run) and strangers send fuzz messages only: the old unauthenticated run.
 Measured: replies by kind, server RSS (start, max, end), requests held (from the pong),
 log lines the server wrote, and that the server stops cleanly when told to.
 
-    python -m benchmarks.bench_fuzz --messages 100000 [--seed S]
+    python -m benchmarks.bench_fuzz --messages 100000 [--seed S] [--auth plain|curve|off]
 """
 
 from __future__ import annotations
@@ -51,8 +65,16 @@ SEND_TIMEOUT = 60.0          # a fuzz socket that cannot queue this long: the se
 FUZZ_PEERS = 8
 CATEGORIES = {  # relative weights
     "garbage": 12, "truncated": 10, "oversized": 2, "fields": 20, "tensors": 15, "versions": 15,
-    "replay": 8, "unknown": 10, "control": 6, "stranger": 2,
+    "replay": 8, "unknown": 10, "control": 6, "impostor": 6, "stranger": 2,
 }
+AUTH_MODES = ("plain", "curve", "off")
+# Coordinator-only types (not in server.SENDERS) an impostor sends, well-formed.
+IMPOSTOR_TYPES = ("stop", "init", "members", "straggle", "migrate", "lose", "expect", "replicate",
+                  "replica_req", "flush", "state_req", "stats_req")
+NOWHERE = "tcp://127.0.0.1:9"  # an address nobody answers (discard port)
+HANDSHAKE_EVENTS = {zmq.EVENT_HANDSHAKE_SUCCEEDED: "succeeded", zmq.EVENT_HANDSHAKE_FAILED_AUTH: "failed_auth",
+                    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "failed_protocol",
+                    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "failed_no_detail"}
 NAN, INF = float("nan"), float("inf")
 BAD = [None, True, False, "x", "", [], {}, [1, 2], {"a": 1}, 1.5, NAN, INF, -INF, 2**63 - 1, 2**64 - 1,
        -2**63, -1, 0, b"\x00\xff"]
@@ -61,16 +83,17 @@ HUGE_INTS = [2**63 - 1, 2**64 - 1, -2**63, -1, 10**12]
 
 # -- the server (child process) --------------------------------------------------------------
 
-def _server_main(coordinator: str, log_path: str, keys: Any) -> None:
+def _server_main(coordinator: str, log_path: str, keys: dict | None) -> None:
+    """The server, with the job's "server" `JobKeys.to_dict()` (None: auth off)."""
     import torch
 
     from equipoise.runtime.server import Server
-    from equipoise.wire import ZmqTransport
+    from equipoise.wire import JobKeys, ZmqTransport
 
     logging.basicConfig(filename=log_path, level=logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     torch.set_num_threads(1)
-    transport = ZmqTransport(max_bytes=MAX_BYTES, curve=keys)
+    transport = ZmqTransport(max_bytes=MAX_BYTES, keys=JobKeys.from_dict(keys) if keys else None)
     try:
         Server(0, transport, coordinator, timeout=300.0).serve()
     finally:
@@ -93,9 +116,10 @@ class Generator:
     worker's last pushes. A fuzz message may reach the server after the worker's next
     push (they travel on different sockets), so "future" versions lie beyond `horizon`."""
 
-    def __init__(self, seed: int, horizon: int) -> None:
+    def __init__(self, seed: int, horizon: int, *, authenticated: bool = True) -> None:
         self.rng = random.Random(seed)
         self.version, self.horizon = 0, horizon
+        self.authenticated = authenticated  # else no impostors, and strangers send fuzz only
         self.recent: list[list[bytes]] = []
 
     def tensor(self, dtype: str = "float32", n: int = NUMEL) -> bytes:
@@ -300,22 +324,63 @@ class Generator:
             f["blocks"] = r.choice([[[0, "w"]], [None], ["x"], [[INF, "w", 0, NUMEL, "param", 4]]])
         return [header("init", f, [entry("b0")]), self.tensor()]
 
+    def impostor(self, mtype: str | None = None) -> tuple[str, list[bytes]]:
+        """A well-formed coordinator-only message (its type, its frames) that would take
+        effect if accepted: stop the server, replace its values, make BSP wait for a
+        second worker or for an `expect`, slow it a millionfold, send it to an address
+        nobody answers (migrate, replicate), or read its state."""
+        r, v = self.rng, self.version
+        mtype = mtype or r.choice(IMPOSTOR_TYPES)
+        if mtype == "init":
+            spec = {"name": "sgd", "lr": 1.0, "momentum": 0.0, "weight_decay": 0.0, "schedule": "constant",
+                    "total": 100, "step_size": 10, "gamma": 0.1, "global_batch": 1}
+            f = {"blocks": [[0, "w", 0, NUMEL, "param", 4]], "optimizer": spec, "version": v, "samples": 0,
+                 "protocol": "bsp", "workers": 1}
+            return mtype, [header("init", f, [entry("b0")]), np.full(NUMEL, 1000.0, np.float32).tobytes()]
+        f = {"stop": {"reason": "impostor"}, "members": {"workers": 2},
+             "straggle": {"factor": 1e6, "rate_mbps": 1e-3}, "migrate": {"keys": [0], "to": NOWHERE},
+             "lose": {"worker": 0, "workers": 1, "drop": True}, "expect": {"version": v, "pushes": 2},
+             "replicate": {"backup": NOWHERE}, "replica_req": {"primary": 0, "version": v}, "flush": {},
+             "state_req": {"version": v}, "stats_req": {}}[mtype]
+        return mtype, [header(mtype, f)]
+
     def _stranger(self) -> list[bytes]:
-        return self.make(self.rng.choice([c for c in CATEGORIES if c != "stranger"]))
+        r = self.rng
+        if self.authenticated and r.random() < 0.5:  # what would do harm if it got through
+            kind = r.randrange(3)
+            if kind == 0:
+                return self.impostor()[1]
+            if kind == 1:  # a push for the version the server is at: BSP would apply it
+                return [header("push", {"worker": 0, "version": self.version, "samples": 1}, [entry()]),
+                        self.tensor()]
+            return [header("pull", {"worker": 0, "min_version": self.version})]
+        return self.make(r.choice([c for c in CATEGORIES if c not in ("stranger", "impostor")]))
 
 
 # -- the run ----------------------------------------------------------------------------------
 
 class Fuzz:
     """One fuzzing run against a fresh server process; `run()` returns the results dict.
-    `keys` (a `CurveKeys`) makes the server, the coordinator and the valid worker use
-    CURVE; the fuzz peers too, except strangers, which then connect without keys."""
+    `auth` ("plain", "curve" or "off") is the job's config key: with keys, the server
+    listens with the "server" keys, this process's coordinator uses the "coordinator"
+    keys, the valid worker, the fuzz peers and the impostors the "worker" keys, and the
+    strangers none or another job's."""
 
-    def __init__(self, messages: int, seed: int = 0, *, valid_every: int = 50, keys: Any = None) -> None:
-        from equipoise.wire import ZmqTransport
+    def __init__(self, messages: int, seed: int = 0, *, valid_every: int = 50, auth: str = "plain") -> None:
+        from equipoise.wire import JobKeys, ZmqTransport, generate_keys
 
-        self.messages, self.seed, self.valid_every, self.keys = messages, seed, valid_every, keys
-        self.gen = Generator(seed, horizon=messages // valid_every + 2)
+        if auth not in AUTH_MODES:
+            raise ValueError(f"auth {auth!r}: expected one of {AUTH_MODES}")
+        self.messages, self.seed, self.valid_every, self.auth = messages, seed, valid_every, auth
+        self.keys = generate_keys(auth) if auth != "off" else None
+        # Strangers' credentials: every role of two other jobs (a bounded number of refused
+        # credentials, which the server's ZAP handler logs once each); under CURVE also this
+        # job's listening key with a client key of no role.
+        self.foreign = [k for _ in range(2) for k in generate_keys(auth).values()] if self.keys else []
+        if auth == "curve":
+            self.foreign.append(JobKeys(auth, "coordinator", self.foreign[0].client, self.keys["worker"].listener, {}))
+        self.categories = {c: w for c, w in CATEGORIES.items() if self.keys or c != "impostor"}
+        self.gen = Generator(seed, horizon=messages // valid_every + 2, authenticated=self.keys is not None)
         self.sent: Counter[str] = Counter()
         self.replies: Counter[str] = Counter()
         self.errors: Counter[str] = Counter()
@@ -324,19 +389,64 @@ class Fuzz:
         self.rss: list[int] = []
         self.held: list[int] = []
         self.exchange_ms: list[float] = []
+        self.impostor_sent: Counter[str] = Counter()
+        self.impostor_refused: Counter[str] = Counter()
+        self.impostor_wrong: list[str] = []   # impostor messages answered other than refused
+        self.stranger_replies = 0
+        self.stranger_sockets = 0
+        self.stranger_unsent = 0
+        self.handshakes: Counter[str] = Counter()  # strangers' handshake events
         self.log_path = Path(tempfile.mkdtemp(prefix="equipoise-fuzz-")) / "server.log"
-        self.transport = ZmqTransport(max_bytes=MAX_BYTES, curve=keys)
+        self.transport = ZmqTransport(max_bytes=MAX_BYTES, keys=self._keys("coordinator"))
+        self.worker_transport = ZmqTransport(max_bytes=MAX_BYTES, keys=self._keys("worker"))
         self.ctx = zmq.Context()
+        self.peers: list[zmq.Socket] = []
+        self.buggy_coordinator: list[zmq.Socket] = []  # coordinator-keyed: sends "control"
+        self.impostors: list[tuple[zmq.Socket, list[str]]] = []  # socket, types awaiting a reply
+        self.strangers: list[tuple[zmq.Socket, zmq.Socket]] = []  # socket, its monitor
+
+    def _keys(self, role: str) -> Any:
+        return self.keys[role] if self.keys else None
 
     # sockets
-    def _dealer(self, authenticated: bool = True) -> zmq.Socket:
+    def _dealer(self, keys: Any) -> zmq.Socket:
+        from equipoise.wire.auth import secure_connection
+
         sock = self.ctx.socket(zmq.DEALER)
         sock.linger = 0
-        if self.keys is not None and authenticated:
-            sock.curve_serverkey = self.keys.server_public
-            sock.curve_publickey, sock.curve_secretkey = self.keys.client_public, self.keys.client_secret
+        if keys is not None:
+            secure_connection(sock, keys)
         sock.connect(self.address)
         return sock
+
+    def _stranger(self) -> tuple[zmq.Socket, zmq.Socket]:
+        """A fresh identity without keys or with another job's (of any role), watched by a
+        monitor socket that reports its handshakes."""
+        rng = self.gen.rng
+        keys = rng.choice(self.foreign) if self.foreign and rng.random() < 0.5 else None
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.linger = 0
+        monitor = sock.get_monitor_socket(sum(HANDSHAKE_EVENTS))
+        if keys is not None:
+            from equipoise.wire.auth import secure_connection
+            secure_connection(sock, keys)
+        sock.connect(self.address)
+        self.stranger_sockets += 1
+        return sock, monitor
+
+    def _close_stranger(self, pair: tuple[zmq.Socket, zmq.Socket]) -> None:
+        sock, monitor = pair
+        self._watch(monitor)
+        sock.disable_monitor()
+        monitor.close(linger=0)
+        sock.close(linger=0)
+
+    def _watch(self, monitor: zmq.Socket) -> None:
+        from zmq.utils.monitor import recv_monitor_message
+
+        while monitor.poll(0, zmq.POLLIN):
+            event = recv_monitor_message(monitor)["event"]
+            self.handshakes[HANDSHAKE_EVENTS.get(event, str(event))] += 1
 
     def _send(self, sock: zmq.Socket, frames: list[bytes]) -> None:
         deadline = time.monotonic() + SEND_TIMEOUT
@@ -352,26 +462,46 @@ class Fuzz:
                 time.sleep(0.001)
 
     def _drain(self) -> None:
-        for sock in self.peers:
+        from equipoise.wire.transport import kind_of
+
+        for sock in self.peers + self.buggy_coordinator:
             while sock.poll(0, zmq.POLLIN):
                 frames = sock.recv_multipart()
                 try:
                     h = msgpack.unpackb(frames[0], raw=False)
                     self.replies[h["t"]] += 1
                     if h["t"] == "error":
-                        from equipoise.wire.transport import kind_of
                         self.errors[kind_of(h["f"]["message"])] += 1
                 except Exception:  # the server sent something undecodable: a finding
                     self.replies["<undecodable>"] += 1
+        for sock, waiting in self.impostors:
+            while sock.poll(0, zmq.POLLIN):
+                frames = sock.recv_multipart()
+                mtype = waiting.pop(0) if waiting else "<none sent>"
+                try:
+                    h = msgpack.unpackb(frames[0], raw=False)
+                    text = h["f"]["message"] if h["t"] == "error" else f"a {h['t']!r} reply"
+                except Exception:
+                    text = "an undecodable reply"
+                if f"{mtype!r} from a worker" in text:
+                    self.impostor_refused[mtype] += 1
+                else:
+                    self.impostor_wrong.append(f"{mtype}: {text[:200]}")
+        for sock, monitor in self.strangers:
+            while sock.poll(0, zmq.POLLIN):
+                sock.recv_multipart()
+                self.stranger_replies += 1
+            self._watch(monitor)
 
     # the server process
     def _start(self) -> None:
         from equipoise.wire import Message
 
         self.listener = self.transport.listen()
+        server_keys = self.keys["server"].to_dict() if self.keys else None
         with scoped_env(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1"):
             self.proc = mp.get_context("spawn").Process(
-                target=_server_main, args=(self.listener.address, str(self.log_path), self.keys), daemon=True)
+                target=_server_main, args=(self.listener.address, str(self.log_path), server_keys), daemon=True)
             self.proc.start()
         deadline = time.monotonic() + REPLY_TIMEOUT
         while (got := self.listener.recv(timeout=0.5)) is None or got[1].type != "hello":
@@ -380,7 +510,7 @@ class Fuzz:
         self.address = got[1].fields["address"]
         self.ps = psutil.Process(self.proc.pid)
         self.admin = self.transport.connect(self.address)
-        self.worker = self.transport.connect(self.address)
+        self.worker = self.worker_transport.connect(self.address)
         spec = {"name": "sgd", "lr": 1.0, "momentum": 0.0, "weight_decay": 0.0, "schedule": "constant",
                 "total": 10**9, "step_size": 10, "gamma": 0.1, "global_batch": 1}
         self.values = np.arange(NUMEL, dtype=np.float32)
@@ -448,25 +578,39 @@ class Fuzz:
         t0 = time.perf_counter()
         crashed = hung = None
         stopped = False
-        self._start()
         try:
-            self.peers = [self._dealer() for _ in range(FUZZ_PEERS)]
-            strangers = [self._dealer(authenticated=False) for _ in range(4)]
+            self._start()
+            self.peers = [self._dealer(self._keys("worker")) for _ in range(FUZZ_PEERS)]
+            if self.keys:
+                self.impostors = [(self._dealer(self._keys("worker")), []) for _ in range(2)]
+                self.buggy_coordinator = [self._dealer(self._keys("coordinator"))]
+            self.strangers = [self._stranger() for _ in range(4)]
             self._valid_exchange()
             self._sample()
-            names, weights = list(CATEGORIES), list(CATEGORIES.values())
+            names, weights = list(self.categories), list(self.categories.values())
             rng = self.gen.rng
             for i in range(1, self.messages + 1):
                 category = rng.choices(names, weights)[0]
-                frames = self.gen.make(category)
-                if category == "stranger":
-                    j = rng.randrange(len(strangers))
-                    self._send(strangers[j], frames)
+                if category == "impostor":
+                    mtype, frames = self.gen.impostor()
+                    sock, waiting = rng.choice(self.impostors)
+                    self._send(sock, frames)
+                    waiting.append(mtype)
+                    self.impostor_sent[mtype] += 1
+                elif category == "stranger":
+                    frames = self.gen.make(category)
+                    j = rng.randrange(len(self.strangers))
+                    try:  # never blocks: a stranger that cannot queue is just dropped
+                        self.strangers[j][0].send_multipart(frames, flags=zmq.NOBLOCK)
+                    except zmq.Again:
+                        self.stranger_unsent += 1
                     if rng.random() < 0.5:  # a fresh identity next time
-                        strangers[j].close(linger=0)
-                        strangers[j] = self._dealer(authenticated=False)
+                        self._close_stranger(self.strangers[j])
+                        self.strangers[j] = self._stranger()
+                elif category == "control" and self.buggy_coordinator:  # only its control messages are read
+                    self._send(self.buggy_coordinator[0], self.gen.make(category))
                 else:
-                    self._send(rng.choice(self.peers), frames)
+                    self._send(rng.choice(self.peers), self.gen.make(category))
                 self.sent[category] += 1
                 if i % self.valid_every == 0:
                     self._valid_exchange()
@@ -476,7 +620,7 @@ class Fuzz:
                     self._sample()
             self._valid_exchange()
             self._sample()
-            self._drain()
+            self._await_impostor_replies()
             self.admin.send(_message("stop", {"reason": "fuzz finished"}))
             self._expect(self.admin, "ack")
             self.proc.join(REPLY_TIMEOUT)
@@ -484,31 +628,51 @@ class Fuzz:
         except AssertionError as exc:  # a valid request got the wrong kind of answer
             self.failures.append(str(exc))
         except (TimeoutError, RuntimeError) as exc:
-            if self.proc.is_alive():
+            if getattr(self, "proc", None) is not None and self.proc.is_alive():
                 hung = f"{type(exc).__name__}: {exc}"
             else:
-                crashed = f"exit code {self.proc.exitcode}: {exc}"
+                crashed = f"exit code {getattr(getattr(self, 'proc', None), 'exitcode', None)}: {exc}"
         finally:
-            for sock in getattr(self, "peers", []) + locals().get("strangers", []):
-                sock.close(linger=0)
-            self.ctx.term()
+            self._drain()
+            for pair in self.strangers:
+                self._close_stranger(pair)
+            self.ctx.destroy(linger=0)
             self.transport.close()
-            if self.proc.is_alive():
+            self.worker_transport.close()
+            if getattr(self, "proc", None) is not None and self.proc.is_alive():
                 self.proc.terminate()
                 self.proc.join(5)
         return self._results(time.perf_counter() - t0, crashed, hung, stopped)
+
+    def _await_impostor_replies(self) -> None:
+        """Drain until every impostor message has its answer (REPLY_TIMEOUT at most);
+        those still unanswered are reported."""
+        deadline = time.monotonic() + REPLY_TIMEOUT
+        while True:
+            self._drain()
+            if not any(waiting for _, waiting in self.impostors) or time.monotonic() > deadline:
+                return
+            if not self.proc.is_alive():
+                raise RuntimeError(f"the server died (exit code {self.proc.exitcode})")
+            time.sleep(0.01)
 
     def _results(self, seconds: float, crashed: str | None, hung: str | None, stopped: bool) -> dict[str, Any]:
         lines = self.log_path.read_text(errors="replace").splitlines() if self.log_path.exists() else []
         tracebacks = sum("Traceback" in line for line in lines)
         mb = [round(r / 2**20, 1) for r in self.rss] or [math.nan]
-        return {
-            "seed": self.seed, "messages": sum(self.sent.values()), "valid_every": self.valid_every,
+        results = {
+            "auth": self.auth, "seed": self.seed, "messages": sum(self.sent.values()), "valid_every": self.valid_every,
             "sent_by_category": dict(sorted(self.sent.items())),
             "replies_by_kind": dict(sorted(self.replies.items())),
             "top_errors": dict(self.errors.most_common(20)),
             "valid_checks": self.checks, "valid_checks_failed": len(self.failures),
             "failures": self.failures[:10],
+            "impostor": {"sent": sum(self.impostor_sent.values()), "refused": sum(self.impostor_refused.values()),
+                         "unanswered": sum(len(w) for _, w in self.impostors),
+                         "answered_otherwise": len(self.impostor_wrong), "examples": self.impostor_wrong[:10],
+                         "sent_by_type": dict(sorted(self.impostor_sent.items()))},
+            "strangers": {"sockets": self.stranger_sockets, "replies": self.stranger_replies,
+                          "unsent": self.stranger_unsent, "handshakes": dict(sorted(self.handshakes.items()))},
             "valid_exchange_ms_median": float(np.median(self.exchange_ms)) if self.exchange_ms else math.nan,
             "valid_exchange_ms_max": max(self.exchange_ms, default=math.nan),
             "server_rss_mb": {"start": mb[0], "max": max(mb), "end": mb[-1]},
@@ -516,8 +680,30 @@ class Fuzz:
             "log_lines": len(lines), "log_warnings": sum(" WARNING " in line for line in lines),
             "log_tracebacks": tracebacks,
             "crashed": crashed, "hung": hung, "stopped_cleanly": stopped,
-            "server_cpu_s": round(getattr(self, "cpu_s", math.nan), 2), "seconds": round(seconds, 2), "messages_per_s": round(sum(self.sent.values()) / seconds, 1),
+            "server_cpu_s": round(getattr(self, "cpu_s", math.nan), 2), "seconds": round(seconds, 2),
+            "messages_per_s": round(sum(self.sent.values()) / seconds, 1),
         }
+        results["problems"] = problems(results)
+        return results
+
+
+def problems(r: dict[str, Any]) -> list[str]:
+    """What went wrong in a run's results (empty: the server passed)."""
+    found = []
+    if r["crashed"] or r["hung"]:
+        found.append(f"crashed: {r['crashed']}" if r["crashed"] else f"hung: {r['hung']}")
+    if not r["stopped_cleanly"]:
+        found.append("did not stop cleanly")
+    if r["valid_checks_failed"]:
+        found.append(f"{r['valid_checks_failed']} valid exchanges wrong")
+    imp = r["impostor"]
+    if imp["refused"] != imp["sent"] or imp["answered_otherwise"] or imp["unanswered"]:
+        found.append(f"impostors: {imp['refused']} of {imp['sent']} refused, {imp['answered_otherwise']} "
+                     f"answered otherwise, {imp['unanswered']} unanswered")
+    if r["auth"] != "off" and (r["strangers"]["replies"] or r["strangers"]["handshakes"].get("succeeded")):
+        found.append(f"strangers: {r['strangers']['replies']} replies, "
+                     f"{r['strangers']['handshakes'].get('succeeded', 0)} handshakes succeeded")
+    return found
 
 
 def _tensor(a: np.ndarray) -> Any:
@@ -537,18 +723,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--valid-every", type=int, default=50, help="a valid exchange every N messages")
+    parser.add_argument("--auth", choices=AUTH_MODES, default="plain",
+                        help="the job's auth mode (default plain, as real jobs; off: no authentication)")
     parser.add_argument("--results", default=None, help=f"JSON path (default benchmarks/results/{NAME}.json)")
     args = parser.parse_args(argv)
     load_at_start, git_at_start = load_average(), git_state()
-    results = Fuzz(args.messages, args.seed, valid_every=args.valid_every).run()
+    results = Fuzz(args.messages, args.seed, valid_every=args.valid_every, auth=args.auth).run()
     payload = {"command": ["python", "-m", "benchmarks.bench_fuzz", *(sys.argv[1:] if argv is None else argv)],
                "loadavg_at_start": load_at_start, "git_at_start": git_at_start, **results}
     path = write_results(NAME, payload, args.results)
     for key, value in results.items():
         print(f"{key}: {value}")
     print(f"wrote {path}")
-    ok = not (results["crashed"] or results["hung"] or results["valid_checks_failed"]) and results["stopped_cleanly"]
-    return 0 if ok else 1
+    return 0 if not results["problems"] else 1
 
 
 if __name__ == "__main__":

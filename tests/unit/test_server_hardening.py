@@ -89,6 +89,28 @@ def test_held_requests_are_bounded_per_peer_in_all_and_in_how_far_ahead(server, 
     assert reply(server, b"w", Message("ping", {}))[0].fields["held"] == MAX_HELD_PER_PEER
 
 
+def test_a_worker_may_send_no_coordinator_only_message(server):
+    # The impostors of bench_fuzz: well-formed, each would take effect from the coordinator.
+    attacks = [Message("stop", {"reason": "x"}), init(), Message("members", {"workers": 2}),
+               Message("straggle", {"factor": 1e6}), Message("migrate", {"keys": [0], "to": "tcp://127.0.0.1:9"}),
+               Message("lose", {"worker": 0, "workers": 1}), Message("expect", {"version": 0, "pushes": 2}),
+               Message("replicate", {"backup": "tcp://127.0.0.1:9"}),
+               Message("replica_req", {"primary": 0, "version": 0}),
+               Message("flush", {}), Message("state_req", {"version": 0}), Message("stats_req", {})]
+    store = server.store
+    for msg in attacks:
+        msg.origin = "worker"
+        (r,) = reply(server, b"w", msg)
+        assert r.type == "error" and f"{msg.type!r} from a worker" in r.fields["message"]
+    assert not server.done and server.store is store and server.replication is None and server.factor == 1.0
+    push = Message("push", {"worker": 0, "version": 0, "samples": 1}, {"g0": torch.ones(2)}, origin="worker")
+    (r,) = reply(server, b"w", push)
+    assert r.type == "ack" and r.fields["version"] == 1 and store.values[0].tolist() == [-1.0, -1.0]
+    # the coordinator's own are still obeyed
+    stop = Message("stop", {"reason": "x"}, origin="coordinator")
+    assert reply(server, b"c", stop)[0].type == "ack" and server.done
+
+
 def test_refusals_are_logged_once_per_kind_and_peer(server, caplog):
     caplog.set_level(logging.WARNING, logger="equipoise.server")
     for peer in (b"a", b"b"):
