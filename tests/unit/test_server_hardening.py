@@ -124,6 +124,20 @@ def test_refusals_are_logged_once_per_kind_and_peer(server, caplog):
     assert sum(m.type == "error" for _, m in server.sent) == 102  # every sender is still told
 
 
+def test_role_refusals_are_logged_boundedly_even_from_fresh_identities(server, caplog):
+    # A worker's DEALER that reconnects (e.g. after ZeroMQ dropped it for an oversized
+    # frame) comes back with a new identity: one line per identity grew without end.
+    caplog.set_level(logging.WARNING, logger="equipoise.server")
+    for i in range(500):
+        for mtype in ("stats_req", "flush"):
+            (r,) = reply(server, b"id%d" % i, Message(mtype, {}, origin="worker"))
+            assert r.type == "error"
+    lines = [r.getMessage() for r in caplog.records]
+    bound = 2 * server.refusals.max_keys
+    assert 0 < len(lines) <= bound + 2 and len(server.refusals.seen) <= bound
+    assert "'stats_req'" in lines[0] and "a worker" in lines[0]
+
+
 def test_quiet_log_sums_up_each_period_and_bounds_its_memory(caplog):
     caplog.set_level(logging.WARNING, logger="t")
     q = QuietLog(logging.getLogger("t"), every=3600.0, max_keys=4)

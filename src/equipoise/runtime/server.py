@@ -68,7 +68,6 @@ class Server:
         self.held: list[_Held] = []
         self.replication: Replication | None = None  # replication = 1: backup duties both ways
         self.done = False
-        self.intruders: set[bytes] = set()  # peers refused for their role (logged once each)
         # Server stragglers (PSLD): extra time (factor − 1)·bytes / rate, a bandwidth cap,
         # and the busy time and bytes handled since the coordinator last asked, on `clock`.
         self.factor, self.rate = 1.0, 1000e6
@@ -108,10 +107,9 @@ class Server:
     # -- dispatch ---------------------------------------------------------------------
     def handle(self, peer: bytes, msg: Message) -> None:
         if msg.origin is not None and msg.origin not in SENDERS.get(msg.type, ("coordinator",)):
-            if peer not in self.intruders:
-                self.intruders.add(peer)
-                log.warning("refused %r from %s, a %s (further refusals of this peer not logged)",
-                            msg.type, peer.hex(), msg.origin)
+            # Bounded like every refusal: a peer that reconnects has a fresh identity each time.
+            self.refusals(peer, f"not from a {msg.origin}", "refused %r from %s, a %s (further refusals "
+                          "of this peer not logged one by one)", msg.type, peer.hex(), msg.origin)
             self.listener.send(peer, Message("error", {"message": f"server {self.rank} does not accept "
                                                        f"{msg.type!r} from a {msg.origin}"}))
             return
