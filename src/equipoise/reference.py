@@ -121,4 +121,19 @@ def run_splits(run_dir: str | Path) -> list[list[int]]:
     return [rows[t] for t in range(len(rows))]
 
 
-__all__ = ["train_reference", "run_splits"]
+def oracle_diff(cfg: Config, run_dir: str | Path) -> tuple[float, float]:
+    """(max |difference|, max |movement|): how far a BSP/LB-BSP run's final weights
+    (model.pt) are from `train_reference` on the run's own splits, and how far training
+    moved the run's weights from their initial values (a comparison within a tolerance
+    far below the movement is not vacuous). Each is the largest over every tensor."""
+    ref = train_reference(cfg, splits=run_splits(run_dir)).state_dict()
+    got = torch.load(Path(run_dir) / "model.pt", weights_only=True)
+    if ref.keys() != got.keys():
+        raise ValueError(f"{run_dir}/model.pt holds {sorted(got)}, the model {sorted(ref)}")
+    start = train_reference(cfg, iterations=0).state_dict()
+    diff = max((got[n] - ref[n]).abs().max().item() for n in ref)
+    moved = max((got[n] - start[n]).abs().max().item() for n in ref)
+    return diff, moved
+
+
+__all__ = ["train_reference", "run_splits", "oracle_diff"]

@@ -1,4 +1,5 @@
-"""--resume continues a BSP run so that it ends bit-for-bit where an uninterrupted run ends."""
+"""--resume continues a BSP run so that it ends bit-for-bit where an uninterrupted run ends,
+after an interrupt and after the coordinator itself was killed."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import pytest
 import torch
 
 import equipoise
+from equipoise.config import Config
+from equipoise.runtime.checkpoint import load_checkpoint
 
-from .helpers import records, set_args, start_cli, wait_for
+from .helpers import all_gone, descendants, records, set_args, start_cli, wait_for
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -19,9 +22,21 @@ JOB = dict(dataset="digits", model="mlp", global_batch=64, workers=3, servers=2,
            progress=False, slowdown=[1.0, 1.0, 3.0])
 
 
-def test_resume_after_interrupt_ends_bit_for_bit(tmp_path):
-    whole = equipoise.train(JOB, out=tmp_path / "whole")
-    assert whole["iterations"] == 400
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory):
+    """The uninterrupted run's final weights."""
+    out = tmp_path_factory.mktemp("whole") / "run"
+    assert equipoise.train(JOB, out=out)["iterations"] == 400
+    return torch.load(out / "model.pt", weights_only=True)
+
+
+def _assert_equal(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+def test_resume_after_interrupt_ends_bit_for_bit(tmp_path, whole):
 
     run = tmp_path / "interrupted"
     proc = start_cli("train", "--out", str(run), *set_args(JOB))
@@ -38,10 +53,34 @@ def test_resume_after_interrupt_ends_bit_for_bit(tmp_path):
 
     resumed = equipoise.train(resume=run)
     assert resumed["resumed_from"] >= 80 and resumed["iterations"] == 400
-    a = torch.load(tmp_path / "whole" / "model.pt", weights_only=True)
-    b = torch.load(run / "model.pt", weights_only=True)
-    for name in a:
-        assert torch.equal(a[name], b[name]), name
+    _assert_equal(whole, torch.load(run / "model.pt", weights_only=True))
+
+
+def test_a_killed_coordinator_takes_its_processes_along_and_the_run_resumes(tmp_path, whole):
+    """kill -9 of the CLI: its servers and workers die with it (PR_SET_PDEATHSIG, and
+    the heartbeat's own timeout), the checkpoint on disk loads, and resuming from it
+    ends where the uninterrupted run ends."""
+    run = tmp_path / "killed"
+    proc = start_cli("train", "--out", str(run), *set_args(JOB))
+    try:
+        wait_for(lambda: any(r.get("event") == "checkpoint" and r["iteration"] >= 80
+                             for r in records(run, "event")), 120, "a checkpoint at iteration ≥ 80")
+        children = [p.pid for p in descendants(proc.pid)]
+        proc.kill()
+        proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == -signal.SIGKILL
+    assert len(children) >= JOB["workers"] + JOB["servers"]
+    assert all_gone(children, timeout=Config.from_dict(JOB).timeout), "children outlived the coordinator"
+    done = max(r["iteration"] for r in records(run, "iteration"))
+    assert done < 399, "the kill came too late to test anything"
+
+    ckpt = load_checkpoint(run)
+    assert ckpt.iteration >= 80 and ckpt.iteration % JOB["checkpoint_every"] == 0
+    resumed = equipoise.train(resume=run)
+    assert resumed["resumed_from"] == ckpt.iteration and resumed["iterations"] == 400
+    _assert_equal(whole, torch.load(run / "model.pt", weights_only=True))
 
 
 def test_resume_from_a_run_without_checkpoint_is_a_clear_error(tmp_path):

@@ -3,13 +3,18 @@
 Layout: ``checkpoint/meta.json`` (iteration, stream cursor, server version and sample
 count, blocks, block → server table) and ``checkpoint/state.pt`` (block values and
 optimizer state as a flat dict of tensors, written with `torch.save` and read back with
-``weights_only=True``: never unpickle arbitrary objects). A checkpoint is written to a
-temporary folder and swapped in, so a crash mid-write leaves the previous one intact.
+``weights_only=True``: never unpickle arbitrary objects). A checkpoint is written to
+``checkpoint.tmp``, its files and folder fsynced, and swapped in by two renames
+(``checkpoint`` → ``checkpoint.old``, ``checkpoint.tmp`` → ``checkpoint``): a process
+killed mid-write leaves the previous checkpoint intact, and one killed between the two
+renames leaves it as ``checkpoint.old``, which `load_checkpoint` then reads and the next
+`save_checkpoint` puts back first.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,9 +40,19 @@ class Checkpoint:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def save_checkpoint(run_dir: Path, ckpt: Checkpoint) -> Path:
     final = Path(run_dir) / "checkpoint"
     tmp, old = final.with_name("checkpoint.tmp"), final.with_name("checkpoint.old")
+    if old.exists() and not final.exists():  # the last save was killed between its renames
+        old.rename(final)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     tensors = {f"v{k}": v.contiguous() for k, v in ckpt.values.items()}
@@ -46,16 +61,21 @@ def save_checkpoint(run_dir: Path, ckpt: Checkpoint) -> Path:
     meta = {k: getattr(ckpt, k) for k in ("iteration", "cursor", "version", "samples",
                                           "blocks", "table", "extra")}
     (tmp / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+    for path in (tmp / "state.pt", tmp / "meta.json", tmp):
+        _fsync(path)
     shutil.rmtree(old, ignore_errors=True)
     if final.exists():
         final.rename(old)
     tmp.rename(final)
+    _fsync(final.parent)
     shutil.rmtree(old, ignore_errors=True)
     return final
 
 
 def load_checkpoint(run_dir: Path) -> Checkpoint:
     folder = Path(run_dir) / "checkpoint"
+    if not folder.exists() and folder.with_name("checkpoint.old").exists():
+        folder = folder.with_name("checkpoint.old")  # a save killed between its renames
     try:
         meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
         tensors = torch.load(folder / "state.pt", weights_only=True, map_location="cpu")

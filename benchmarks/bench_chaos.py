@@ -1,0 +1,222 @@
+"""Chaos: short BSP jobs whose workers and servers are killed at random moments, each of
+which must complete and end where the single-process oracle ends.
+
+Each repetition runs one job (digits, MLP, 4 workers, 2 or 3 servers, 60 iterations,
+every worker slowed so an iteration takes some milliseconds; heartbeat_s 1,
+snapshot_every 10, worker_restarts 2) in a thread of this process, and a schedule drawn
+from a generator seeded by (seed, repetition): 1–3 blows, each a role (worker or
+server), the number of iteration records to wait for, a delay below an iteration, the
+signal (SIGKILL, or now and then SIGSTOP: a frozen process the heartbeat must detect),
+and a number in [0, 1) that picks the victim among the processes of that role alive at
+that moment (a replaced worker has a new rank, a replaced server its old rank and a new
+pid: the victim is found by command line, never by remembered pid). With at most 3
+blows and 2 replacements, at least 3 workers remain.
+
+Checks, per repetition: the job's status is "completed" with all 60 iterations, and its
+final weights are within 1e-5 of `train_reference` on the run's own splits
+(`equipoise.reference.oracle_diff`; tests/integration/test_recovery.py argues the
+tolerance) while training moved them by more than 1e-3. Recorded: the schedule as
+carried out, summary.json's `recovered` and `lost_updates`, the max |difference|, the
+wall time.
+
+    python -m benchmarks.bench_chaos --reps 20 [--seed S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from benchmarks.common import git_state, load_average, write_results
+
+NAME = "bench_chaos"
+ITERATIONS = 60
+TOLERANCE = 1e-5
+JOB = dict(dataset="digits", model="mlp", global_batch=64, workers=4, iterations=ITERATIONS,
+           eval_every=0, checkpoint_every=0, lr=0.05, optimizer="sgd", momentum=0.9, progress=False,
+           timeout=60.0, heartbeat_s=1.0, snapshot_every=10, worker_restarts=2,
+           slowdown=[10.0, 10.0, 10.0, 10.0])
+WAIT_S = 120.0  # for an iteration record, and for the job to end after the last blow
+
+
+def draw(seed: int, rep: int) -> tuple[dict, list[dict]]:
+    """Repetition `rep`'s job config and schedule of blows (sorted by `at`)."""
+    rng = random.Random(f"chaos-{seed}-{rep}")
+    cfg = dict(JOB, servers=rng.choice([2, 3]), seed=rng.randrange(1000))
+    ats = sorted(rng.sample(range(3, 50), rng.randint(1, 3)))
+    blows = [{"role": rng.choice(["worker", "server"]), "at": at, "delay_ms": round(rng.uniform(0, 10), 1),
+              "signal": "SIGSTOP" if rng.random() < 0.15 else "SIGKILL", "pick": round(rng.random(), 3)}
+             for at in ats]
+    return cfg, blows
+
+
+def _iterations(run: Path) -> int:
+    """Iteration records in the run's metrics.jsonl so far (replays included)."""
+    try:
+        text = (run / "metrics.jsonl").read_text()
+    except FileNotFoundError:
+        return 0
+    return text.count('"type":"iteration"')
+
+
+def _alive(role: str) -> list[tuple[int, int]]:
+    """(rank, pid) of this process's live children running `role`, by rank."""
+    out = []
+    for p in psutil.Process(os.getpid()).children(recursive=True):
+        try:
+            cmd = p.cmdline()
+            if p.status() == psutil.STATUS_ZOMBIE or "equipoise.runtime.proc" not in cmd:
+                continue
+        except psutil.NoSuchProcess:
+            continue
+        i = cmd.index("equipoise.runtime.proc")
+        if cmd[i + 1:i + 2] == [role]:
+            out.append((int(cmd[i + 2]), p.pid))
+    return sorted(out)
+
+
+def repetition(seed: int, rep: int, run: Path) -> dict[str, Any]:
+    """Run repetition `rep` into `run`; its record (see the module docstring). `ok` says
+    whether every check held."""
+    import equipoise
+    from equipoise.config import Config
+    from equipoise.reference import oracle_diff
+
+    cfg, blows = draw(seed, rep)
+    record: dict[str, Any] = {"rep": rep, "servers": cfg["servers"], "seed": cfg["seed"], "schedule": []}
+    result: dict[str, Any] = {}
+
+    def job() -> None:
+        try:
+            result.update(equipoise.train(cfg, out=run))
+        except BaseException as exc:  # recorded, not raised: the other repetitions go on
+            result["error"] = f"{type(exc).__name__}: {exc}"
+
+    t0 = time.perf_counter()
+    thread = threading.Thread(target=job, name=f"chaos-{rep}")
+    thread.start()
+    for blow in blows:
+        deadline = time.monotonic() + WAIT_S
+        while thread.is_alive() and _iterations(run) < blow["at"] and time.monotonic() < deadline:
+            time.sleep(0.002)
+        time.sleep(blow["delay_ms"] / 1e3)
+        alive = _alive(blow["role"]) if thread.is_alive() else []
+        done = dict(blow, records=_iterations(run))
+        if alive:
+            rank, pid = alive[int(blow["pick"] * len(alive))]
+            try:
+                os.kill(pid, getattr(signal, blow["signal"]))
+                done.update(rank=rank, pid=pid)
+            except ProcessLookupError:
+                done["missed"] = "the process ended before the signal"
+        else:
+            done["missed"] = "no such process alive (the job had ended)"
+        record["schedule"].append(done)
+    thread.join(WAIT_S)
+    record["wall_s"] = round(time.perf_counter() - t0, 2)
+    if thread.is_alive():  # the job hangs: stop its processes so that its thread ends
+        for p in psutil.Process(os.getpid()).children(recursive=True):
+            p.kill()
+        thread.join(30)
+        result.setdefault("error", f"the job had not ended {WAIT_S:g} s after the last blow")
+    record.update(status=result.get("status", "failed"), iterations=result.get("iterations"),
+                  error=result.get("error"), recovered=result.get("recovered", []),
+                  lost_updates=result.get("lost_updates"), diff=None, moved=None)
+    if record["status"] == "completed":
+        try:
+            record["diff"], record["moved"] = oracle_diff(Config.from_dict(cfg), run)
+        except Exception as exc:
+            record["error"] = f"oracle: {type(exc).__name__}: {exc}"
+    record["unaccounted"] = unaccounted(record["schedule"], record["recovered"])
+    record["ok"] = (record["status"] == "completed" and record["iterations"] == ITERATIONS
+                    and record["diff"] is not None and record["diff"] <= TOLERANCE
+                    and record["moved"] > 100 * TOLERANCE)
+    return record
+
+
+def unaccounted(schedule: list[dict], recovered: list[dict]) -> list[str]:
+    """The blows that landed and that `recovered` does not list (by role and rank)."""
+    left = Counter((e["role"], e["rank"]) for e in recovered)
+    out = []
+    for b in schedule:
+        if "missed" not in b:
+            if left[b["role"], b["rank"]] > 0:
+                left[b["role"], b["rank"]] -= 1
+            else:
+                out.append(f"{b['signal']} {b['role']} {b['rank']} @{b['at']}")
+    return out
+
+
+def totals(reps: list[dict]) -> dict[str, Any]:
+    blows = [b for r in reps for b in r["schedule"]]
+    landed = [b for b in blows if "missed" not in b]
+    walls = [r["wall_s"] for r in reps]
+    diffs = [r["diff"] for r in reps if r["diff"] is not None]
+    count = lambda items, key: {k: sum(1 for x in items if x[key] == k) for k in sorted({x[key] for x in items})}
+    return {"reps": len(reps), "ok": sum(r["ok"] for r in reps),
+            "completed": sum(r["status"] == "completed" for r in reps),
+            "blows": len(blows), "blows_landed": len(landed), "blows_by_role": count(landed, "role"),
+            "blows_by_signal": count(landed, "signal"),
+            "recovered": sum(len(r["recovered"]) for r in reps),
+            "blows_unaccounted": sum(len(r["unaccounted"]) for r in reps),
+            "recovered_by_role": count([e for r in reps for e in r["recovered"]], "role"),
+            "lost_updates": sum(r["lost_updates"] or 0 for r in reps),
+            "max_diff": max(diffs, default=None), "min_moved": min((r["moved"] for r in reps if r["moved"]), default=None),
+            "wall_s": {"median": round(statistics.median(walls), 2), "max": max(walls), "sum": round(sum(walls), 1)}}
+
+
+def run(reps: int, seed: int = 0, keep: Path | None = None) -> list[dict]:
+    """`reps` repetitions, each in a fresh run directory (under `keep`, else deleted)."""
+    out: list[dict] = []
+    root = keep or Path(tempfile.mkdtemp(prefix="equipoise-chaos-"))
+    try:
+        for rep in range(reps):
+            record = repetition(seed, rep, root / f"rep{rep:02d}")
+            out.append(record)
+            blows = ", ".join(f"{b['signal']} {b['role']} {b.get('rank', '?')} @{b['at']}+{b['delay_ms']}ms"
+                              + (" (missed)" if "missed" in b else "") for b in record["schedule"])
+            print(f"rep {rep:2d}: {'ok  ' if record['ok'] else 'FAIL'} {record['status']} "
+                  f"diff {record['diff']} recovered {len(record['recovered'])} "
+                  f"{record['wall_s']} s  [{blows}]" + (f"  {record['error']}" if record["error"] else ""),
+                  flush=True)
+    finally:
+        if keep is None:
+            shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--keep", default=None, help="keep the run directories under this folder")
+    parser.add_argument("--results", default=None, help=f"JSON path (default benchmarks/results/{NAME}.json)")
+    args = parser.parse_args(argv)
+    load_at_start, git_at_start = load_average(), git_state()
+    reps = run(args.reps, args.seed, Path(args.keep) if args.keep else None)
+    summary = totals(reps)
+    payload = {"command": ["python", "-m", "benchmarks.bench_chaos", *(sys.argv[1:] if argv is None else argv)],
+               "loadavg_at_start": load_at_start, "git_at_start": git_at_start, "seed": args.seed,
+               "job": JOB, "tolerance": TOLERANCE, "totals": summary, "repetitions": reps}
+    path = write_results(NAME, payload, args.results)
+    print(json.dumps(summary, indent=1))
+    print(f"wrote {path}")
+    return 0 if summary["ok"] == summary["reps"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
