@@ -36,25 +36,27 @@ def _die_with_parent() -> None:
         pass  # not Linux: the idle timeout still ends orphans
 
 
+_STOPPING = threading.Event()  # set before the transport closes: the heartbeat thread ends
+
+
 def _beat(transport, address: str, role: str, rank: int, period: float, timeout: float) -> None:
-    from ..wire import Message, PeerTimeout
+    from ..wire import Message, PeerTimeout, WireError
 
     conn = transport.connect(address)
     answered = time.monotonic()
-    while True:
+    while not _STOPPING.is_set():
         try:
             conn.send(Message("beat", {"role": role, "rank": rank}))
-        except PeerTimeout:
-            pass
-        deadline = time.monotonic() + period
-        while (left := deadline - time.monotonic()) > 0:
-            try:
+            deadline = time.monotonic() + period
+            while (left := deadline - time.monotonic()) > 0:
                 conn.recv(timeout=left)
                 answered = time.monotonic()
-            except PeerTimeout:
-                break
-            except Exception:  # a garbled answer is no answer
-                continue
+        except (PeerTimeout, WireError):
+            pass  # no answer in this period (a garbled one counts as none)
+        except Exception:
+            if _STOPPING.is_set():
+                return  # the process is ending and closed the socket
+            raise
         if time.monotonic() - answered > timeout:
             print(f"error: {role} {rank}: the coordinator has not answered a heartbeat for "
                   f"{timeout:.0f} s: it is gone; exiting", file=sys.stderr, flush=True)
@@ -115,6 +117,7 @@ def main(argv: list[str]) -> int:
         print(f"error: {role} {rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return 1
     finally:
+        _STOPPING.set()
         if transport is not None:
             transport.close()
     return 0
