@@ -12,7 +12,7 @@ from benchmarks.bench_chaos import ITERATIONS, TOLERANCE, draw, repetition
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.mark.parametrize("rep", [0, 1])
+@pytest.mark.parametrize("rep", [0])  # the benchmark runs 20; one keeps the suite short
 def test_chaos_repetition_completes_equal_to_the_oracle(tmp_path, rep):
     record = repetition(0, rep, tmp_path / "run")
     assert record["status"] == "completed", record["error"]

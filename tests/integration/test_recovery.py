@@ -118,7 +118,7 @@ def test_a_killed_server_changes_nothing_but_the_time(tmp_path, optimizer, repli
     the ring 0 → 1 → 2 → 0) takes its blocks and at most the iteration in flight is
     replayed."""
     cfg = dict(BASE, optimizer=optimizer, lr=0.01 if optimizer == "adam" else 0.05, snapshot_every=10,
-               replication=replication, servers=3)
+               replication=replication, servers=3, workers=2, slowdown=[20.0, 20.0])
     at = random.Random(f"server-{optimizer}-{replication}").randrange(12, 45)
     run = tmp_path / "run"
     summary = _run_killing(cfg, run, "server 1", at)

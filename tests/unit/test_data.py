@@ -333,3 +333,13 @@ def test_returned_indices_are_private_copies() -> None:
     first = sampler.batch(0)
     first.zero_()
     assert sorted(sampler.batch(0).tolist()) == list(range(10))
+
+
+def test_digits_read_from_the_csv_equal_scikit_learns():
+    from sklearn.datasets import load_digits
+
+    from equipoise.data.load import _digits_arrays
+
+    data, target = _digits_arrays()
+    bunch = load_digits()
+    assert (data == bunch.data).all() and (target == bunch.target).all() and data.shape == (1797, 64)
