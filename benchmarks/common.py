@@ -145,13 +145,26 @@ def _finite(obj: Any) -> Any:
     return obj
 
 
+def relative_argv() -> list[str]:
+    """The command line, with paths inside this checkout relative to it (a results file
+    names the command, not the machine's folders)."""
+    root = Path(__file__).resolve().parent.parent
+    out = []
+    for arg in sys.argv:
+        path = Path(arg)
+        if path.is_absolute() and path.resolve().is_relative_to(root):
+            arg = str(path.resolve().relative_to(root))
+        out.append(arg)
+    return out
+
+
 def write_results(name: str, payload: Mapping[str, Any], path: str | Path | None = None) -> Path:
     """Write `payload` plus the time and machine_info() as JSON to `path`, by default
     benchmarks/results/<name>.json; returns the path written."""
     target = Path(path) if path is not None else RESULTS_DIR / f"{name}.json"
     target.parent.mkdir(parents=True, exist_ok=True)
     doc = {"benchmark": name, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-           "argv": sys.argv, "machine": machine_info(), **payload}
+           "argv": relative_argv(), "machine": machine_info(), **payload}
     target.write_text(json.dumps(_finite(doc), indent=2) + "\n", encoding="utf-8")
     return target
 

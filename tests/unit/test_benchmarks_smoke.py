@@ -142,3 +142,12 @@ def test_psld_settling_is_counted_from_the_switch():
     assert bench_psld.settle_after(records, spec) == 15  # the interval ending at 35 is back within 1.1×
     slow = [{"iteration": i, "iteration_s": 0.2 if 20 < i < 45 else 0.05} for i in times]
     assert bench_psld.settle_after(slow, spec) == 25
+
+
+def test_results_name_the_command_relative_to_the_checkout(monkeypatch):
+    import sys
+    from pathlib import Path
+
+    root = Path(common.__file__).resolve().parent.parent
+    monkeypatch.setattr(sys, "argv", [str(root / "benchmarks" / "bench_x.py"), "--keep", "/tmp/x"])
+    assert common.relative_argv() == ["benchmarks/bench_x.py", "--keep", "/tmp/x"]
