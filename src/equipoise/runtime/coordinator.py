@@ -4,7 +4,8 @@ It registers servers and workers, hands each worker its slice of every iteration
 collects worker reports into metrics.jsonl, and finally stops everyone. Its parts own
 their own state: the server manager (servers.py: placement, moves, elastic servers),
 the planner (planner.py: batch sizes), snapshots (snapshots.py: evaluation and
-checkpoints) and the metrics writer.
+checkpoints) and the metrics writer; lost workers and servers are handled by the
+methods of losses.py, mixed in.
 
 Two pacings share this loop. Under a barrier protocol (BSP, LB-BSP) the coordinator
 answers the plan requests of iteration t only once every worker has asked, i.e. once
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -35,9 +35,10 @@ from ..telemetry.progress import ProgressDisplay
 from ..wire import Listener, Message, Transport
 from .blocks import model_tensors, read_values
 from .checkpoint import Checkpoint, CheckpointError
+from .losses import BarrierLosses, Losses, Memory, plan_message
 from .planner import PlanSettings, Planner
 from .recovery import Assignments
-from .rpc import Failure, JobError, PeerLost, Peers, Rpc
+from .rpc import JobError, PeerLost, Peers, Rpc
 from .servers import ServerManager, ServerSettings
 from .snapshots import SnapshotSettings, Snapshots, State
 from .stats import RunStats
@@ -59,16 +60,7 @@ def make_coordinator(cfg: Config, run_dir: Path, transport: Transport, listener:
     return kind(cfg, run_dir, transport, listener, data, peers=peers, resume=resume, on_tick=on_tick)
 
 
-@dataclass(frozen=True)
-class Memory:
-    """An in-memory snapshot at a barrier: what a rollback restores."""
-
-    iteration: int
-    state: State
-    table: list[int]
-
-
-class Coordinator:
+class Coordinator(Losses):
     """What both pacings share; `BarrierCoordinator` and `StreamCoordinator` decide
     when a plan request is answered and when an iteration ends."""
 
@@ -242,7 +234,7 @@ class Coordinator:
         """A plan request of `worker` is waiting: answer what can be answered."""
         raise NotImplementedError
 
-    def _reply_plan(self, worker: int, iteration: int, start: int, size: int, version: int,
+    def _replyplan_message(self, worker: int, iteration: int, start: int, size: int, version: int,
                     await_table: bool = False) -> None:
         peer, since = self.waiting.pop(worker)
         self.stats.begin()
@@ -252,14 +244,14 @@ class Coordinator:
         elif self.known_table.get(worker, 0) < self.servers.version:  # route by the new table
             extra = {"table": self.servers.table, "servers": self.servers.addresses}
             self.known_table[worker] = self.servers.version
-        self.listener.send(peer, _plan(iteration, start, size, version, stop=False,
+        self.listener.send(peer, plan_message(iteration, start, size, version, stop=False,
                                        held_s=time.monotonic() - since, elapsed=self.stats.elapsed(), **extra))
 
     def _stop(self, worker: int) -> None:
         """Tell a worker to stop. A worker with requests sent ahead (overlap) is done once
         it has had a stop for each; the servers stop counting it at once."""
         peer, _ = self.waiting.pop(worker)
-        self.listener.send(peer, _plan(self.iteration, 0, 0, 0, stop=True, held_s=0.0))
+        self.listener.send(peer, plan_message(self.iteration, 0, 0, 0, stop=True, held_s=0.0))
         self.stops[worker] = self.stops.get(worker, 0) + 1
         if self.stops[worker] > int(self.cfg.overlap):
             self.done.add(worker)
@@ -374,121 +366,6 @@ class Coordinator:
     def _wind_down(self) -> None:
         """Every worker stopped: what is left before the servers stop."""
 
-    # -- failures -------------------------------------------------------------------------
-    def _lose(self, failure: Failure) -> None:
-        """A process was lost (killed, or frozen and then killed)."""
-        if failure.role == "server":
-            return self._lose_server(failure)
-        w = failure.rank
-        if w not in self.workers or w in self.done:
-            return  # it had been told to stop: nothing was in flight
-        delivered = w in self.waiting  # it asked for its next plan: every push of its was acked
-        self.waiting.pop(w, None)
-        self.stopped.add(w)
-        self.done.add(w)
-        active = sorted(set(self.workers) - self.stopped)
-        if not active:
-            raise JobError(f"worker{w} {failure.reason}, and no worker is left")
-        self.servers.workers = len(active)
-        try:
-            replies = self.servers.broadcast(Message("lose", {"worker": w, "workers": len(active),
-                                                              "drop": not delivered}), "ack")
-            action = self._after_loss(w, delivered, active, replies)
-        except PeerLost:  # handled next; the rollback replays without this worker
-            action = "removed; a server was lost meanwhile and the rollback replays without it"
-        if self.restarts > 0:
-            self.restarts -= 1
-            self.joins_owed += 1
-            action += "; a replacement joins at the next barrier"
-        entry = {"role": "worker", "rank": w, "reason": failure.reason, "iteration": self.iteration,
-                 "seen_s": round(self.stats.elapsed(), 3), "action": action}
-        self.recovered.append(entry)
-        self._event("failure", self.iteration, **{k: v for k, v in entry.items() if k != "iteration"})
-        log.warning("worker%d %s: %s", w, failure.reason, action)
-        self.display.note(f"worker{w} lost ({failure.reason}): {action}")
-
-    def _after_loss(self, worker: int, delivered: bool, active: list[int], replies: dict[int, Message]) -> str:
-        """Pacing-specific recovery once the servers forgot `worker`; what was done."""
-        raise NotImplementedError
-
-    def _lose_server(self, failure: Failure) -> None:
-        """replication = 1: fail over to the backup. Else start a replacement; the
-        rollback follows once it has registered."""
-        if not self.recovers_servers or self.memory is None:
-            raise JobError(f"server{failure.rank} {failure.reason}")
-        if self.cfg.replication:
-            return self._fail_over(failure)
-        self.replacing[failure.rank] = ""
-        self.peers.spawn("server", failure.rank)
-        entry = {"role": "server", "rank": failure.rank, "reason": failure.reason, "iteration": self.iteration,
-                 "seen_s": round(self.stats.elapsed(), 3),
-                 "action": f"replaced; every server rolled back to the snapshot of iteration "
-                           f"{self.memory.iteration}, iterations {self.memory.iteration}–{self.iteration - 1} "
-                           f"replayed", "replayed": [self.memory.iteration, self.iteration]}
-        self.recovered.append(entry)
-        self._event("failure", self.iteration, **{k: v for k, v in entry.items() if k != "iteration"})
-        log.warning("server%d %s: %s", failure.rank, failure.reason, entry["action"])
-        self.display.note(f"server{failure.rank} lost ({failure.reason}): {entry['action']}")
-
-    def _note_replacement(self, msg: Message) -> bool:
-        if msg.type == "hello" and msg.fields.get("role") == "server" and msg.fields.get("rank") in self.replacing:
-            self.replacing[int(msg.fields["rank"])] = str(msg.fields["address"])
-            return True
-        return False
-
-    def _fail_over(self, failure: Failure) -> None:
-        """replication = 1: the lost server's backup takes its blocks; every server
-        starts again from the newest version every block still has (the start of the
-        iteration in flight, or its end if it was complete and replicated everywhere),
-        and the workers replay from there. New backups are named among the survivors."""
-        lost, now = failure.rank, self.iteration
-        if lost not in self.servers.backup_of:
-            raise JobError(f"server{lost} {failure.reason}, and it had no backup")
-        for version in (now, now - 1):
-            state = self.servers.read_back(lost, version) if version >= 0 else None
-            if state is not None:
-                break
-        else:
-            raise JobError(f"server{lost} {failure.reason}; no version of its blocks survives")
-        backup = self.servers.backup_of[lost]
-        self.memory = Memory(version, state, self.servers.promote(lost))
-        self._restart()
-        self.servers.replicate()
-        entry = {"role": "server", "rank": lost, "reason": failure.reason, "iteration": now,
-                 "seen_s": round(self.stats.elapsed(), 3),
-                 "action": f"its backup, server {backup}, took its blocks; every server restarted from version "
-                           f"{version}, iterations {version}–{now - 1} replayed", "replayed": [version, now]}
-        self.recovered.append(entry)
-        self._event("failure", now, **{k: v for k, v in entry.items() if k != "iteration"})
-        log.warning("server%d %s: %s", lost, failure.reason, entry["action"])
-        self.display.note(f"server{lost} lost ({failure.reason}): {entry['action']}")
-
-    def _roll_back(self) -> None:
-        """Every server starts again from the last in-memory snapshot, the replacements
-        too."""
-        if not all(self.replacing.values()):
-            self._await_hello("replacement servers to register",
-                              lambda m: self._note_replacement(m) and all(self.replacing.values()))
-        self._restart(dict(self.replacing))
-        self.replacing = {}
-
-    def _restart(self, replacements: dict[int, str] | None = None) -> None:
-        """Every server (and the `replacements`, rank → address) starts from `memory`;
-        every worker is told to start again from its iteration (a new epoch)."""
-        mem = self.memory
-        self.servers.restore(replacements or {}, mem.table, mem.state.values, mem.state.optim,
-                             mem.state.version, mem.state.samples)
-        self.epoch += 1
-        self.iteration, self.cursor = mem.iteration, mem.iteration * self.cfg.global_batch
-        self.waiting, self.assign = {}, Assignments()
-        self.reports = {t: r for t, r in self.reports.items() if t < mem.iteration}
-        self.snapshots.replay_from(mem.iteration)
-        for w in sorted(set(self.workers) - self.stopped):
-            self.known_table[w] = self.servers.version
-            self.listener.send(self.workers[w], _plan(mem.iteration, 0, 0, mem.iteration, stop=False, reset=True,
-                                                      epoch=self.epoch, table=self.servers.table,
-                                                      servers=self.servers.addresses))
-
     def _check_stalled(self) -> None:
         """Fail, naming the laggards, if some workers wait and others are silent too long."""
         if not self.waiting:
@@ -499,7 +376,7 @@ class Coordinator:
             raise JobError(f"workers {silent} sent nothing for {self.cfg.timeout:.0f} s")
 
 
-class BarrierCoordinator(Coordinator):
+class BarrierCoordinator(BarrierLosses, Coordinator):
     """BSP and LB-BSP: iteration t's plans go out once every worker asked for them."""
 
     recovers_servers = True
@@ -509,41 +386,6 @@ class BarrierCoordinator(Coordinator):
             return self._send_share(worker)
         if len(self.waiting) == len(self.workers) - len(self.stopped) and not self.assign.owed():
             self._advance_barrier()
-
-    def _send_share(self, worker: int) -> None:
-        """Hand `worker` its next share of a lost worker's slices (iteration in flight)."""
-        share, t = self.assign.next_share(worker), self.assign.iteration
-        peer, since = self.waiting.pop(worker)
-        self.listener.send(peer, _plan(t, share.start, share.size, t, stop=False, recover=True, part=share.part,
-                                       servers=list(share.servers), held_s=time.monotonic() - since,
-                                       elapsed=self.stats.elapsed()))
-
-    def _after_loss(self, worker: int, delivered: bool, active: list[int], replies: dict[int, Message]) -> str:
-        """Iteration t in flight: unless the lost worker had delivered its pushes, its
-        slices are cut among the survivors for the servers still at version t; then
-        every server is told how many pushes its update t waits for."""
-        t = self.assign.iteration
-        if t is None or t != self.iteration - 1:
-            for rank in replies:
-                self.servers.pool.request(rank, Message("expect", {"version": self.iteration, "pushes": None}), "ack")
-            return "removed before its first iteration"
-        action = f"its pushes for iteration {t} had all arrived; removed"
-        if not delivered:
-            planned = {s.worker: s.size for s in self.assign.slices if s.part == 0}  # LB-BSP: by speed
-            behind = sorted(r for r, m in replies.items() if int(m.fields["at"]) == t)
-            new = self.assign.lose(worker, {w: planned.get(w, 1) for w in active}, behind)
-            action = (f"iteration {t}: its slices re-planned as {len(new)} shares for workers "
-                      f"{sorted({s.worker for s in new})} (servers {behind} had not applied it)"
-                      if new else f"iteration {t} had been applied everywhere; removed")
-        for rank in replies:
-            self.servers.pool.request(rank, Message("expect", {"version": t, "pushes": self.assign.expected(rank)}),
-                                      "ack")
-        for w in sorted(self.waiting):
-            if self.assign.queue.get(w):
-                self._send_share(w)
-        if self.waiting and len(self.waiting) == len(active) and not self.assign.owed():
-            self._advance_barrier()
-        return action
 
     def _advance_barrier(self) -> None:
         """Every worker waits for iteration t: snapshot if due, then hand out slices.
@@ -561,7 +403,7 @@ class BarrierCoordinator(Coordinator):
                   for w, (offset, size) in self.planner.slices(self.planner.sizes()).items()}
         self.assign.begin(t, slices)
         for w, (start, size) in slices.items():
-            self._reply_plan(w, t, start, size, version=t, await_table=bool(actions))
+            self._replyplan_message(w, t, start, size, version=t, await_table=bool(actions))
         self.iteration += 1
         if actions:  # workers compute meanwhile; they ask for the table before pushing
             self.servers.carry_out(t, actions)
@@ -617,7 +459,7 @@ class StreamCoordinator(Coordinator):
             return self._stop(worker)
         size = min(self.planner.sizes()[worker], end - self.cursor)
         before = self.cursor // self.cfg.global_batch
-        self._reply_plan(worker, before, self.cursor, size, version=0)
+        self._replyplan_message(worker, before, self.cursor, size, version=0)
         self.cursor += size
         self.iteration = self.cursor // self.cfg.global_batch
         if self.iteration > before and self.iteration < self.total:
@@ -642,12 +484,6 @@ class StreamCoordinator(Coordinator):
             self._end_iteration(t)
         self.servers.broadcast(Message("flush", {}), "ack")  # apply half-filled softsync groups
         self._snapshot(self.total, version=0, cursor=self.cursor, force=True)
-
-
-def _plan(iteration: int, start: int, size: int, version: int, *, stop: bool, **extra) -> Message:
-    """A plan reply; `step` is the worker's own counter and is not echoed back."""
-    return Message("plan", {"step": 0, "iteration": iteration, "start": start, "size": size,
-                            "stop": stop, "version": version, **extra})
 
 
 __all__ = ["Coordinator", "BarrierCoordinator", "StreamCoordinator", "JobError", "make_coordinator"]
