@@ -42,7 +42,7 @@ def test_a_pull_brings_every_block_each_servers_version_and_the_longest_hold(net
     ticket = client.pull(5)
     for r, server in enumerate(servers):
         peer, msg = take(server, "pull")
-        assert msg.fields == {"worker": 7, "min_version": 5}
+        assert msg.fields == {"worker": 7, "min_version": 5, "epoch": 0}
         server.send(peer, params([r, r + 2], version=5 + r, held=0.25 * (r + 1)))
     pulled = client.wait(ticket)
     assert isinstance(pulled, Pulled)
@@ -56,7 +56,7 @@ def test_a_push_sends_each_server_its_blocks_tagged_with_its_version(net):
     ticket = client.push(grads, {0: 3, 1: 4}, samples=16)
     for r, server in enumerate(servers):
         peer, msg = take(server, "push")
-        assert msg.fields == {"worker": 7, "version": 3 + r, "samples": 16}
+        assert msg.fields == {"worker": 7, "version": 3 + r, "samples": 16, "epoch": 0}
         assert sorted(grads_of(msg.tensors)) == [r, r + 2] and len(msg.tensors) == 2
         assert all(torch.equal(t, grads[k]) for k, t in grads_of(msg.tensors).items())
         server.send(peer, Message("ack", {"version": 5, "staleness": [r, r + 10]}))

@@ -69,3 +69,13 @@ def test_without_a_barrier_a_lost_worker_leaves_the_clock_and_the_group():
     soft.accept(1, 0)
     assert soft.lose(2, 2, drop=True) == [] and soft.next_update() is not None  # λ = 2 now
     assert soft.applied[0] == 0  # counted once applied
+
+
+def test_a_push_of_a_lost_worker_that_arrives_late_is_refused():
+    from equipoise.policy.sync import LostWorker
+
+    sync = ServerSync(BSP(), 2)
+    sync.lose(1, 1, drop=True)
+    with pytest.raises(LostWorker):
+        sync.accept(1, 0, 32)  # queued behind the `lose`: its slice was given to others
+    assert sync.pending == []

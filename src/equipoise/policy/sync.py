@@ -207,6 +207,10 @@ class AheadOfPublished(SyncFault):
     """A push claiming to be computed on a version the server has not published."""
 
 
+class LostWorker(SyncFault):
+    """A push from a worker the coordinator declared lost (its slices were given to others)."""
+
+
 class NotIdle(SyncFault):
     """A change that needs no push pending (membership under a barrier, a new base version)."""
 
@@ -256,6 +260,7 @@ class ServerSync:
         self.histogram: Counter[int] = Counter()  # σ of every gradient applied
         self.applied: Counter[int] = Counter()  # gradients applied, per worker
         self.expected: int | None = None  # barrier: pushes the current update waits for, if not λ
+        self.lost: set[int] = set()  # workers declared lost: their late pushes are refused
         self._unacked: dict[int, list[int]] = {}  # σ of each worker's applied gradients, not yet acked
         self._tokens = 0
 
@@ -266,6 +271,8 @@ class ServerSync:
         update may then hold several pushes of one worker). Raises a SyncFault subclass
         if the protocol refuses it (then nothing changes)."""
         policy = self.policy
+        if worker in self.lost:
+            raise LostWorker(f"push from worker {worker}, which was declared lost")
         if policy.barrier():
             if version != self.version:
                 raise WrongVersion(f"push from worker {worker} computed on version {version}, but the "
@@ -357,6 +364,7 @@ class ServerSync:
         gradient it had not delivered everywhere is applied nowhere. Under a barrier the
         current update is held (`expected` = ∞) until `expect` says how many pushes —
         the survivors' and their shares of the lost slice — complete it."""
+        self.lost.add(worker)
         dropped = [p.token for p in self.pending if p.worker == worker] if drop else []
         self.pending = [p for p in self.pending if p.token not in dropped]
         if worker in self.clocks:

@@ -74,6 +74,7 @@ class PSClient:
         to abandon the wait (the coordinator resets the job)."""
         self.transport, self.worker, self.blocks, self.timeout = transport, int(worker), list(blocks), timeout
         self.interrupt = interrupt
+        self.epoch = 0  # rollbacks seen: servers ignore requests of an earlier epoch
         self.who = f"worker {self.worker}"
         self.conns: dict[int, Connection] = {}  # server rank → connection
         self.by_server: dict[int, list[Block]] = {}  # server rank → its blocks (only servers holding any)
@@ -118,6 +119,7 @@ class PSClient:
         (servers combine a barrier update's pushes in that order). The tensors are sent without
         copying: do not change them before the ticket is waited (or copy them)."""
         extra = {"part": int(part)} if part else {}
+        extra["epoch"] = self.epoch
         if start is not None:
             extra["start"] = int(start)
         return self._send("push", lambda r, blocks: Message(
@@ -127,7 +129,7 @@ class PSClient:
     def pull(self, min_version: int) -> Ticket:
         """Ask every server for its blocks once it is at `min_version` (as its sync
         policy reads that number)."""
-        msg = Message("pull", {"worker": self.worker, "min_version": int(min_version)})
+        msg = Message("pull", {"worker": self.worker, "min_version": int(min_version), "epoch": self.epoch})
         return self._send("pull", lambda r, blocks: msg)
 
     def wait(self, ticket: Ticket, timeout: float | None = None) -> Pulled | list[int]:
@@ -164,11 +166,12 @@ class PSClient:
             conn.close()
         self.conns = {}
 
-    def reset(self, table: list[int], addresses: list[str]) -> None:
+    def reset(self, table: list[int], addresses: list[str], epoch: int) -> None:
         """Abandon every request in flight (new connections: late replies to the old
-        ones are never read) and route by `table`."""
+        ones are never read), route by `table`, and tag requests with `epoch`."""
         self.close()
         self._owed, self._got = {}, {}
+        self.epoch = int(epoch)
         self.set_table(table, addresses)
 
     # -- internals ----------------------------------------------------------------------

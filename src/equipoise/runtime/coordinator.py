@@ -204,12 +204,16 @@ class Coordinator(Losses):
             self.listener.send(peer, Message("error", {"message": f"coordinator does not accept {msg.type!r} now"}))
 
     def _on_table_req(self, peer: bytes, f: dict) -> None:
+        if int(f.get("epoch", 0)) != self.epoch:
+            return  # sent before a rollback: the reset tells the worker the table
         try:
             self.known_table[int(f["worker"])] = self.servers.version
         except (KeyError, TypeError, ValueError) as exc:
             self.listener.send(peer, Message("error", {"message": f"bad table request: {exc}"}))
             return
-        self.listener.send(peer, self.servers.table_reply())
+        reply = self.servers.table_reply()
+        reply.fields["epoch"] = self.epoch
+        self.listener.send(peer, reply)
 
     def _on_plan_req(self, peer: bytes, f: dict) -> None:
         try:
@@ -234,7 +238,7 @@ class Coordinator(Losses):
         """A plan request of `worker` is waiting: answer what can be answered."""
         raise NotImplementedError
 
-    def _replyplan_message(self, worker: int, iteration: int, start: int, size: int, version: int,
+    def _reply_plan(self, worker: int, iteration: int, start: int, size: int, version: int,
                     await_table: bool = False) -> None:
         peer, since = self.waiting.pop(worker)
         self.stats.begin()
@@ -244,14 +248,14 @@ class Coordinator(Losses):
         elif self.known_table.get(worker, 0) < self.servers.version:  # route by the new table
             extra = {"table": self.servers.table, "servers": self.servers.addresses}
             self.known_table[worker] = self.servers.version
-        self.listener.send(peer, plan_message(iteration, start, size, version, stop=False,
+        self.listener.send(peer, plan_message(iteration, start, size, version, stop=False, epoch=self.epoch,
                                        held_s=time.monotonic() - since, elapsed=self.stats.elapsed(), **extra))
 
     def _stop(self, worker: int) -> None:
         """Tell a worker to stop. A worker with requests sent ahead (overlap) is done once
         it has had a stop for each; the servers stop counting it at once."""
         peer, _ = self.waiting.pop(worker)
-        self.listener.send(peer, plan_message(self.iteration, 0, 0, 0, stop=True, held_s=0.0))
+        self.listener.send(peer, plan_message(self.iteration, 0, 0, 0, stop=True, held_s=0.0, epoch=self.epoch))
         self.stops[worker] = self.stops.get(worker, 0) + 1
         if self.stops[worker] > int(self.cfg.overlap):
             self.done.add(worker)
@@ -403,7 +407,7 @@ class BarrierCoordinator(BarrierLosses, Coordinator):
                   for w, (offset, size) in self.planner.slices(self.planner.sizes()).items()}
         self.assign.begin(t, slices)
         for w, (start, size) in slices.items():
-            self._replyplan_message(w, t, start, size, version=t, await_table=bool(actions))
+            self._reply_plan(w, t, start, size, version=t, await_table=bool(actions))
         self.iteration += 1
         if actions:  # workers compute meanwhile; they ask for the table before pushing
             self.servers.carry_out(t, actions)
@@ -459,7 +463,7 @@ class StreamCoordinator(Coordinator):
             return self._stop(worker)
         size = min(self.planner.sizes()[worker], end - self.cursor)
         before = self.cursor // self.cfg.global_batch
-        self._replyplan_message(worker, before, self.cursor, size, version=0)
+        self._reply_plan(worker, before, self.cursor, size, version=0)
         self.cursor += size
         self.iteration = self.cursor // self.cfg.global_batch
         if self.iteration > before and self.iteration < self.total:

@@ -43,7 +43,9 @@ class Losses:
         w = failure.rank
         if w not in self.workers or w in self.done:
             return  # it had been told to stop: nothing was in flight
-        delivered = w in self.waiting  # it asked for its next plan: every push of its was acked
+        # It asked for its next plan: every push of its was acked (with overlap a request
+        # goes ahead of the acks, so nothing can be said to be delivered).
+        delivered = w in self.waiting and not self.cfg.overlap
         self.waiting.pop(w, None)
         self.stopped.add(w)
         self.done.add(w)
@@ -52,6 +54,8 @@ class Losses:
             raise JobError(f"worker{w} {failure.reason}, and no worker is left")
         self.servers.workers = len(active)
         try:
+            if self.replacing:  # a rollback is under way: it starts every server afresh
+                raise PeerLost(failure)
             replies = self.servers.broadcast(Message("lose", {"worker": w, "workers": len(active),
                                                               "drop": not delivered}), "ack")
             action = self._after_loss(w, delivered, active, replies)
@@ -77,6 +81,8 @@ class Losses:
         rollback follows once it has registered."""
         if not self.recovers_servers or self.memory is None:
             raise JobError(f"server{failure.rank} {failure.reason}")
+        if failure.rank not in self.servers.pool.live():  # started, never joined
+            raise JobError(f"server{failure.rank} {failure.reason} before it joined the job")
         if self.cfg.replication:
             return self._fail_over(failure)
         self.replacing[failure.rank] = ""
@@ -137,9 +143,10 @@ class Losses:
         """Every server (and the `replacements`, rank → address) starts from `memory`;
         every worker is told to start again from its iteration (a new epoch)."""
         mem = self.memory
+        self.epoch += 1
+        self.servers.epoch = self.epoch
         self.servers.restore(replacements or {}, mem.table, mem.state.values, mem.state.optim,
                              mem.state.version, mem.state.samples)
-        self.epoch += 1
         self.iteration, self.cursor = mem.iteration, mem.iteration * self.cfg.global_batch
         self.waiting, self.assign = {}, Assignments()
         self.reports = {t: r for t, r in self.reports.items() if t < mem.iteration}
@@ -158,7 +165,8 @@ class BarrierLosses(Losses):
         """Hand `worker` its next share of a lost worker's slices (iteration in flight)."""
         share, t = self.assign.next_share(worker), self.assign.iteration
         peer, since = self.waiting.pop(worker)
-        self.listener.send(peer, plan_message(t, share.start, share.size, t, stop=False, recover=True, part=share.part,
+        self.listener.send(peer, plan_message(t, share.start, share.size, t, stop=False, epoch=self.epoch,
+                                              recover=True, part=share.part,
                                        servers=list(share.servers), held_s=time.monotonic() - since,
                                        elapsed=self.stats.elapsed()))
 

@@ -67,6 +67,7 @@ class Server:
         self.copies = _CopyPool()
         self.held: list[_Held] = []
         self.replication: Replication | None = None  # replication = 1: backup duties both ways
+        self.epoch = 0  # the coordinator's rollbacks: worker requests of earlier ones are stale
         self.done = False
         # Server stragglers (PSLD): extra time (factor − 1)·bytes / rate, a bandwidth cap,
         # and the busy time and bytes handled since the coordinator last asked, on `clock`.
@@ -149,6 +150,7 @@ class Server:
         store = ParameterStore(blocks, values, OptimizerSpec.from_dict(f["optimizer"]), policy,
                                version=f["version"], samples=f["samples"], optim_state=states_of(msg.tensors))
         self._straggle(f.get("straggler", {}))  # before the store changes: a bad one changes nothing
+        self.epoch = int(f.get("epoch", 0))
         self.store, self.sync = store, ServerSync(policy, workers, version=store.version)
         self.pushes, self.held, self.copies = {}, [], _CopyPool()
         if self.replication is not None:
@@ -302,13 +304,22 @@ class Server:
             self._apply(update)
         self._release()
 
+    def _stale(self, msg: Message) -> bool:
+        """A worker's request of an epoch before the last rollback: dropped unanswered
+        (the worker has abandoned it, or will on hearing of the rollback)."""
+        return int(msg.fields.get("epoch", 0)) < self.epoch
+
     def _on_pull(self, peer: bytes, msg: Message) -> None:
+        if self._stale(msg):
+            return
         self._hold(_Held(peer, "pull", int(msg.fields["min_version"]), self.clock.now(), int(msg.fields["worker"])))
 
     def _on_state_req(self, peer: bytes, msg: Message) -> None:
         self._hold(_Held(peer, "state", int(msg.fields["version"]), self.clock.now()))
 
     def _on_push(self, peer: bytes, msg: Message) -> None:
+        if self._stale(msg):
+            return
         t0 = self.clock.now()
         f = msg.fields
         push = Push(int(f["worker"]), int(f["version"]), int(f["samples"]), grads_of(msg.tensors),

@@ -80,6 +80,7 @@ class ServerManager:
         self._planned: dict[int, int] = {}  # scenario additions started early: rank -> join iteration
         self._rates: dict[int, float] = {}  # last measured bytes/s per server
         self.backup_of: dict[int, int] = {}  # replication = 1: primary rank -> backup rank
+        self.epoch = 0  # the coordinator's rollbacks, told to every server it initialises
 
     # -- start --------------------------------------------------------------------------
     def place(self, tensors) -> tuple[list[Block], list[int]]:
@@ -109,7 +110,7 @@ class ServerManager:
         keys = [b.key for b in mine]
         tensors = names.pack(values={k: values[k] for k in keys}, states=names.states_for(optim, keys))
         return Message("init", {**self.init_fields, "blocks": [b.to_list() for b in mine], "version": version,
-                                "samples": samples, "workers": self.workers,
+                                "samples": samples, "workers": self.workers, "epoch": self.epoch,
                                 "straggler": self.scenario.server_straggle(rank, 0.0, 0)}, tensors)
 
     def restore(self, addresses: dict[int, str], table: list[int], values: dict, optim: dict,
@@ -122,7 +123,10 @@ class ServerManager:
         for rank, address in addresses.items():
             pool.conns[rank].close()
             pool.addresses[rank], pool.conns[rank] = address, self.transport.connect(address)
-        pool.table, pool.version = list(table), pool.version + 1
+        live = pool.live()
+        # A server removed since the snapshot (an elastic removal) holds nothing now.
+        table = [r if r in live else live[key % len(live)] for key, r in enumerate(table)]
+        pool.table, pool.version = table, pool.version + 1
         self._straggle_sent = {}  # a replacement starts unslowed: send the current factors again
         for s in pool.live():
             mine = [b for b in pool.blocks if table[b.key] == s]
@@ -161,6 +165,8 @@ class ServerManager:
                     break
         values, optim, samples = {}, {}, []
         for r in self.pool.live():
+            if r not in self.pool.table:
+                continue  # holds no blocks: nothing to read back
             holder = r if r != lost else self.backup_of.get(lost)
             if holder is None:
                 return None

@@ -76,6 +76,7 @@ class Worker:
         self.blocks = [Block.from_list(r) for r in welcome.fields["blocks"]]
         self.epoch = int(welcome.fields.get("epoch", 0))
         self.client = PSClient(self.transport, self.rank, self.blocks, cfg.timeout, interrupt=self._look)
+        self.client.epoch = self.epoch
         try:
             self.client.set_table(welcome.fields["table"], welcome.fields["servers"])
             self.model = build_model(cfg.model, data.input_shape, data.num_classes)
@@ -90,7 +91,7 @@ class Worker:
                     f = reset.msg.fields
                     self.epoch, self._pending_staleness = int(f["epoch"]), []
                     self._inbox.clear()
-                    self.client.reset(f["table"], f["servers"])
+                    self.client.reset(f["table"], f["servers"], self.epoch)
         finally:
             self.client.close()
             self.coord.close()
@@ -146,7 +147,7 @@ class Worker:
             loss, measured = self._step(data, sampler, f)
             t3 = time.perf_counter()
             if f.get("await_table"):  # blocks moved during this compute: route by the new table
-                table = self._request(Message("table_req", {"worker": self.rank}), "table")
+                table = self._request(Message("table_req", {"worker": self.rank, "epoch": self.epoch}), "table")
                 versions = self._plan_table(table, versions, len(in_flight))
                 measured["table_wait_s"] = time.perf_counter() - t3
             pushes = read_pushes(self.model, self.blocks)
@@ -263,11 +264,22 @@ class Worker:
         return self._recv_coord(expect)
 
     def _recv_coord(self, expect: str) -> Message:
-        """The coordinator's next message (Reset if it rolled the job back)."""
-        msg = self._inbox.popleft() if self._inbox else receive(self.coord, expect, self.cfg.timeout,
-                                                                 f"worker {self.rank}")
-        if msg.fields.get("reset"):
-            raise Reset(msg)
+        """The coordinator's next message (Reset if it rolled the job back; replies of an
+        earlier epoch, sent before a rollback, are skipped)."""
+        deadline = time.monotonic() + self.cfg.timeout
+        while True:
+            if self._inbox:
+                msg = self._inbox.popleft()
+            else:
+                try:
+                    msg = self.coord.recv(timeout=max(0.001, deadline - time.monotonic()))
+                except PeerTimeout:
+                    raise WorkerError(f"worker {self.rank}: no {expect!r} from the coordinator within "
+                                      f"{self.cfg.timeout:g}s") from None
+            if msg.fields.get("reset"):
+                raise Reset(msg)
+            if int(msg.fields.get("epoch", self.epoch)) >= self.epoch:
+                break
         if msg.type != expect:
             raise WorkerError(f"worker {self.rank}: expected {expect!r} from the coordinator, got {msg.type!r}"
                               + (f": {msg.fields.get('message')}" if msg.type == "error" else ""))
