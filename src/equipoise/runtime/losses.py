@@ -65,12 +65,7 @@ class Losses:
             self.restarts -= 1
             self.joins_owed += 1
             action += "; a replacement joins at the next barrier"
-        entry = {"role": "worker", "rank": w, "reason": failure.reason, "iteration": self.iteration,
-                 "seen_s": round(self.stats.elapsed(), 3), "action": action}
-        self.recovered.append(entry)
-        self._event("failure", self.iteration, **{k: v for k, v in entry.items() if k != "iteration"})
-        log.warning("worker%d %s: %s", w, failure.reason, action)
-        self.display.note(f"worker{w} lost ({failure.reason}): {action}")
+        self._record_loss(failure, action)
 
     def _after_loss(self, worker: int, delivered: bool, active: list[int], replies: dict[int, Message]) -> str:
         """Pacing-specific recovery once the servers forgot `worker`; what was done."""
@@ -87,15 +82,19 @@ class Losses:
             return self._fail_over(failure)
         self.replacing[failure.rank] = ""
         self.peers.spawn("server", failure.rank)
-        entry = {"role": "server", "rank": failure.rank, "reason": failure.reason, "iteration": self.iteration,
-                 "seen_s": round(self.stats.elapsed(), 3),
-                 "action": f"replaced; every server rolled back to the snapshot of iteration "
-                           f"{self.memory.iteration}, iterations {self.memory.iteration}–{self.iteration - 1} "
-                           f"replayed", "replayed": [self.memory.iteration, self.iteration]}
+        first = self.memory.iteration
+        self._record_loss(failure, f"replaced; every server rolled back to the snapshot of iteration {first}, "
+                                   f"iterations {first}–{self.iteration - 1} replayed", replayed=[first, self.iteration])
+
+    def _record_loss(self, failure: Failure, action: str, iteration: int | None = None, **extra) -> None:
+        """In summary.json's `recovered`, a `failure` event, the log and the progress line."""
+        t = self.iteration if iteration is None else iteration
+        entry = {"role": failure.role, "rank": failure.rank, "reason": failure.reason, "iteration": t,
+                 "seen_s": round(self.stats.elapsed(), 3), "action": action, **extra}
         self.recovered.append(entry)
-        self._event("failure", self.iteration, **{k: v for k, v in entry.items() if k != "iteration"})
-        log.warning("server%d %s: %s", failure.rank, failure.reason, entry["action"])
-        self.display.note(f"server{failure.rank} lost ({failure.reason}): {entry['action']}")
+        self._event("failure", t, **{k: v for k, v in entry.items() if k != "iteration"})
+        log.warning("%s%d %s: %s", failure.role, failure.rank, failure.reason, action)
+        self.display.note(f"{failure.role}{failure.rank} lost ({failure.reason}): {action}")
 
     def _note_replacement(self, msg: Message) -> bool:
         if msg.type == "hello" and msg.fields.get("role") == "server" and msg.fields.get("rank") in self.replacing:
@@ -121,14 +120,9 @@ class Losses:
         self.memory = Memory(version, state, self.servers.promote(lost))
         self._restart()
         self.servers.replicate()
-        entry = {"role": "server", "rank": lost, "reason": failure.reason, "iteration": now,
-                 "seen_s": round(self.stats.elapsed(), 3),
-                 "action": f"its backup, server {backup}, took its blocks; every server restarted from version "
-                           f"{version}, iterations {version}–{now - 1} replayed", "replayed": [version, now]}
-        self.recovered.append(entry)
-        self._event("failure", now, **{k: v for k, v in entry.items() if k != "iteration"})
-        log.warning("server%d %s: %s", lost, failure.reason, entry["action"])
-        self.display.note(f"server{lost} lost ({failure.reason}): {entry['action']}")
+        self._record_loss(failure, f"its backup, server {backup}, took its blocks; every server restarted from "
+                                   f"version {version}, iterations {version}–{now - 1} replayed",
+                          replayed=[version, now], iteration=now)
 
     def _roll_back(self) -> None:
         """Every server starts again from the last in-memory snapshot, the replacements
