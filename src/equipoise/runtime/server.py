@@ -299,10 +299,12 @@ class Server:
         self._apply_ready()
         self.listener.send(peer, Message("ack", {"version": self.sync.published()}))
 
-    def _apply_ready(self) -> None:
+    def _apply_ready(self, release: bool = True) -> None:
+        """Apply every complete group; then (if `release`) answer what it made ready."""
         while (update := self.sync.next_update()) is not None:
             self._apply(update)
-        self._release()
+        if release:
+            self._release()
 
     def _stale(self, msg: Message) -> bool:
         """A worker's request of an epoch before the last rollback: dropped unanswered
@@ -326,8 +328,7 @@ class Server:
                     int(f.get("start", -1)))
         self.store.check(push)
         self.pushes[self.sync.accept(push.worker, push.version, push.samples, int(f.get("part", 0)))] = push
-        while (update := self.sync.next_update()) is not None:
-            self._apply(update)
+        self._apply_ready(release=False)  # after the ack
         self._charge(_nbytes(push.tensors.values()), t0)
         self.listener.send(peer, Message("ack", {"version": self.sync.published(),
                                                  "staleness": self.sync.take_staleness(push.worker)}))
