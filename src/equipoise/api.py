@@ -34,7 +34,8 @@ def resolve_config(config: ConfigLike = None, **overrides: Any) -> Config:
 
 def train(config: ConfigLike = None, *, out: str | Path | None = None,
           resume: str | Path | None = None, **overrides: Any) -> dict:
-    """Run a training job on this machine and return its summary (also in summary.json).
+    """Run a training job and return its summary (also in summary.json): on this machine,
+    or on a Ray cluster with ``launcher="ray"``.
 
     `config` is a `Config`, a dict of config keys, or a TOML path; keyword arguments
     override single keys (``train(protocol="asp", workers=2)``). With `resume`, the job
@@ -62,7 +63,11 @@ def train(config: ConfigLike = None, *, out: str | Path | None = None,
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.toml").write_text(to_toml(cfg.to_dict()), encoding="utf-8")
     try:
-        summary = run_local(cfg, run_dir, data, resume=ckpt)
+        if cfg.launcher == "ray":
+            from .runtime.launch.ray_cluster import run_ray
+            summary = run_ray(cfg, run_dir, data, resume=ckpt)
+        else:
+            summary = run_local(cfg, run_dir, data, resume=ckpt)
     except BaseException as exc:
         _write_summary(run_dir, {"status": "failed", "error": f"{type(exc).__name__}: {exc}",
                                  "protocol": cfg.protocol})

@@ -28,13 +28,17 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="equipoise", description="Parameter-server training for PyTorch "
                                 "on unequal and shared clusters.")
     sub = p.add_subparsers(dest="command", required=True)
-    t = sub.add_parser("train", help="run a training job on this machine")
+    t = sub.add_parser("train", help="run a training job (on this machine, or on a Ray cluster)")
     t.add_argument("config", nargs="?", help="TOML file of config keys (docs/configuration.md)")
     t.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override one config key; may be repeated")
     t.add_argument("--out", help="run directory to write (default runs/<time>-<protocol>)")
     t.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its checkpoint")
     t.add_argument("--quiet", action="store_true", help="no progress bar or summary table")
+    t.add_argument("--launcher", choices=["local", "ray"], help="where servers and workers run "
+                   "(config key launcher; default local: processes on this machine)")
+    t.add_argument("--ray-address", metavar="ADDR", help="with --launcher ray: \"auto\" or HOST:PORT joins a "
+                   "running Ray cluster; empty starts Ray on this machine (config key ray_address)")
     c = sub.add_parser("ctl", help="change the servers of a running job (at its next barrier)")
     c.add_argument("run_dir", help="the run directory of a running job")
     c.add_argument("action", choices=["add-server", "remove-server", "move"])
@@ -110,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
         overrides = dict(parse_override(item) for item in args.overrides)
         if args.quiet:
             overrides["progress"] = False
+        if args.launcher is not None:
+            overrides["launcher"] = args.launcher
+        if args.ray_address is not None:
+            overrides["ray_address"] = args.ray_address
         if args.resume:
             summary = api.train(args.config, resume=args.resume, **overrides)
         else:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping, TypeVar
 
@@ -26,6 +26,10 @@ PLACEMENTS = ("round_robin", "mxnet", "byteps", "greedy", "psld", "oracle")
 
 PREDICTORS = ("last", "ewma", "narx")
 AUTH_MODES = ("curve", "plain", "off")  # wire/auth.py describes them
+LAUNCHERS = ("local", "ray")
+RAY_STRATEGIES = ("SPREAD", "PACK", "STRICT_SPREAD", "STRICT_PACK")  # Ray's placement group strategies
+RAY_DATA = ("ship", "path")
+RESOURCE_KEYS = ("worker_resources", "server_resources")
 T = TypeVar("T")
 
 
@@ -100,6 +104,12 @@ class Config:
     auth: str = "plain"  # plain (authenticated, clear) | curve (encrypted too) | off; docs/configuration.md
     max_message_mb: int = 1024
     progress: bool = True
+    launcher: str = "local"  # local: processes on this machine; ray: actors on a Ray cluster
+    ray_address: str = ""  # "": start Ray on this machine; "auto" or "HOST:PORT": join a cluster
+    worker_resources: dict = field(default_factory=lambda: {"CPU": 1.0})  # Ray resources per worker
+    server_resources: dict = field(default_factory=lambda: {"CPU": 1.0})  # Ray resources per server
+    ray_strategy: str = "SPREAD"  # placement group strategy for the job's actors
+    ray_data: str = "ship"  # ship: the driver's dataset, once per node; path: loaded on each node
 
     # -- construction -----------------------------------------------------------------
     @classmethod
@@ -111,7 +121,8 @@ class Config:
         for key, value in values.items():
             if key not in known:
                 raise ConfigError(f"unknown config key {key!r} (known keys: {', '.join(known)})")
-            kwargs[key] = _coerce(key, value, known[key].default)
+            kwargs[key] = (_coerce_resources(key, value) if key in RESOURCE_KEYS
+                           else _coerce(key, value, known[key].default))
         cfg = cls(**kwargs)
         cfg.validate()
         return cfg
@@ -153,6 +164,17 @@ class Config:
         _choice("auth", self.auth, AUTH_MODES)
         _choice("lr_modulation", self.lr_modulation, LR_MODULATIONS)
         _choice("placement", self.placement, PLACEMENTS)
+        _choice("launcher", self.launcher, LAUNCHERS)
+        _choice("ray_strategy", self.ray_strategy, RAY_STRATEGIES)
+        _choice("ray_data", self.ray_data, RAY_DATA)
+        if self.launcher == "ray":
+            for key in ("cpu_limit", "neighbours"):
+                if getattr(self, key):
+                    raise ConfigError(f"{key} starts processes beside the workers on this machine: it needs "
+                                      "launcher = \"local\", not \"ray\"")
+            if self.transport != "tcp":
+                raise ConfigError(f"transport = {self.transport!r} is this machine only: launcher = \"ray\" "
+                                  "needs transport = \"tcp\"")
         if self.model not in BUILTIN_MODELS and ":" not in self.model:
             raise ConfigError(
                 f"model = {self.model!r} is neither one of {', '.join(BUILTIN_MODELS)} "
@@ -440,7 +462,17 @@ def _type_name(default: Any) -> str:
 
 
 def _plain(v: Any) -> Any:
-    return list(v) if isinstance(v, tuple) else v
+    return list(v) if isinstance(v, tuple) else dict(v) if isinstance(v, dict) else v
+
+
+def _coerce_resources(key: str, value: Any) -> dict:
+    """A table of Ray resources: name -> amount (a finite number ≥ 0), e.g. {CPU = 2, GPU = 1}."""
+    if not isinstance(value, Mapping) or not all(
+            isinstance(k, str) and k and isinstance(v, (int, float)) and not isinstance(v, bool)
+            and math.isfinite(v) and v >= 0 for k, v in value.items()):
+        raise ConfigError(f"{key} = {value!r} should be a table of Ray resources with amounts ≥ 0, "
+                          "like {CPU = 1, GPU = 0}")
+    return {k: float(v) for k, v in value.items()}
 
 
 def _choice(key: str, value: str, options: tuple[str, ...]) -> None:

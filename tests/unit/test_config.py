@@ -68,3 +68,19 @@ def test_auth_defaults_to_authenticated_and_warns_about_plain_beyond_loopback():
     assert Config().auth == "plain" and not Config().warnings()
     assert any("curve" in w for w in Config(host="*").warnings())
     assert not Config(host="*", auth="curve").warnings() and not Config(host="*", transport="ipc").warnings()
+
+
+def test_ray_keys_are_checked_and_survive_toml():
+    import tomllib
+
+    cfg = Config.from_dict({"launcher": "ray", "worker_resources": {"CPU": 2, "fast": 1}})
+    assert cfg.worker_resources == {"CPU": 2.0, "fast": 1.0} and cfg.server_resources == {"CPU": 1.0}
+    assert Config.from_dict(tomllib.loads(to_toml(cfg.to_dict()))) == cfg
+    for bad, match in [({"worker_resources": {"CPU": -1}}, "worker_resources"),
+                       ({"server_resources": 3}, "server_resources"),
+                       ({"launcher": "k8s"}, "launcher"),
+                       ({"ray_strategy": "spread"}, "ray_strategy"),
+                       ({"launcher": "ray", "cpu_limit": [1.0] * 4}, "cpu_limit"),
+                       ({"launcher": "ray", "transport": "ipc"}, "transport")]:
+        with pytest.raises(ConfigError, match=match):
+            Config.from_dict(bad)

@@ -343,3 +343,21 @@ def test_digits_read_from_the_csv_equal_scikit_learns():
     data, target = _digits_arrays()
     bunch = load_digits()
     assert (data == bunch.data).all() and (target == bunch.target).all() and data.shape == (1797, 64)
+
+
+def test_arrays_round_trip_shares_memory_and_gives_the_same_batches() -> None:
+    """What the Ray launcher ships once per node: the same batches, no copy of the
+    images, and read-only arrays (as Ray's object store hands them out) are accepted."""
+    from equipoise.data import Dataset, load_dataset
+
+    data = load_dataset("digits")
+    arrays = data.to_arrays()
+    for k in ("train_x", "train_y", "test_x", "test_y"):
+        arrays[k] = arrays[k].copy()
+        arrays[k].flags.writeable = False
+    back = Dataset.from_arrays(arrays)
+    assert back.train_x.data_ptr() == arrays["train_x"].__array_interface__["data"][0]
+    idx = torch.arange(0, len(data), 7)
+    for a, b in zip(data.train_batch(idx), back.train_batch(idx)):
+        assert torch.equal(a, b)
+    assert (back.name, back.input_shape, back.num_test) == (data.name, data.input_shape, data.num_test)

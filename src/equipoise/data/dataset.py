@@ -8,6 +8,7 @@ loaded dataset costs what its raw pixels cost and not four times that.
 from __future__ import annotations
 
 from collections.abc import Iterator
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -71,6 +72,25 @@ class Dataset:
                 raise DataError(f"dataset {self.name!r}: {split} dtypes {x.dtype}/{y.dtype} unsupported")
         if len(self.mean) != shape[0] or len(self.std) != shape[0]:
             raise DataError(f"dataset {self.name!r}: mean/std need {shape[0]} channel values")
+
+    _ARRAYS = ("train_x", "train_y", "test_x", "test_y")
+
+    def to_arrays(self) -> dict:
+        """The dataset as numpy arrays and plain values (no copy), for a launcher to place
+        in shared memory once per machine; :meth:`from_arrays` reads it back."""
+        out = {k: getattr(self, k).numpy() for k in self._ARRAYS}
+        return {**out, "name": self.name, "num_classes": self.num_classes, "input_shape": list(self.input_shape),
+                "mean": list(self.mean), "std": list(self.std), "pixel_scale": self.pixel_scale}
+
+    @classmethod
+    def from_arrays(cls, d: dict) -> "Dataset":
+        """A Dataset over the arrays of :meth:`to_arrays`, sharing their memory (read-only
+        arrays stay read-only: nothing here writes to the images or labels)."""
+        with warnings.catch_warnings():  # torch warns that a read-only array stays read-only
+            warnings.simplefilter("ignore", UserWarning)
+            arrays = {k: torch.from_numpy(d[k]) for k in cls._ARRAYS}
+        return cls(name=d["name"], num_classes=int(d["num_classes"]), input_shape=tuple(d["input_shape"]),
+                   mean=tuple(d["mean"]), std=tuple(d["std"]), pixel_scale=float(d["pixel_scale"]), **arrays)
 
     def __len__(self) -> int:
         """Number of training samples."""

@@ -124,6 +124,7 @@ class Coordinator(Losses):
             for rank, peer in sorted(workers.items()):
                 self.listener.send(peer, self._welcome(rank))
             self._event("started", self.iteration, time=start, resumed=self.resume is not None)
+            self.started_at = time.time()  # every process registered and initialised
             self._train()
             return self._finish(start)
         finally:

@@ -1,4 +1,5 @@
-"""Entry point of a server or worker process started by the local launcher.
+"""The main of a server or worker process (`host`), and its entry point under the local
+launcher.
 
 ``python -m equipoise.runtime.proc ROLE RANK COORDINATOR_ADDRESS``, with the job on stdin:
 one JSON document ``{"config": {...}, "keys": {...} | null}`` that the launcher writes and
@@ -81,20 +82,20 @@ def read_job(fd: int, timeout: float = STDIN_TIMEOUT) -> dict:
     return job
 
 
-def main(argv: list[str]) -> int:
-    role, rank, coordinator = argv
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _die_with_parent()
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {role}{rank} %(levelname)s %(message)s")
+def host(role: str, rank: int, coordinator: str, job: dict, *, data=None, address: str | None = None,
+         machine_factor: float = 1.0) -> None:
+    """Run `role` `rank` of the job described by `job` (the document above) until it ends:
+    the one main of a server or worker, whichever launcher hosts it. `data` is the dataset
+    if the launcher shares one (else the worker loads it); `address` the host a server
+    binds (default: the config's); `machine_factor` a worker's emulated machine slowdown.
+    Raises on failure."""
     from ..config import Config
     from ..wire import JobKeys, make_transport
 
-    transport = None
+    cfg = Config.from_dict(job["config"])
+    keys = JobKeys.from_dict(job["keys"]) if job.get("keys") is not None else None
+    transport = make_transport("zmq", max_bytes=cfg.max_message_mb << 20, keys=keys)
     try:
-        job = read_job(sys.stdin.fileno())
-        cfg = Config.from_dict(job["config"])
-        keys = JobKeys.from_dict(job["keys"]) if job.get("keys") is not None else None
-        transport = make_transport("zmq", max_bytes=cfg.max_message_mb << 20, keys=keys)
         # Importing torch (and a server's optimizers) holds the interpreter for seconds, long
         # enough to look frozen: done before the heartbeat starts.
         import torch  # noqa: F401
@@ -102,24 +103,32 @@ def main(argv: list[str]) -> int:
             from .server import _warm_up
             _warm_up()
         if job.get("beats") and cfg.heartbeat_s > 0:
-            threading.Thread(target=_beat, args=(transport, job["beats"], role, int(rank), cfg.heartbeat_s,
+            threading.Thread(target=_beat, args=(transport, job["beats"], role, rank, cfg.heartbeat_s,
                                                  cfg.timeout), name="heartbeat", daemon=True).start()
         if role == "server":
             from .server import Server
-            Server(int(rank), transport, coordinator, host=cfg.listen_host, timeout=cfg.timeout).serve()
+            Server(rank, transport, coordinator, host=address or cfg.listen_host, timeout=cfg.timeout).serve()
         elif role == "worker":
             from .worker import Worker
-            Worker(cfg, int(rank), transport, coordinator).run()
+            Worker(cfg, rank, transport, coordinator, data=data, machine_factor=machine_factor).run()
         else:
             raise ValueError(f"unknown role {role!r}")
+    finally:
+        _STOPPING.set()
+        transport.close()
+
+
+def main(argv: list[str]) -> int:
+    role, rank, coordinator = argv
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent()
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {role}{rank} %(levelname)s %(message)s")
+    try:
+        host(role, int(rank), coordinator, read_job(sys.stdin.fileno()))
     except Exception as exc:  # the launcher shows this line, naming the process
         logging.getLogger("equipoise").debug("failure", exc_info=True)
         print(f"error: {role} {rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return 1
-    finally:
-        _STOPPING.set()
-        if transport is not None:
-            transport.close()
     return 0
 
 

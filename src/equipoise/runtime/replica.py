@@ -74,8 +74,9 @@ class Replication:
         self.confirmed = max(self.confirmed, int(version))
 
     def published(self, version: int) -> bool:
-        """Whether `version` may be published (the backup has it)."""
-        return version <= self.confirmed
+        """Whether `version` may be published: the backup has it, or there is no backup
+        (the last server left: versions are not even recorded then)."""
+        return self.backup is None or version <= self.confirmed
 
     def find(self, primary: int, version: int) -> Version | None:
         """This server's own state (primary = its rank) or a primary's replica at `version`."""

@@ -51,8 +51,13 @@ class Reset(Exception):
 
 
 class Worker:
-    def __init__(self, cfg: Config, rank: int, transport: Transport, coordinator: str):
-        self.cfg, self.rank, self.transport = cfg, rank, transport
+    def __init__(self, cfg: Config, rank: int, transport: Transport, coordinator: str, data=None,
+                 machine_factor: float = 1.0):
+        """`data`: the dataset, if the launcher shares one between the workers of a node;
+        else the worker loads it. `machine_factor`: how much slower the machine this worker
+        runs on is emulated to be (a Ray node's label), on top of the config's slowdowns."""
+        self.cfg, self.rank, self.transport, self.data = cfg, rank, transport, data
+        self.machine_factor = machine_factor
         self.depth = int(cfg.overlap)  # exchanges kept in flight while a step computes
         if self.depth not in (0, 1):
             raise WorkerError(f"worker {rank}: overlap = {cfg.overlap!r} exchanges in flight; "
@@ -70,7 +75,7 @@ class Worker:
     def run(self) -> None:
         cfg = self.cfg
         torch.set_num_threads(cfg.threads)
-        data = load_dataset(cfg.dataset, cfg.data_dir or None, seed=cfg.seed)
+        data = self.data if self.data is not None else load_dataset(cfg.dataset, cfg.data_dir or None, seed=cfg.seed)
         welcome = self._request(Message("hello", {
             "role": "worker", "rank": self.rank, "address": "", "pid": os.getpid()}), "welcome")
         self.blocks = [Block.from_list(r) for r in welcome.fields["blocks"]]
@@ -214,7 +219,7 @@ class Worker:
     def _step(self, data, sampler: SliceSampler, f: dict) -> tuple[float, dict]:
         """Compute one gradient, stretched by this worker's slowdown factor (a slower
         machine, emulated); returns the loss and the measured compute time and CPU use."""
-        self.stretch.factor = self.scenario.worker_factor(
+        self.stretch.factor = self.machine_factor * self.scenario.worker_factor(
             self.rank, elapsed=float(f.get("elapsed", 0.0)), iteration=f["iteration"])
         cpu0, t1 = time.process_time(), time.perf_counter()
         self.stretch.start(f["size"])

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import socket
 import subprocess
 import sys
 import threading
@@ -236,6 +237,7 @@ class Neighbours:
 
 def run_local(cfg: Config, run_dir: Path, data, resume: Checkpoint | None = None) -> dict:
     """Run one job on this machine and return its summary."""
+    t0 = time.time()
     keys = generate_keys(cfg.auth) if cfg.auth != "off" else None
     transport = make_transport("zmq", max_bytes=cfg.max_message_mb << 20,
                                keys=keys["coordinator"] if keys else None)
@@ -250,6 +252,11 @@ def run_local(cfg: Config, run_dir: Path, data, resume: Checkpoint | None = None
         coord = make_coordinator(cfg, run_dir, transport, listener, data, peers=children, resume=resume,
                                  on_tick=neighbours.tick if cfg.neighbours else None)
         summary = coord.run()
+        host = socket.gethostname()
+        summary["launcher"] = {"kind": "local", "startup_s": round(coord.started_at - t0, 3),
+                               "driver": {"ip": cfg.listen_host, "hostname": host, "pid": os.getpid()}}
+        summary["nodes"] = {name: {"ip": cfg.listen_host, "hostname": host, "pid": proc.pid}
+                            for name, proc in children.procs.items()}
         clean = True
         return summary
     finally:

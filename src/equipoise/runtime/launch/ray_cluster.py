@@ -1,0 +1,450 @@
+"""The Ray launcher: the coordinator runs in this process (Ray's driver), every server and
+worker is a Ray actor in a process of its own, on whichever node of the cluster Ray
+places it; the roles talk over the job's own ZeroMQ data plane, as under the local
+launcher, and run the same main (`runtime.proc.host`).
+
+* Placement: one placement group holds a bundle per server (`server_resources`) and per
+  worker (`worker_resources`) with `ray_strategy`, so the job starts whole or not at all
+  (a cluster that cannot hold it within `timeout` is an error naming what was asked).
+* Addresses: the coordinator and heartbeat listeners bind the driver's node address, a
+  server its own node's (Ray's node IP); with `auth = "off"` nothing binds beyond
+  loopback. Each actor gets its role's keys in its start arguments, never in a log.
+* Data once per node: `ray_data = "ship"` puts the driver's dataset in Ray's object
+  store once; each node holds one copy in shared memory and its workers map it (numpy
+  arrays are read zero-copy). `ray_data = "path"`: one worker per node loads it from the
+  node's own disk (`data_dir` or the default path) and shares it the same way.
+* Logs: each actor writes its log on its node; a thread of the driver copies new lines
+  to `RUN_DIR/logs/NAME.log` every second, and the summary records every process's node.
+* Failures: an actor that dies (its node lost, its process killed) or stops answering its
+  heartbeat (then killed) is *lost*, as under the local launcher, and the coordinator's
+  recovery applies; a replacement starts in the placement-group bundle the lost one held
+  (Ray re-places a lost node's bundles on the nodes left) or anywhere the resources fit.
+* Emulating an unequal cluster: a node labelled ``equipoise-slowdown = F`` (``ray start
+  --labels='{"equipoise-slowdown": "2"}'``) stretches every worker placed on it by F.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import warnings
+from pathlib import Path
+
+from ...config import Config, ConfigError, EquipoiseWarning
+from ...wire import generate_keys, make_transport
+from ..checkpoint import Checkpoint
+from ..coordinator import make_coordinator
+from ..rpc import Failure, JobError, PeerLost
+from .local import Heartbeats
+
+SLOWDOWN_LABEL = "equipoise-slowdown"
+LOG_PUMP_S = 1.0  # how often actor logs are copied to the driver
+CHECK_S = 0.1  # how often actors are polled for an end (check() is called far more often)
+TAIL_BYTES = 1 << 20
+log = logging.getLogger("equipoise.ray")
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("launcher = \"ray\" needs Ray: pip install 'equipoise[ray]'") from None
+    return ray
+
+
+def _loopback(ip: str) -> bool:
+    try:
+        return ipaddress.ip_address(ip).is_loopback
+    except ValueError:
+        return ip == "localhost"
+
+
+class _Role:
+    """The body of every server and worker actor (`ray.remote` is applied in `_actor`)."""
+
+    def __init__(self, name: str):
+        import ray
+
+        self.name = name
+        ctx = ray.get_runtime_context()
+        labels = ctx.get_node_labels() or {}
+        try:
+            self.factor = max(1.0, float(labels.get(SLOWDOWN_LABEL, 1.0)))
+        except ValueError:
+            self.factor = 1.0
+        self.where = {"node": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(),
+                      "hostname": socket.gethostname(), "pid": os.getpid(), "slowdown": self.factor}
+        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"equipoise-{os.getpid()}-{name}.log"
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(fd, 1)  # everything the role prints, Python or C, lands in its log
+        os.dup2(fd, 2)
+        os.close(fd)
+        logging.basicConfig(level=logging.INFO, force=True,
+                            format=f"%(asctime)s {name} %(levelname)s %(message)s")
+
+    def locate(self) -> dict:
+        return self.where
+
+    def share(self, cfg: dict) -> list:
+        """Load the dataset from this node's disk into this node's object store; the
+        reference is wrapped in a list so that Ray hands it over unresolved."""
+        import ray
+
+        from ...data import load_dataset
+
+        c = Config.from_dict(cfg)
+        return [ray.put(load_dataset(c.dataset, c.data_dir or None, seed=c.seed).to_arrays())]
+
+    def run(self, role: str, rank: int, coordinator: str, job: dict, data: dict | None) -> str | None:
+        """The role's main; None when it ended well, else its one-line error."""
+        from ...data import Dataset
+        from ..proc import host
+
+        try:
+            dataset = Dataset.from_arrays(data) if data is not None else None
+            host(role, rank, coordinator, job, data=dataset, address=self.where["ip"],
+                 machine_factor=self.factor if role == "worker" else 1.0)
+        except Exception as exc:
+            line = f"error: {role} {rank}: {type(exc).__name__}: {exc}"
+            logging.getLogger("equipoise").debug("failure", exc_info=True)
+            print(line, flush=True)
+            return line
+        return None
+
+    def tail(self, offset: int) -> bytes:
+        with self.log_path.open("rb") as fh:
+            fh.seek(offset)
+            return fh.read(TAIL_BYTES)
+
+    def discard(self) -> None:
+        """The driver has the whole log: remove it from this node."""
+        self.log_path.unlink(missing_ok=True)
+
+
+_ACTOR = None
+
+
+def _actor():
+    global _ACTOR
+    if _ACTOR is None:  # `run` and `tail` at once: a threaded actor
+        _ACTOR = _ray().remote(max_concurrency=2, max_restarts=0)(_Role)
+    return _ACTOR
+
+
+def _options(resources: dict) -> dict:
+    r = {k: v for k, v in resources.items() if v > 0}
+    opts = {"num_cpus": r.pop("CPU", 0), "num_gpus": r.pop("GPU", 0), "resources": r}
+    if "memory" in r:
+        opts["memory"] = r.pop("memory")
+    return opts
+
+
+class RayPeers:
+    """The job's actors; the coordinator's `Peers` (as `Children` is under the local
+    launcher): it starts a role, says if one died or froze, and hears of planned stops."""
+
+    def __init__(self, cfg: Config, run_dir: Path, coordinator: str, keys, beats: Heartbeats | None, data):
+        ray = _ray()
+        self.ray, self.cfg, self.coordinator, self.keys, self.beats = ray, cfg, coordinator, keys, beats
+        self.data = data  # ObjectRef of the driver's dataset ("ship"), else None
+        self.logs = run_dir / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.actors: dict[str, object] = {}
+        self.runs: dict[str, object] = {}  # name -> ObjectRef of its run(), until it ended
+        self.where: dict[str, dict] = {}
+        self.locating: dict[str, object] = {}  # name -> ObjectRef of locate(), until read
+        self.bundle: dict[str, int] = {}  # name -> its placement group bundle
+        self.free: dict[str, list[int]] = {"server": [], "worker": []}  # bundles of lost actors
+        self.offsets: dict[str, int] = {}
+        self.node_data: dict[str, object] = {}  # node -> ObjectRef ("path")
+        self.tolerated: set[str] = set()
+        self.stopped: set[str] = set()
+        self.reported: set[str] = set()
+        self.failed: list[Failure] = []
+        self.checked = 0.0
+        self.pg = self._place()
+        names = [("server", r) for r in range(cfg.servers)] + [("worker", r) for r in range(cfg.workers)]
+        for i, (role, rank) in enumerate(names):
+            self._create(role, rank, i)
+        self._locate(self.cfg.timeout)
+        if cfg.ray_data == "path":
+            self._share()
+        for role, rank in names:
+            self._start(role, rank)
+        self.write_nodes()
+        self._pump_stop = threading.Event()
+        self._pump = threading.Thread(target=self._pump_logs, name="ray-logs", daemon=True)
+        self._pump.start()
+
+    # -- placement --------------------------------------------------------------------
+    def _place(self):
+        from ray.util.placement_group import placement_group, remove_placement_group
+
+        cfg = self.cfg
+        bundles = ([{k: v for k, v in cfg.server_resources.items() if v > 0}] * cfg.servers
+                   + [{k: v for k, v in cfg.worker_resources.items() if v > 0}] * cfg.workers)
+        pg = placement_group(bundles, strategy=cfg.ray_strategy, name=f"equipoise-{os.getpid()}")
+        try:
+            self.ray.get(pg.ready(), timeout=cfg.timeout)
+        except self.ray.exceptions.GetTimeoutError:
+            remove_placement_group(pg)
+            raise JobError(
+                f"the Ray cluster could not place the job within {cfg.timeout:.0f} s: it asks for "
+                f"{cfg.servers} × server_resources = {cfg.server_resources} and {cfg.workers} × "
+                f"worker_resources = {cfg.worker_resources} ({cfg.ray_strategy}); the cluster has "
+                f"{self.ray.available_resources()} free") from None
+        return pg
+
+    def _create(self, role: str, rank: int, bundle: int | None) -> None:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        name = f"{role}{rank}"
+        opts = _options(self.cfg.server_resources if role == "server" else self.cfg.worker_resources)
+        if bundle is not None:
+            opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=bundle)
+            self.bundle[name] = bundle
+        self.actors[name] = _actor().options(**opts).remote(name)
+        self.locating[name] = self.actors[name].locate.remote()
+        self.offsets[name] = 0
+        (self.logs / f"{name}.log").touch()
+
+    def _locate(self, timeout: float) -> None:
+        """Learn where the actors started since the last call run (within `timeout` s)."""
+        names = list(self.locating)
+        try:
+            found = self.ray.get([self.locating.pop(n) for n in names], timeout=timeout)
+        except self.ray.exceptions.GetTimeoutError:
+            raise JobError(f"Ray did not start the job's actors within {timeout:.0f} s") from None
+        except self.ray.exceptions.RayError as exc:
+            raise JobError(f"a Ray actor of the job failed to start: {exc}") from None
+        self.where.update(zip(names, found))
+
+    def _share(self) -> None:
+        """ray_data = "path": the first worker on each node loads the dataset for that node."""
+        first: dict[str, str] = {}
+        for name, where in self.where.items():
+            if name.startswith("worker"):
+                first.setdefault(where["node"], name)
+        refs = {node: self.actors[name].share.remote(self.cfg.to_dict()) for node, name in first.items()}
+        try:
+            for node, ref in refs.items():
+                self.node_data[node] = self.ray.get(ref, timeout=self.cfg.timeout)[0]
+        except self.ray.exceptions.RayError as exc:
+            raise JobError(f"loading {self.cfg.dataset!r} on a node failed: {exc}") from None
+
+    def _start(self, role: str, rank: int) -> None:
+        name = f"{role}{rank}"
+        keys = self.keys[role].to_dict() if self.keys else None
+        job = {"config": self.cfg.to_dict(), "keys": keys,
+               "beats": self.beats.listener.address if self.beats else ""}
+        data = None
+        if role == "worker":  # a replacement under "path" loads its own copy
+            data = self.data if self.cfg.ray_data == "ship" else self.node_data.get(self.where.get(name, {}).get("node"))
+        self.runs[name] = self.actors[name].run.remote(role, rank, self.coordinator, job, data)
+
+    # -- Peers ------------------------------------------------------------------------
+    def spawn(self, role: str, rank: int) -> None:
+        """Start `role` `rank` (again, if it was lost: in the bundle a lost one held)."""
+        name = f"{role}{rank}"
+        if name in self.reported:
+            self.reported.discard(name)
+            if self.beats is not None:
+                self.beats.last.pop(name, None)
+            old = self.logs / f"{name}.log"
+            if old.exists():
+                old.replace(self.logs / f"{name}.lost.log")
+        free = self.free[role]
+        self._create(role, rank, free.pop(0) if free else None)
+        self._start(role, rank)
+
+    def retired(self, role: str, rank: int) -> None:
+        self.stopped.add(f"{role}{rank}")
+
+    def tolerate(self, role: str) -> None:
+        self.tolerated.add(role)
+
+    def check(self) -> None:
+        """Raise JobError naming the first actor that failed beyond recovery (PeerLost
+        for a lost server of a tolerated role), as `Children.check` does."""
+        now = time.monotonic()
+        if now - self.checked < CHECK_S:
+            return
+        self.checked = now
+        pending = {ref: name for name, ref in self.runs.items()}
+        ended, _ = self.ray.wait(list(pending), num_returns=len(pending), timeout=0) if pending else ([], [])
+        for ref in ended:
+            name = pending[ref]
+            del self.runs[name]
+            role = name.rstrip("0123456789")
+            try:
+                error = self.ray.get(ref, timeout=5)
+            except self.ray.exceptions.RayError as exc:
+                self._lose(name, f"its Ray actor died ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})", now)
+                continue
+            if error is not None:
+                raise JobError(f"{name} failed: {error}")
+            if role == "server" and name not in self.stopped:
+                raise JobError(f"{name} ended before the job did")
+        if self.beats is not None:
+            for name in list(self.runs):
+                quiet = self.beats.quiet(name, now)
+                if quiet is not None:
+                    self.ray.kill(self.actors[name], no_restart=True)  # fenced: it must not come back
+                    del self.runs[name]
+                    self._lose(name, f"stopped answering for {quiet:.1f} s (no heartbeat); killed", now)
+
+    def _lose(self, name: str, reason: str, now: float) -> None:
+        role = name.rstrip("0123456789")
+        if role not in self.tolerated:
+            raise JobError(f"{name} (node {self.where.get(name, {}).get('ip', '?')}) {reason}")
+        self.ray.kill(self.actors[name], no_restart=True)
+        self.reported.add(name)
+        if name in self.bundle:
+            self.free[role].append(self.bundle.pop(name))
+        failure = Failure(role, int(name[len(role):]), reason, now)
+        self.failed.append(failure)
+        log.warning("%s lost: %s", name, reason)
+        if role == "server":
+            raise PeerLost(failure)
+
+    def lost(self) -> list[Failure]:
+        try:
+            self.check()
+        except PeerLost:
+            pass  # it is in `failed`
+        out, self.failed = self.failed, []
+        return out
+
+    # -- logs, nodes, the end -----------------------------------------------------------
+    def _pump_logs(self) -> None:
+        while not self._pump_stop.wait(LOG_PUMP_S):
+            self._copy_logs(list(self.runs))
+
+    def _copy_logs(self, names: list[str]) -> None:
+        refs = {name: self.actors[name].tail.remote(self.offsets[name]) for name in names}
+        for name, ref in refs.items():
+            try:
+                chunk = self.ray.get(ref, timeout=5)
+            except Exception:  # a dead or busy actor: its log stops here
+                continue
+            if chunk:
+                with (self.logs / f"{name}.log").open("ab") as fh:
+                    fh.write(chunk)
+                self.offsets[name] += len(chunk)
+
+    def write_nodes(self) -> None:
+        """RUN_DIR/nodes.json: where each process runs (rewritten at the end with any
+        replacements), so that an operator can tell which machine holds what."""
+        tmp = self.logs.parent / "nodes.json.tmp"
+        tmp.write_text(json.dumps(self.nodes(), indent=1, sort_keys=True) + "\n")
+        tmp.replace(self.logs.parent / "nodes.json")
+
+    def nodes(self) -> dict[str, dict]:
+        """Where every process of the job ran (a replacement that never started: absent)."""
+        for name, ref in list(self.locating.items()):
+            try:
+                self.where[name] = self.ray.get(ref, timeout=5)
+            except Exception:
+                pass  # died before it could say
+        self.locating.clear()
+        return dict(self.where)
+
+    def stop(self, grace: float) -> None:
+        """Wait up to `grace` s for the actors' mains to end, copy the rest of their logs,
+        kill them and free the placement group."""
+        from ray.util.placement_group import remove_placement_group
+
+        self._pump_stop.set()
+        self._pump.join(timeout=10)
+        if self.runs and grace > 0:
+            self.ray.wait(list(self.runs.values()), num_returns=len(self.runs), timeout=grace)
+        alive = [n for n in self.actors if n not in self.reported]
+        self._copy_logs(alive)
+        if alive:
+            self.ray.wait([self.actors[n].discard.remote() for n in alive], num_returns=len(alive), timeout=5)
+        for actor in self.actors.values():
+            try:
+                self.ray.kill(actor, no_restart=True)
+            except Exception:
+                pass  # already gone
+        remove_placement_group(self.pg)
+
+
+def _connect(cfg: Config) -> bool:
+    """Join `ray_address`, or start Ray on this machine; True if this call started or
+    joined it (and so shuts it down after the job). An already initialised Ray is used
+    as it is."""
+    ray = _ray()
+    if ray.is_initialized():
+        return False
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    kwargs = {"include_dashboard": False, "logging_level": logging.WARNING, "log_to_driver": False}
+    if cfg.ray_address:
+        try:
+            ray.init(address=cfg.ray_address, **kwargs)
+        except (ConnectionError, ValueError, RuntimeError) as exc:
+            raise ConfigError(f"ray_address = {cfg.ray_address!r}: cannot join a Ray cluster there "
+                              f"({str(exc).splitlines()[0][:200]})") from None
+    else:  # as many CPUs as the job asks for: the local launcher also oversubscribes
+        demand = cfg.servers * cfg.server_resources.get("CPU", 0) + cfg.workers * cfg.worker_resources.get("CPU", 0)
+        ray.init(num_cpus=max(os.cpu_count() or 1, int(demand + 0.999)), **kwargs)
+    return True
+
+
+def _check_addresses(cfg: Config, ray) -> str:
+    """The driver's node address; refuse to listen beyond loopback unauthenticated."""
+    here = ray.util.get_node_ip_address()
+    ips = sorted({n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")} | {here})
+    remote = [ip for ip in ips if not _loopback(ip)]
+    if remote and cfg.auth == "off":
+        raise ConfigError(f"auth = \"off\" on a Ray cluster with nodes at {', '.join(remote)}: anyone who can "
+                          "reach them could join the job; use auth = \"curve\"")
+    if remote and cfg.auth == "plain":
+        warnings.warn(f"auth = \"plain\" on a Ray cluster with nodes at {', '.join(remote)}: the job's "
+                      "passwords cross the network in clear; use auth = \"curve\" (encrypted)",
+                      EquipoiseWarning, stacklevel=3)
+    return here
+
+
+def run_ray(cfg: Config, run_dir: Path, data, resume: Checkpoint | None = None) -> dict:
+    """Run one job on a Ray cluster and return its summary."""
+    t0 = time.time()
+    started = _connect(cfg)
+    ray = _ray()
+    transport = listener = peers = beats = None
+    clean = False
+    try:
+        here = _check_addresses(cfg, ray)
+        keys = generate_keys(cfg.auth) if cfg.auth != "off" else None
+        transport = make_transport("zmq", max_bytes=cfg.max_message_mb << 20,
+                                   keys=keys["coordinator"] if keys else None)
+        listener = transport.listen(here)
+        if cfg.heartbeat_s > 0:
+            beats = Heartbeats(transport.listen(here), cfg.heartbeat_s)
+        shipped = ray.put(data.to_arrays()) if cfg.ray_data == "ship" else None
+        peers = RayPeers(cfg, run_dir, listener.address, keys, beats, shipped)
+        coord = make_coordinator(cfg, run_dir, transport, listener, data, peers=peers, resume=resume)
+        summary = coord.run()
+        summary["launcher"] = {"kind": "ray", "address": cfg.ray_address or "(started here)",
+                               "driver": {"ip": here, "hostname": socket.gethostname(), "pid": os.getpid()},
+                               "startup_s": round(coord.started_at - t0, 3)}
+        summary["nodes"] = peers.nodes()
+        peers.write_nodes()
+        clean = True
+        return summary
+    finally:
+        if peers is not None:
+            peers.stop(grace=10.0 if clean else 0.0)
+        if beats is not None:
+            beats.close()
+        if listener is not None:
+            listener.close()
+        if transport is not None:
+            transport.close()
+        if started:
+            ray.shutdown()

@@ -1,0 +1,131 @@
+"""The Ray launcher on a cluster emulated on this machine (`ray.cluster_utils.Cluster`):
+a head node that holds only the driver and three nodes of 2 CPUs each, each labelled
+with its name. One cluster serves the whole module (about 7 s to start)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+ray = pytest.importorskip("ray")  # the dev extra installs it: the README's test command runs these
+from ray.cluster_utils import Cluster  # noqa: E402
+
+import equipoise  # noqa: E402
+from equipoise.runtime.rpc import JobError  # noqa: E402
+
+from .helpers import all_gone, assert_equals_reference, assert_near_reference, records, wait_for  # noqa: E402
+
+NODES = 3
+BASE = {"dataset": "digits", "model": "mlp", "protocol": "bsp", "servers": 2, "workers": 3, "global_batch": 48,
+        "iterations": 12, "lr": 0.1, "eval_every": 0, "checkpoint_every": 0, "progress": False,
+        "timeout": 60.0, "heartbeat_s": 0.5}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    for i in range(NODES):
+        c.add_node(num_cpus=2, labels={"equipoise-test-node": str(i)})
+    ray.init(address=c.address, logging_level="WARNING", log_to_driver=False)
+    try:
+        yield c
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def no_orphans():
+    """Replaces the package's check: the emulated nodes are children of this process and
+    Ray keeps idle workers of its own; each test checks its job's actors are gone."""
+    yield
+
+
+def _gone(summary: dict) -> bool:
+    return all_gone([where["pid"] for where in summary["nodes"].values()])
+
+
+def _weights(run_dir: Path) -> dict:
+    return torch.load(run_dir / "model.pt", weights_only=True)
+
+
+def test_bsp_on_three_nodes_equals_the_local_launcher(cluster, tmp_path):
+    """Same job, both launchers: the same final weights. Both run the same main
+    (runtime.proc.host) with the same thread count and seeds and move weights as raw
+    bytes, so they are bit-equal (assert_equals_reference argues it); the issue's 1e-5 is
+    checked as well. The processes ran on all three nodes, each log reached the driver."""
+    ray_run = equipoise.train({**BASE, "launcher": "ray"}, out=tmp_path / "ray")
+    local_run = equipoise.train({**BASE, "launcher": "local"}, out=tmp_path / "local")
+    a, b = _weights(tmp_path / "ray"), _weights(tmp_path / "local")
+    assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-5
+    assert_equals_reference({**BASE, "launcher": "ray"}, tmp_path / "ray")
+    nodes = ray_run["nodes"]
+    assert set(nodes) == {"server0", "server1", "worker0", "worker1", "worker2"}
+    assert len({n["node"] for n in nodes.values()}) == NODES  # SPREAD over the three nodes
+    assert json.loads((tmp_path / "ray" / "nodes.json").read_text()) == nodes
+    assert ray_run["launcher"]["kind"] == "ray" and local_run["launcher"]["kind"] == "local"
+    assert {p.name for p in (tmp_path / "ray" / "logs").iterdir()} == {f"{n}.log" for n in nodes}
+    assert "listening on tcp://" in (tmp_path / "ray" / "logs" / "server0.log").read_text()
+    assert _gone(ray_run)
+
+
+def test_shared_data_from_each_nodes_disk_with_curve(cluster, tmp_path):
+    """ray_data = "path" (each node loads the dataset once for its workers) and CURVE
+    between the nodes: the job still equals the reference bit for bit."""
+    cfg = {**BASE, "launcher": "ray", "ray_data": "path", "auth": "curve", "servers": 1, "workers": 2}
+    summary = equipoise.train(cfg, out=tmp_path / "run")
+    assert_equals_reference(cfg, tmp_path / "run")
+    assert _gone(summary)
+
+
+def test_a_job_the_cluster_cannot_hold_fails_naming_what_it_asked(cluster, tmp_path):
+    cfg = {**BASE, "launcher": "ray", "worker_resources": {"CPU": 1, "GPU": 1}, "timeout": 3.0}
+    with pytest.raises(JobError, match=r"could not place the job within 3 s.*GPU"):
+        equipoise.train(cfg, out=tmp_path / "run")
+    assert ray.util.placement_group_table() and all(
+        pg["state"] == "REMOVED" for pg in ray.util.placement_group_table().values())
+
+
+def test_a_node_lost_mid_run_with_replication(cluster, tmp_path):
+    """cluster.remove_node takes a server and a worker with it (SPREAD puts five actors on
+    three nodes, so the node of server 1 holds another actor too). With replication = 1
+    the backup takes the server's blocks, the survivors recompute the lost worker's slice,
+    and the weights equal the reference on the run's own splits within the 1e-5 that
+    test_recovery argues for a recovered run. The stretch (slowdown 20) keeps the job
+    running long enough for the node to go mid-run."""
+    cfg = {**BASE, "launcher": "ray", "replication": 1, "iterations": 80, "slowdown": [20.0, 20.0, 20.0]}
+    run_dir = tmp_path / "run"
+    result: dict = {}
+
+    def train():
+        try:
+            result["summary"] = equipoise.train(cfg, out=run_dir)
+        except BaseException as exc:  # reported by the assertion below
+            result["error"] = exc
+
+    job = threading.Thread(target=train)
+    job.start()
+    try:
+        wait_for(lambda: len(records(run_dir, "iteration")) >= 5, 120, "five iterations")
+        nodes = json.loads((run_dir / "nodes.json").read_text())
+        doomed = nodes["server1"]["node"]
+        victim = next(n for n in cluster.list_all_nodes() if n.node_id == doomed)
+        on_it = sorted(name for name, where in nodes.items() if where["node"] == doomed)
+        cluster.remove_node(victim, allow_graceful=False)
+    finally:
+        job.join(timeout=300)
+        cluster.add_node(num_cpus=2, labels={"equipoise-test-node": "replacement"})
+    assert "error" not in result, result.get("error")
+    summary = result["summary"]
+    lost = sorted(f"{r['role']}{r['rank']}" for r in summary["recovered"])
+    assert lost == on_it and len(on_it) >= 2
+    assert summary["iterations"] == cfg["iterations"]
+    assert_near_reference(cfg, run_dir)
+    assert _gone(summary)
