@@ -60,6 +60,9 @@ def train(config: ConfigLike = None, *, out: str | Path | None = None,
     if cfg.global_batch > len(data):
         raise ConfigError(f"global_batch = {cfg.global_batch} is more than the {len(data)} "
                           f"training samples of dataset {cfg.dataset!r}")
+    if cfg.launcher == "ray":
+        from .runtime.launch.ray_cluster import preflight
+        preflight(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.toml").write_text(to_toml(cfg.to_dict()), encoding="utf-8")
     try:

@@ -472,6 +472,8 @@ def _coerce_resources(key: str, value: Any) -> dict:
             and math.isfinite(v) and v >= 0 for k, v in value.items()):
         raise ConfigError(f"{key} = {value!r} should be a table of Ray resources with amounts ≥ 0, "
                           "like {CPU = 1, GPU = 0}")
+    if not any(v > 0 for v in value.values()):
+        raise ConfigError(f"{key} = {value!r} asks for nothing: give at least one resource an amount > 0")
     return {k: float(v) for k, v in value.items()}
 
 

@@ -47,3 +47,15 @@ def test_corrupt_data_file_names_the_file(tmp_path):
     proc = cli("train", "--set", "dataset=mnist", "--set", f'data_dir="{data}"', "--out", str(tmp_path / "run"))
     assert proc.returncode == 2, proc.stderr
     assert "idx" in proc.stderr and str(data) in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_an_unreachable_ray_cluster_is_a_one_line_error_and_no_run_directory(tmp_path):
+    """Ray itself retries an unreachable head for minutes; equipoise checks first."""
+    out = tmp_path / "run"
+    r = cli("train", "--set", "dataset=digits", "--launcher", "ray", "--ray-address", "127.0.0.1:9",
+            "--out", str(out))
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        "equipoise: error: ray_address = '127.0.0.1:9': no Ray head answers there within 10 s "
+        "([Errno 111] Connection refused)"]
+    assert not out.exists()

@@ -396,6 +396,30 @@ def _connect(cfg: Config) -> bool:
     return True
 
 
+def preflight(cfg: Config) -> None:
+    """What can be checked before the run directory is made: Ray is installed and the
+    cluster at `ray_address` answers (ConfigError otherwise)."""
+    _ray()
+    if cfg.ray_address:
+        _reachable(cfg.ray_address, min(cfg.timeout, 10.0))
+
+
+def _reachable(address: str, timeout: float) -> None:
+    """ConfigError unless `address` ("auto" or HOST:PORT of a Ray head) answers within
+    `timeout` s: Ray itself retries an unreachable head for minutes."""
+    if address == "auto":
+        return
+    host, sep, port = address.rpartition(":")
+    if address.startswith("ray://") or not sep or not port.isdigit():
+        raise ConfigError(f"ray_address = {address!r} is neither \"auto\" nor HOST:PORT of a Ray head "
+                          "(Ray Client's ray:// addresses are not supported: run the job on the cluster)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise ConfigError(f"ray_address = {address!r}: no Ray head answers there within {timeout:g} s "
+                          f"({exc})") from None
+
+
 def _check_addresses(cfg: Config, ray) -> str:
     """The driver's node address; refuse to listen beyond loopback unauthenticated."""
     here = ray.util.get_node_ip_address()
