@@ -167,18 +167,22 @@ class RayPeers:
         self.reported: set[str] = set()
         self.failed: list[Failure] = []
         self.checked = 0.0
-        self.pg = self._place()
-        names = [("server", r) for r in range(cfg.servers)] + [("worker", r) for r in range(cfg.workers)]
-        for i, (role, rank) in enumerate(names):
-            self._create(role, rank, i)
-        self._locate(self.cfg.timeout)
-        if cfg.ray_data == "path":
-            self._share()
-        for role, rank in names:
-            self._start(role, rank)
-        self.write_nodes()
         self._pump_stop = threading.Event()
         self._pump = threading.Thread(target=self._pump_logs, name="ray-logs", daemon=True)
+        self.pg = self._place()
+        try:
+            names = [("server", r) for r in range(cfg.servers)] + [("worker", r) for r in range(cfg.workers)]
+            for i, (role, rank) in enumerate(names):
+                self._create(role, rank, i)
+            self._locate(self.cfg.timeout)
+            if cfg.ray_data == "path":
+                self._share()
+            for role, rank in names:
+                self._start(role, rank)
+            self.write_nodes()
+        except BaseException:
+            self.stop(grace=0.0)  # no actor and no placement group outlives a failed start
+            raise
         self._pump.start()
 
     # -- placement --------------------------------------------------------------------
@@ -327,10 +331,11 @@ class RayPeers:
 
     def _copy_logs(self, names: list[str]) -> None:
         refs = {name: self.actors[name].tail.remote(self.offsets[name]) for name in names}
+        ready = set(self.ray.wait(list(refs.values()), num_returns=len(refs), timeout=5)[0]) if refs else set()
         for name, ref in refs.items():
             try:
-                chunk = self.ray.get(ref, timeout=5)
-            except Exception:  # a dead or busy actor: its log stops here
+                chunk = self.ray.get(ref, timeout=1) if ref in ready else b""
+            except Exception:  # a dead actor: its log stops here
                 continue
             if chunk:
                 with (self.logs / f"{name}.log").open("ab") as fh:
@@ -360,7 +365,8 @@ class RayPeers:
         from ray.util.placement_group import remove_placement_group
 
         self._pump_stop.set()
-        self._pump.join(timeout=10)
+        if self._pump.is_alive():
+            self._pump.join(timeout=10)
         if self.runs and grace > 0:
             self.ray.wait(list(self.runs.values()), num_returns=len(self.runs), timeout=grace)
         alive = [n for n in self.actors if n not in self.reported]
