@@ -8,6 +8,7 @@ exit with status 2.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import tomllib
 from dataclasses import dataclass, fields
@@ -100,6 +101,7 @@ class Config:
     auth: str = "plain"  # plain (authenticated, clear) | curve (encrypted too) | off; docs/configuration.md
     max_message_mb: int = 1024
     progress: bool = True
+    tensorboard: bool = False  # scalars to run_dir/tensorboard/ (needs the tensorboard package)
 
     # -- construction -----------------------------------------------------------------
     @classmethod
@@ -185,6 +187,8 @@ class Config:
                               "the in-memory snapshots of snapshot_every) or 1 (a backup on the next server)")
         if self.replication and self.protocol not in ("bsp", "lbbsp"):
             raise ConfigError(f"replication = 1 needs a barrier protocol (bsp, lbbsp), not {self.protocol!r}")
+        if self.tensorboard and importlib.util.find_spec("tensorboard") is None:
+            raise ConfigError("tensorboard = true needs the tensorboard package: pip install 'equipoise[tensorboard]'")
         self._validate_protocol()
         self._validate_lists()
 
