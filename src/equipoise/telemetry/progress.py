@@ -58,10 +58,10 @@ class ProgressDisplay:
         kind = rec.get("type")
         if kind == "iteration":
             self.update(int(rec["iteration"]) + 1, sps=rec.get("samples_per_s"), loss=rec.get("loss"))
+            if self._plain and time.monotonic() - self._last_line >= PLAIN_EVERY_S:
+                self._line()
         elif kind == "eval":
             self.update(None, acc=rec.get("test_accuracy"))
-        if self._plain and time.monotonic() - self._last_line >= PLAIN_EVERY_S:
-            self._line()
 
     def update(self, iteration: int | None, **stats: float | None) -> None:
         """Move the bar to `iteration` done (None: leave it) and update its figures."""
