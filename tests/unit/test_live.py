@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 import json
 import re
+import threading
+import time
 
 import pytest
 from rich.console import Console
@@ -115,6 +117,26 @@ def test_watch_a_finished_run_prints_its_last_state(tmp_path):
     assert watch(d, console=console) == 0
     text = console.file.getvalue()
     assert "iteration 12/12" in text and "completed" in text and re.search(r"w1 .* slow", text)
+
+
+def test_watch_follows_a_running_job_until_its_summary(tmp_path):
+    records = _records()
+    d = _run_dir(tmp_path, records[:4])  # ends with a torn line, completed below
+
+    def finish():
+        time.sleep(0.2)
+        with (d / "metrics.jsonl").open("a") as fh:
+            fh.write('ation"}\n' + "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records[4:]))
+        (d / "summary.json").write_text(json.dumps({"status": "completed"}))
+
+    writer = threading.Thread(target=finish)
+    writer.start()
+    console = Console(file=io.StringIO(), width=120, color_system=None)
+    try:
+        assert watch(d, interval=0.02, idle=60.0, console=console) == 0
+    finally:
+        writer.join(timeout=10)
+    assert "iteration 12/12" in console.file.getvalue()
 
 
 def test_watch_gives_up_on_a_job_gone_without_summary(tmp_path):

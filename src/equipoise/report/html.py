@@ -26,7 +26,7 @@ SUMMARY_KEYS = ("status", "protocol", "workers", "servers", "iterations", "globa
                 "resumed_from", "error")
 CONFIG_KEYS = ("dataset", "model", "optimizer", "lr", "placement", "slowdown", "trace", "server_slowdown",
                "membership", "server_events")
-STYLE = """body{font-family:sans-serif;margin:2em auto;max-width:1100px;color:#222}
+STYLE = """body{font-family:sans-serif;margin:2em auto;padding:0 1.5em;max-width:1100px;color:#222}
 table{border-collapse:collapse;margin:0.5em 0 1.5em}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
 th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}img{max-width:100%;display:block;margin:1em 0}
 h2{border-bottom:2px solid #ddd;margin-top:2em}.note{color:#666}"""

@@ -50,19 +50,23 @@ class ClusterState:
         self.status = "running"  # or the summary's status once the job ended
 
     def feed(self, rec: dict) -> None:
+        """Take one record; a malformed one (a file edited by hand) is skipped."""
         kind = rec.get("type")
         with self._lock:
+            try:
+                if kind == "iteration":
+                    self._iteration(rec)
+                elif kind == "eval":
+                    self.accuracy = rec.get("test_accuracy", self.accuracy)
+                elif kind == "servers":
+                    self.servers = rec
+                    for s in rec.get("servers") or ():
+                        self.servers_gone.pop(s, None)
+                elif kind == "event":
+                    self._event(rec)
+            except (KeyError, TypeError, ValueError, IndexError):
+                return
             self.last_time = rec.get("time", self.last_time)
-            if kind == "iteration":
-                self._iteration(rec)
-            elif kind == "eval":
-                self.accuracy = rec.get("test_accuracy", self.accuracy)
-            elif kind == "servers":
-                self.servers = rec
-                for s in rec.get("servers") or ():
-                    self.servers_gone.pop(s, None)
-            elif kind == "event":
-                self._event(rec)
 
     def _iteration(self, rec: dict) -> None:
         self.iteration = int(rec["iteration"]) + 1
@@ -114,7 +118,10 @@ class ClusterState:
         ranks = list(rec.get("servers") or ())
         rows = []
         for i, s in enumerate(ranks):
-            col = lambda key: (rec.get(key) or [None] * len(ranks))[i]  # noqa: E731
+            def col(key: str) -> float | None:
+                values = rec.get(key)
+                v = values[i] if isinstance(values, list) and i < len(values) else None
+                return v if _ok(v) else None
             load = col("load_bytes")
             rows.append({"rank": s, "blocks": col("blocks"), "held_mb": load / 1e6 if load is not None else None,
                          "busy": col("busy_share"), "link_mbps": col("throughput_mbps"),
@@ -129,7 +136,7 @@ class ClusterState:
 
 
 def _worker_row(rank: int, hist: list[tuple], gone: str | None) -> dict:
-    batch = next((h[0] for h in reversed(hist) if h[0] is not None), None)
+    batch = next((h[0] for h in reversed(hist) if _ok(h[0])), None)
     sums = [sum(h[k] for h in hist if _ok(h[k])) for k in range(5)]
     total = sums[1] + sums[2] + sums[3]
     stale = [h[4] for h in hist if _ok(h[4])]
