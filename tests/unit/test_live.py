@@ -14,7 +14,7 @@ from rich.console import Console
 
 from equipoise import cli
 from equipoise.report import ReportError, html_report
-from equipoise.telemetry import live, progress
+from equipoise.telemetry import progress
 from equipoise.telemetry.live import ClusterState, WatchError, plain_line, render, watch
 from equipoise.telemetry.tensorboard import scalars
 
