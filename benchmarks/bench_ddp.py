@@ -105,7 +105,8 @@ def run_equipoise(spec: Spec, **extra: Any) -> dict[str, Any]:
                global_batch=spec.global_batch, iterations=spec.iterations, model=spec.model,
                dataset=spec.dataset, lr=spec.lr, momentum=spec.momentum, optimizer="sgd",
                seed=spec.seed, threads=1, eval_every=0, checkpoint_every=0, progress=False,
-               timeout=spec.timeout, **extra)
+               timeout=spec.timeout)
+    cfg.update(extra)
     with tempfile.TemporaryDirectory(prefix="bench-ddp-") as tmp:
         t0 = time.perf_counter()
         summary = equipoise.train(cfg, out=Path(tmp) / "run")

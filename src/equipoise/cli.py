@@ -44,17 +44,34 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("action", choices=["add-server", "remove-server", "move"])
     c.add_argument("args", nargs="*", type=int, metavar="N",
                    help="remove-server: RANK; move: BLOCK RANK")
-    r = sub.add_parser("report", help="plot a run directory (batch sizes, time split, accuracy)")
-    r.add_argument("run_dir", help="a run directory written by `equipoise train`")
-    r.add_argument("--out", help="folder for the PNG files (default RUN_DIR/report)")
+    r = sub.add_parser("report", help="plots and report.html of one or several run directories")
+    r.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories written by `equipoise train`")
+    r.add_argument("--out", help="folder for report.html and the PNG files (default: RUN_DIR/report for one "
+                                 "run, report/ beside the runs for several)")
+    w = sub.add_parser("watch", help="the live per-worker and per-server view of a running or finished job")
+    w.add_argument("run_dir", help="the run directory of the job")
+    w.add_argument("--idle", type=float, default=120.0, metavar="S",
+                   help="give up when metrics.jsonl has not grown for S seconds (default 120)")
     return p
 
 
-def _report(args: argparse.Namespace) -> int:
-    from .report import ReportError, report
+def _watch(args: argparse.Namespace) -> int:
+    from .telemetry.live import WatchError, watch
 
     try:
-        for path in report(args.run_dir, args.out):
+        return watch(args.run_dir, idle=args.idle)
+    except WatchError as exc:
+        print(f"equipoise: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _report(args: argparse.Namespace) -> int:
+    from .report import ReportError, html_report
+
+    try:
+        for path in html_report(args.run_dirs, args.out):
             print(path)
     except ReportError as exc:
         print(f"equipoise: error: {exc}", file=sys.stderr)
@@ -97,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         return _report(args)
     if args.command == "ctl":
         return _ctl(args)
+    if args.command == "watch":
+        return _watch(args)
     from . import api
     from .data import DataError
     from .models import ModelError

@@ -8,6 +8,7 @@ exit with status 2.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import tomllib
 from dataclasses import dataclass, field, fields
@@ -110,6 +111,7 @@ class Config:
     server_resources: dict = field(default_factory=lambda: {"CPU": 1.0})  # Ray resources per server
     ray_strategy: str = "SPREAD"  # placement group strategy for the job's actors
     ray_data: str = "ship"  # ship: the driver's dataset, once per node; path: loaded on each node
+    tensorboard: bool = False  # scalars to run_dir/tensorboard/ (needs the tensorboard package)
 
     # -- construction -----------------------------------------------------------------
     @classmethod
@@ -207,6 +209,8 @@ class Config:
                               "the in-memory snapshots of snapshot_every) or 1 (a backup on the next server)")
         if self.replication and self.protocol not in ("bsp", "lbbsp"):
             raise ConfigError(f"replication = 1 needs a barrier protocol (bsp, lbbsp), not {self.protocol!r}")
+        if self.tensorboard and importlib.util.find_spec("tensorboard") is None:
+            raise ConfigError("tensorboard = true needs the tensorboard package: pip install 'equipoise[tensorboard]'")
         self._validate_protocol()
         self._validate_lists()
 

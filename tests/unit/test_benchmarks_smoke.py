@@ -151,3 +151,20 @@ def test_results_name_the_command_relative_to_the_checkout(monkeypatch):
     root = Path(common.__file__).resolve().parent.parent
     monkeypatch.setattr(sys, "argv", [str(root / "benchmarks" / "bench_x.py"), "--keep", "/tmp/x"])
     assert common.relative_argv() == ["benchmarks/bench_x.py", "--keep", "/tmp/x"]
+
+
+def test_live_view_cost_preset_interleaves_and_draws_the_view(tmp_path):
+    from benchmarks import bench_costs
+    from equipoise.telemetry.progress import ProgressDisplay
+
+    with bench_costs.terminal():  # what the "live view" variant runs under
+        display = ProgressDisplay(10, enabled=True)
+        drawn = display._progress is not None  # the bar and the view, not plain lines
+        display.close()
+    assert drawn
+    result = bench_costs.run("live-ci", results_path=str(tmp_path / "live.json"))
+    rows = result["results"]
+    assert list(rows) == ["default", "live view"]
+    assert all(len(r["runs"]) == 1 and r["median"] > 0 for r in rows.values())
+    assert rows["default"]["ratio_to_default"] == 1.0 and rows["live view"]["ratio_to_default"] > 0
+    assert json.loads((tmp_path / "live.json").read_text())["preset"] == "live-ci"

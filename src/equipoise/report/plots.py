@@ -20,8 +20,8 @@ from typing import Any, Iterable, Mapping
 
 from ..telemetry.metrics import read_metrics
 
-__all__ = ["Run", "ReportError", "load_run", "plot_accuracy", "plot_batch_sizes", "plot_time_split",
-           "plot_timeline", "report"]
+__all__ = ["Run", "ReportError", "load_run", "plot_accuracy", "plot_batch_sizes", "plot_throughput",
+           "plot_time_split", "plot_timeline", "report"]
 
 DPI = 100
 WIDTH, HEIGHT = 8.0, 4.5  # inches: 800 x 450 pixels at DPI
@@ -403,6 +403,39 @@ def plot_accuracy(runs: Mapping[str, Run | str | Path], path: str | Path, x: str
     ax.set_xlabel("training time (s)" if x == "elapsed" else "iteration")
     ax.set_ylabel("test accuracy (%)")
     ax.set_xlim(0, right * 1.1 if right > 0 else None)
+    ax.grid(True, alpha=0.3)
+    if drawn:
+        ax.legend(loc="lower right", fontsize=9)
+    return _save(fig, path)
+
+
+def plot_throughput(runs: Mapping[str, Run], path: str | Path, points: int = 40) -> Path:
+    """Training samples/s against training seconds for several labelled runs: each point
+    is the samples of about 1/`points` of a run's iterations over the seconds they took."""
+    fig = _figure()
+    ax = fig.add_subplot()
+    drawn = 0
+    for label, run in runs.items():
+        recs = [r for r in run.iterations if _number(r.get("elapsed")) is not None]
+        step = max(1, len(recs) // points)
+        xs, ys, prev = [], [], 0.0
+        for i in range(0, len(recs), step):
+            chunk = recs[i:i + step]
+            end = chunk[-1]["elapsed"]
+            if end > prev:
+                xs.append(end)
+                ys.append(sum(sum(_number(b) or 0 for b in r.get("batch") or ()) for r in chunk) / (end - prev))
+            prev = end
+        if xs:
+            ax.plot(xs, ys, marker="o", markersize=3, linewidth=1.6, label=str(label))
+            drawn += 1
+    if not drawn:
+        _no_data(ax, "no iteration records")
+    ax.set_title("Training throughput vs training time")
+    ax.set_xlabel("training time (s)")
+    ax.set_ylabel("samples/s")
+    ax.set_ylim(bottom=0)
+    ax.set_xlim(left=0)
     ax.grid(True, alpha=0.3)
     if drawn:
         ax.legend(loc="lower right", fontsize=9)

@@ -32,6 +32,7 @@ from ..policy.sync import make_sync_policy
 from ..scenario import Scenario, WorkerJoin, WorkerLeave
 from ..telemetry.metrics import MetricsWriter
 from ..telemetry.progress import ProgressDisplay
+from ..telemetry.tensorboard import TensorBoardLog
 from ..wire import Listener, Message, Transport
 from .blocks import model_tensors, read_values
 from .checkpoint import Checkpoint, CheckpointError
@@ -78,10 +79,12 @@ class Coordinator(Losses):
         self.total = cfg.total_iterations(len(data))
         self.iteration = resume.iteration if resume else 0
         self.cursor = resume.cursor if resume else self.iteration * cfg.global_batch
-        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl")
-        self.stats = RunStats(cfg.global_batch)
         self.display = ProgressDisplay(self.total, cfg.progress, start=self.iteration)
-        self.snapshots = Snapshots(cfg.slice(SnapshotSettings), self.run_dir, data, self.metrics, self.display,
+        self.tensorboard = TensorBoardLog(self.run_dir / "tensorboard") if cfg.tensorboard else None
+        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl",  # the display and TensorBoard see every record
+                                     [self.display.record] + ([self.tensorboard.record] if self.tensorboard else []))
+        self.stats = RunStats(cfg.global_batch)
+        self.snapshots = Snapshots(cfg.slice(SnapshotSettings), self.run_dir, data, self.metrics,
                                    self._new_model, self.total)
         spec = OptimizerSpec(cfg.optimizer, cfg.lr, cfg.momentum, cfg.weight_decay, cfg.lr_schedule,
                              self.total, cfg.lr_step_size, cfg.lr_gamma, cfg.global_batch)
@@ -132,6 +135,8 @@ class Coordinator(Losses):
             self.snapshots.close()
             self.servers.close()
             self.metrics.close()
+            if self.tensorboard is not None:
+                self.tensorboard.close()
 
     def _register(self) -> tuple[list[str], dict[int, bytes]]:
         """Wait until every server and worker has said hello (worker replies are held)."""
@@ -336,7 +341,6 @@ class Coordinator(Losses):
             record["predicted_speed"] = [self.planner.predict(r["worker"])
                                          for r in sorted(reports, key=lambda r: r["worker"])]
         self.metrics.write(record)
-        self.display.update(t + 1, sps=record["samples_per_s"], loss=record["loss"])
 
     def _snapshot(self, t: int, version: int, cursor: int, *, force: bool = False) -> None:
         """Take the snapshot of iteration t if one is due (`force`: the final one); under

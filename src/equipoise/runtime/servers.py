@@ -341,6 +341,8 @@ class ServerManager:
             "servers": ranks, "load_bytes": [stats[r].fields["load_bytes"] for r in ranks],
             "blocks": [stats[r].fields["blocks"] for r in ranks],
             "busy_s": [stats[r].fields["busy_s"] for r in ranks],
+            "busy_share": [stats[r].fields["busy_s"] / (interval * iteration_s) if iteration_s else None
+                           for r in ranks],
             "bytes": [stats[r].fields["bytes"] for r in ranks],
             "throughput_mbps": [throughput.get(r, 0.0) / 1e6 for r in ranks],
             "iteration_s": iteration_s, "table_version": self.pool.version})

@@ -17,7 +17,6 @@ import torch
 from torch import nn
 
 from ..telemetry.metrics import MetricsWriter
-from ..telemetry.progress import ProgressDisplay
 from ..wire import Message, names
 from .blocks import write_values
 from .checkpoint import Checkpoint, save_checkpoint
@@ -46,9 +45,9 @@ class State:
 
 class Snapshots:
     def __init__(self, settings: SnapshotSettings, run_dir: Path, data, metrics: MetricsWriter,
-                 display: ProgressDisplay, new_model: Callable[[], nn.Module], total: int):
+                 new_model: Callable[[], nn.Module], total: int):
         self.settings, self.run_dir, self.data = settings, Path(run_dir), data
-        self.metrics, self.display, self.new_model, self.total = metrics, display, new_model, total
+        self.metrics, self.new_model, self.total = metrics, new_model, total
         self._evals = ThreadPoolExecutor(1, thread_name_prefix="eval")
         self._pending: list[Future] = []
         self._taken_at: int | None = None
@@ -111,7 +110,6 @@ class Snapshots:
                   "test_loss": loss, "test_accuracy": acc,
                   "test_samples": min(limit, self.data.num_test) if limit else self.data.num_test}
         self.metrics.write(record)
-        self.display.update(min(t, self.total), acc=acc)
         return record
 
     def results(self) -> list[dict]:

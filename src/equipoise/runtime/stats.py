@@ -50,7 +50,9 @@ class RunStats:
                   "batch": [r["samples"] for r in reports], "loss": loss,
                   "samples_per_s": samples / elapsed if elapsed > 0 else None,
                   "staleness_mean": sum(stale) / len(stale) if stale else None,
-                  "staleness_max": max(stale) if stale else None}
+                  "staleness_max": max(stale) if stale else None,
+                  "staleness": [sum(r["staleness"]) / len(r["staleness"]) if r["staleness"] else None
+                                for r in reports]}
         for key in ("compute_s", "wait_s", "comm_s", "cpu", "mem", "version"):
             record[key] = [r.get(key) for r in reports]
         if any("table_wait_s" in r for r in reports):  # blocks moved during this iteration

@@ -5,17 +5,24 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
 
 class MetricsWriter:
-    def __init__(self, path: Path):
+    """Appends records to metrics.jsonl; each `taps` callable (the live view, TensorBoard)
+    is then handed the record as written (NaN and infinity as None)."""
+
+    def __init__(self, path: Path, taps: Sequence[Callable[[dict[str, Any]], None]] = ()):
         self.path = Path(path)
+        self.taps = list(taps)
         self._fh = self.path.open("a", encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:
-        self._fh.write(json.dumps(json_safe(record), separators=(",", ":")) + "\n")
+        record = json_safe(record)
+        self._fh.write(json.dumps(record, separators=(",", ":")) + "\n")
         self._fh.flush()
+        for tap in self.taps:
+            tap(record)
 
     def close(self) -> None:
         self._fh.close()
