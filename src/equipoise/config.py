@@ -100,6 +100,13 @@ class Config:
     auth: str = "plain"  # plain (authenticated, clear) | curve (encrypted too) | off; docs/configuration.md
     max_message_mb: int = 1024
     progress: bool = True
+    # `equipoise simulate`'s cost model (docs/simulate.md); a training job ignores these
+    sim_compute_s: tuple[float, ...] = (0.002,)  # a: seconds per step, one value for all workers or one per worker
+    sim_sample_s: tuple[float, ...] = (0.0002,)  # b: seconds per sample (compute = (a + b·batch) × slowdown)
+    sim_noise: float = 0.0  # σ of a lognormal factor on every simulated step (0: none)
+    sim_latency_s: float = 0.0002  # one-way latency of every message
+    sim_link_mbps: float = 1000.0  # each worker's link, MB/s (0: free)
+    sim_server_mbps: float = 1000.0  # MB/s a server at factor 1 receives+applies or sends (0: free)
 
     # -- construction -----------------------------------------------------------------
     @classmethod
@@ -187,6 +194,7 @@ class Config:
             raise ConfigError(f"replication = 1 needs a barrier protocol (bsp, lbbsp), not {self.protocol!r}")
         self._validate_protocol()
         self._validate_lists()
+        self._validate_sim()
 
     def _validate_protocol(self) -> None:
         if self.softsync_n and self.protocol != "softsync":
@@ -290,6 +298,16 @@ class Config:
             if not 0 <= n.worker < self.workers:
                 raise ConfigError(f"neighbours: worker = {n.worker} is not a worker rank "
                                   f"(workers = {self.workers})")
+
+    def _validate_sim(self) -> None:
+        for key in ("sim_compute_s", "sim_sample_s"):
+            v = getattr(self, key)
+            if len(v) not in (1, self.workers) or any(not (math.isfinite(x) and x >= 0) for x in v):
+                raise ConfigError(f"{key} = {list(v)} needs one value ≥ 0 for all workers or one per worker "
+                                  f"(workers = {self.workers})")
+        for key in ("sim_noise", "sim_latency_s", "sim_link_mbps", "sim_server_mbps"):
+            if not (math.isfinite(getattr(self, key)) and getattr(self, key) >= 0):
+                raise ConfigError(f"{key} = {getattr(self, key)!r} must be a finite number ≥ 0")
 
     def _validate_servers(self) -> None:
         if self.server_slowdown:

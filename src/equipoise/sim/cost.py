@@ -1,0 +1,191 @@
+"""The simulator's cost model, and its calibration from a real run directory.
+
+Every time the simulator charges comes from here:
+
+* a worker's step on x samples: (a + b·x) × its scenario factor (``slowdown`` × ``trace``)
+  × a lognormal noise factor exp(N(0, ``sim_noise``²)); a, b per worker;
+* a message: ``sim_latency_s`` one way, plus bytes / ``sim_link_mbps`` on the worker's
+  link for a push (the gradients) and for a pull (the weights);
+* a server handling B bytes (receiving and applying a push, or sending a pull):
+  B × (1 / ``sim_server_mbps`` + 1 / its ``server_bandwidth`` cap + (f − 1) / ``server_rate``),
+  f its scenario factor — the last two terms are exactly what a real server is charged
+  for its emulated cap and slowdown (runtime/server.py), so a server that is f× slower
+  in a real run is f× slower here.
+
+``calibrate`` fits a, b, the noise, the server rate and the latency from a real run's
+metrics.jsonl (docs/simulate.md, Calibration).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..config import Config, ConfigError, read_toml
+from ..scenario import Scenario
+from ..telemetry.metrics import read_metrics
+
+MB = 1e6
+# Input shape, classes and training samples of each dataset, as load_dataset returns them
+# (a unit test checks digits): the simulator needs the model's tensors and the epoch
+# length, not the data.
+SHAPES = {"fashion-mnist": ((1, 28, 28), 10, 60000), "mnist": ((1, 28, 28), 10, 60000),
+          "digits": ((1, 8, 8), 10, 1500), "cifar10": ((3, 32, 32), 10, 50000),
+          "synthetic": ((1, 28, 28), 10, 8192)}
+WARMUP = 2  # iterations of a real run left out of a fit (process start, first allocations)
+
+
+def model_tensors_of(cfg: Config) -> list[tuple[str, int, str, int]]:
+    """(name, numel, kind, itemsize) of the configured model, as the runtime cuts blocks."""
+    from ..models import build_model
+    from ..runtime.blocks import model_tensors
+
+    shape, classes, _ = SHAPES[cfg.dataset]
+    return model_tensors(build_model(cfg.model, shape, classes))
+
+
+def state_copies(cfg: Config) -> int:
+    """Copies of a block a migration moves: values plus the optimizer's state."""
+    return 3 if cfg.optimizer == "adam" else 2 if cfg.momentum > 0 else 1
+
+
+class CostModel:
+    """The cost model of a Config's ``sim_*`` keys (arrays indexed by worker rank)."""
+
+    def __init__(self, cfg: Config, ranks: int | None = None):
+        n = ranks or cfg.workers
+        self.a = _per_worker(cfg.sim_compute_s, n)
+        self.b = _per_worker(cfg.sim_sample_s, n)
+        self.noise = cfg.sim_noise
+        self.latency = cfg.sim_latency_s
+        self.link = 1.0 / (cfg.sim_link_mbps * MB) if cfg.sim_link_mbps else 0.0  # s per byte
+        self.server = 1.0 / (cfg.sim_server_mbps * MB) if cfg.sim_server_mbps else 0.0
+        self.rate = cfg.server_rate * MB
+
+    def grow(self, n: int) -> None:
+        """Costs for ranks up to n − 1: a joining worker beyond the lists gets their mean."""
+        if n > len(self.a):
+            self.a = np.concatenate([self.a, np.full(n - len(self.a), self.a.mean())])
+            self.b = np.concatenate([self.b, np.full(n - len(self.b), self.b.mean())])
+
+    def compute(self, ranks: np.ndarray, batch: np.ndarray, factors: np.ndarray,
+                rng: np.random.Generator) -> np.ndarray:
+        """Seconds each worker of ``ranks`` takes for its step on ``batch`` samples."""
+        t = (self.a[ranks] + self.b[ranks] * batch) * factors
+        return t * rng.lognormal(0.0, self.noise, len(t)) if self.noise else t
+
+    def compute_one(self, w: int, batch: float, factor: float, rng: np.random.Generator) -> float:
+        """``compute`` for one worker (the event loop's path: no arrays of one)."""
+        t = (self.a[w] + self.b[w] * batch) * factor
+        return t * rng.lognormal(0.0, self.noise) if self.noise else t
+
+    def server_per_byte(self, factor: float, bandwidth_mbps: float) -> float:
+        """Seconds a server at scenario factor ``factor`` behind a cap of ``bandwidth_mbps``
+        (0: none) spends per byte it receives or sends."""
+        cap = 1.0 / (bandwidth_mbps * MB) if bandwidth_mbps > 0 else 0.0
+        return self.server + cap + (factor - 1.0) / self.rate
+
+
+def _per_worker(values: tuple[float, ...], n: int) -> np.ndarray:
+    v = np.asarray(values, dtype=float)
+    return np.full(n, v[0]) if len(v) == 1 else v[:n].copy()
+
+
+# -- calibration ----------------------------------------------------------------------------
+
+def calibrate(run_dir: str | Path) -> dict[str, Any]:
+    """Fit the cost model to a real run directory: returns ``{"keys": {sim_* key: value},
+    "fit": {...what was fitted from what...}}``. Raises ConfigError naming the directory
+    when it is not a usable run (no config.toml or no iteration records)."""
+    run = Path(run_dir)
+    if not (run / "config.toml").is_file() or not (run / "metrics.jsonl").is_file():
+        raise ConfigError(f"--calibrate {str(run)!r} is not a run directory (needs config.toml and metrics.jsonl)")
+    try:
+        cfg = Config.from_dict(read_toml(run / "config.toml"))
+    except ConfigError as exc:
+        raise ConfigError(f"--calibrate {str(run)!r}: its config.toml: {exc}") from None
+    records = read_metrics(run / "metrics.jsonl")
+    iters = {r["iteration"]: r for r in records if r.get("type") == "iteration"}
+    rows = [iters[t] for t in sorted(iters) if t >= WARMUP] or [iters[t] for t in sorted(iters)]
+    if not rows:
+        raise ConfigError(f"--calibrate {str(run)!r}: metrics.jsonl has no iteration records")
+    scenario = Scenario.of(cfg)
+    xs: dict[int, list[float]] = {}
+    ys: dict[int, list[float]] = {}
+    comm: list[float] = []
+    prev = 0.0
+    for r in rows:
+        for i, w in enumerate(r["workers"]):
+            f = scenario.worker_factor(w, elapsed=prev, iteration=r["iteration"])
+            if r["compute_s"][i] and r["batch"][i]:
+                xs.setdefault(w, []).append(float(r["batch"][i]))
+                ys.setdefault(w, []).append(float(r["compute_s"][i]) / f)
+            if r["comm_s"][i] is not None:
+                comm.append(float(r["comm_s"][i]))
+        prev = r.get("elapsed") or prev
+    ranks = range(max(xs) + 1)
+    fits = {w: _line(xs[w], ys[w]) for w in xs}
+    a = [fits[w][0] if w in fits else statistics.fmean(f[0] for f in fits.values()) for w in ranks]
+    b = [fits[w][1] if w in fits else statistics.fmean(f[1] for f in fits.values()) for w in ranks]
+    logs = [math.log(y / (a[w] + b[w] * x)) for w in xs for x, y in zip(xs[w], ys[w]) if a[w] + b[w] * x > 0]
+    noise = statistics.pstdev(logs) if len(logs) > 1 else 0.0
+    server_s, servers_from = _server_cost(cfg, records, scenario)
+    tensors = model_tensors_of(cfg)
+    total = sum(n * size for _, n, _, size in tensors)
+    link = 1.0 / (cfg.sim_link_mbps * MB) if cfg.sim_link_mbps else 0.0
+    # A BSP exchange is four one-way messages (push, ack, plan request, plan) with the
+    # model's bytes crossing the worker's link and its largest server twice.
+    largest = total / cfg.servers if cfg.servers else total
+    exchange = statistics.median(comm) if comm else 0.0
+    latency = max(0.0, (exchange - 2 * total * link - 2 * largest * server_s) / 4)
+    keys = {"sim_compute_s": [round(v, 9) for v in a], "sim_sample_s": [round(v, 11) for v in b],
+            "sim_noise": round(noise, 6), "sim_latency_s": round(latency, 9),
+            "sim_server_mbps": round(1.0 / (server_s * MB), 3) if server_s > 0 else 0.0}
+    fit = {"run_dir": str(run), "protocol": cfg.protocol, "workers": cfg.workers, "iterations_used": len(rows),
+           "model_bytes": total, "median_comm_s": exchange, "server_cost_from": servers_from,
+           "compute_fit": {str(w): {"a": fits[w][0], "b": fits[w][1], "points": len(xs[w]),
+                                    "batch_range": [min(xs[w]), max(xs[w])]} for w in sorted(fits)}}
+    return {"keys": keys, "fit": fit}
+
+
+def _line(x: list[float], y: list[float]) -> tuple[float, float]:
+    """Least-squares a + b·x ≥ 0; with (almost) one batch size a line cannot be told from a
+    proportion, so a = 0 and b = mean(y) / mean(x)."""
+    xa, ya = np.asarray(x), np.asarray(y)
+    if len(xa) < 3 or xa.max() - xa.min() < max(1.0, 0.1 * xa.mean()):
+        return 0.0, float(ya.mean() / xa.mean())
+    b, a = np.polyfit(xa, ya, 1)
+    if a < 0 or b < 0:  # noise pushed the line through a negative cost: a proportion instead
+        return (0.0, float(ya.mean() / xa.mean())) if a < 0 else (float(ya.mean()), 0.0)
+    return float(a), float(b)
+
+
+def _server_cost(cfg: Config, records: list[dict], scenario: Scenario) -> tuple[float, str]:
+    """Seconds per byte a server at factor 1 spends, from the "servers" records (busy
+    seconds over bytes, less the emulated slowdown and cap it was charged); the configured
+    rate when the run has none (non-barrier protocols are not measured)."""
+    per_byte = []
+    for r in records:
+        if r.get("type") != "servers":
+            continue
+        for s, busy, nbytes in zip(r["servers"], r["busy_s"], r["bytes"]):
+            if busy > 0 and nbytes > 0:
+                f = scenario.server_factor(s, r.get("elapsed") or 0.0, r["iteration"])
+                cap = scenario.server_bandwidth[s] if s < len(scenario.server_bandwidth) else 0.0
+                extra = (f - 1.0) / (scenario.server_rate * MB) + (1.0 / (cap * MB) if cap > 0 else 0.0)
+                per_byte.append(max(0.0, busy / nbytes - extra))
+    if per_byte:
+        return statistics.median(per_byte), f"{len(per_byte)} server measurements"
+    return (1.0 / (cfg.sim_server_mbps * MB) if cfg.sim_server_mbps else 0.0), "the configured sim_server_mbps"
+
+
+def write_calibration(path: Path, fitted: dict[str, Any]) -> None:
+    path.write_text(json.dumps(fitted, indent=2) + "\n", encoding="utf-8")
+
+
+__all__ = ["CostModel", "SHAPES", "calibrate", "model_tensors_of", "state_copies", "write_calibration"]
