@@ -52,6 +52,8 @@ from ..scenario import BlockMove, Scenario, ServerRemove, WorkerJoin, WorkerLeav
 from .cost import CostModel, state_copies
 
 Emit = Callable[[dict[str, Any]], None]
+COLUMNS = ("start", "worker", "batch", "compute", "wait", "comm", "cpu", "version", "sig_sum", "sig_n",
+           "sig_max", "report")  # what the stream engine keeps of each push
 
 
 class WorkerFactors:
@@ -106,6 +108,8 @@ class _Sync(ServerSync):
             self._min += 1
 
     def on_applied(self, update) -> None:
+        if not self.policy.clocked:
+            return super().on_applied(update)
         before = {p.worker: self.clocks[p.worker] for p in update.pushes if p.worker in self.clocks}
         super().on_applied(update)
         for w, c in before.items():
@@ -238,6 +242,7 @@ class Simulation:
         joining: dict[int, int] = dict(added)  # server rank -> iteration it joins
         psld_added: set[int] = set()
         barrier_at: dict[int, float] = {}
+        free: dict[int, float] = {}  # server rank -> when it has answered the last pull
         prev = 0.0
         for t in range(self.iterations):
             barrier_at[t] = prev
@@ -279,8 +284,13 @@ class Simulation:
             order = np.argsort(arrive, kind="stable")
             a = arrive[order]
             k = np.arange(len(a), dtype=float)
-            done = (k + 1) * serve[:, None] + np.maximum.accumulate(a[None, :] - k * serve[:, None], axis=1)
+            # FIFO per server, behind the pulls it still answers (free): departure of the
+            # k-th push = (k + 1)·s + max(free, max over m ≤ k of a_m − m·s)
+            busy_until = np.array([free.get(r, 0.0) for r in used.tolist()])
+            done = (k + 1) * serve[:, None] + np.maximum(
+                busy_until[:, None], np.maximum.accumulate(a[None, :] - k * serve[:, None], axis=1))
             update = done[:, -1]
+            free = dict(zip(used.tolist(), (update + len(a) * serve).tolist()))
             ack, weights, held = np.empty_like(a), np.empty_like(a), np.empty_like(a)
             ack[order] = done.max(axis=0) + lat
             weights[order] = (update[:, None] + (k + 1) * serve[:, None]).max(axis=0) + lat + total * link
@@ -397,22 +407,16 @@ class Simulation:
         serve = loads * per_byte
         free = np.zeros(len(used))
         cap = int(end_pos // mu.min()) + n + 1  # pushes at most
-        cols = {k: np.zeros(cap) for k in ("start", "worker", "batch", "compute", "wait", "comm", "cpu",
-                                           "version", "sig_sum", "sig_n", "sig_max", "report")}
-        pushes = np.zeros(n, dtype=int)
-        version = np.zeros(n, dtype=int)
-        ex_wait, ex_comm = np.zeros(n), np.full(n, self._first_exchange())
-        plan_at = np.zeros(n)  # when the worker got its next plan
-        registered = np.zeros(n)  # when its pull reached the servers
-        ended = np.zeros(n)  # when it finished its last compute
+        table = np.zeros((cap, len(COLUMNS)))  # one row per push, filled in place
+        # per-worker state as plain lists (faster than numpy scalars in the event loop)
+        pushes, version, slice_of = [0] * n, [0] * n, [0] * n
+        size_of, comp, fac = [0.0] * n, [0.0] * n, [1.0] * n
+        ex_wait, ex_comm = [0.0] * n, [self._first_exchange()] * n
+        plan_at, registered, ended = [0.0] * n, [0.0] * n, [0.0] * n  # plan in; pull at servers; compute done
         blocked: list[tuple[int, int]] = []  # (pull's min version, worker): held by pull_ready
         heap: list[tuple[float, int]] = []
-        cursor, row, last, t_now = 0, 0, 0.0, -1
-        slice_of = np.zeros(n, dtype=int)
-        size_of = np.zeros(n)
-        comp = np.zeros(n)
-        fac = np.ones(n)
-        active = n
+        cursor, row, last, t_now, active = 0, 0, 0.0, -1, n
+        over_link = lat + total * link
 
         def begin(w: int, at: float) -> None:
             """Worker w has its plan and weights at `at`: take a slice and compute."""
@@ -430,7 +434,7 @@ class Simulation:
             slice_of[w], size_of[w] = cursor, size
             cursor += int(size)
             self.factors.advance(at, it)
-            fac[w] = self.factors.static[w] * self.factors.trace[w]
+            fac[w] = float(self.factors.static[w] * self.factors.trace[w])
             comp[w] = cost.compute_one(w, size, fac[w], self.rng)
             heapq.heappush(heap, (at + comp[w], w))
 
@@ -440,35 +444,30 @@ class Simulation:
             nonlocal free
             free = np.maximum(free, now) + serve
             version[w] = sync.published()
-            weights = float(free.max()) + lat + total * link
-            nxt = max(plan_at[w], weights)
+            nxt = max(plan_at[w], float(free.max()) + over_link)
             span = nxt - ended[w]
             ex_wait[w] = min(span, now - registered[w])  # how long pull_ready held it back
             ex_comm[w] = span - ex_wait[w]
             begin(w, nxt)
 
         for w in range(n):
-            begin(w, float(ex_comm[w]))
+            begin(w, ex_comm[w])
         while heap:
             end, w = heapq.heappop(heap)
-            arrive = end + lat + total * link
+            arrive = end + over_link
             free = np.maximum(free, arrive) + serve  # the push, on every server
-            sync.accept(w, int(version[w]), int(size_of[w]))
+            sync.accept(w, version[w], int(size_of[w]))
             while (u := sync.next_update()) is not None:
                 sync.on_applied(u)
             sigmas = sync.take_staleness(w)
-            ack = float(free.max()) + lat
+            report = float(free.max()) + 2 * lat  # the ack, then the report to the coordinator
             pushes[w] += 1
-            c = cols
-            c["start"][row], c["worker"][row], c["batch"][row] = slice_of[w], w, size_of[w]
-            c["compute"][row], c["wait"][row], c["comm"][row] = comp[w], ex_wait[w], ex_comm[w]
-            c["cpu"][row], c["version"][row], c["report"][row] = min(1.0, 1.0 / fac[w]), version[w], ack + lat
-            if sigmas:
-                c["sig_sum"][row], c["sig_n"][row], c["sig_max"][row] = sum(sigmas), len(sigmas), max(sigmas)
+            table[row] = (slice_of[w], w, size_of[w], comp[w], ex_wait[w], ex_comm[w], min(1.0, 1.0 / fac[w]),
+                          version[w], sum(sigmas), len(sigmas), max(sigmas, default=0), report)
             row += 1
-            last = max(last, ack + lat)
-            ended[w], registered[w], plan_at[w] = end, arrive, ack + 2 * lat
-            heapq.heappush(blocked, (policy.pull_version(int(pushes[w]), int(slice_of[w] // X)), w))
+            last = max(last, report)
+            ended[w], registered[w], plan_at[w] = end, arrive, report + lat
+            heapq.heappush(blocked, (policy.pull_version(pushes[w], slice_of[w] // X), w))
             while blocked and sync.pull_ready(blocked[0][0]):  # this pull, or ones the push released
                 _, v = heapq.heappop(blocked)
                 serve_pull(v, arrive)
@@ -476,7 +475,7 @@ class Simulation:
         if tail is not None:
             sync.on_applied(tail)
         self.histogram.update({s: k * len(used) for s, k in sync.histogram.items()})
-        self._stream_records({k: v[:row] for k, v in cols.items()}, X)
+        self._stream_records({k: table[:row, i] for i, k in enumerate(COLUMNS)}, X)
         return last
 
     def _stream_records(self, c: dict[str, np.ndarray], X: int) -> None:
