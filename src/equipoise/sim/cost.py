@@ -12,8 +12,8 @@ Every time the simulator charges comes from here:
   for its emulated cap and slowdown (runtime/server.py), so a server that is f× slower
   in a real run is f× slower here.
 
-``calibrate`` fits a, b, the noise, the server rate and the latency from a real run's
-metrics.jsonl (docs/simulate.md, Calibration).
+``calibrate`` fits a, b, the noise and the server rate from a real run's metrics.jsonl,
+then the latency by simulating the run itself (docs/simulate.md, Calibration).
 """
 
 from __future__ import annotations
@@ -117,7 +117,6 @@ def calibrate(run_dir: str | Path) -> dict[str, Any]:
     scenario = Scenario.of(cfg)
     xs: dict[int, list[float]] = {}
     ys: dict[int, list[float]] = {}
-    comm: list[float] = []
     prev = 0.0
     for r in rows:
         for i, w in enumerate(r["workers"]):
@@ -125,8 +124,6 @@ def calibrate(run_dir: str | Path) -> dict[str, Any]:
             if r["compute_s"][i] and r["batch"][i]:
                 xs.setdefault(w, []).append(float(r["batch"][i]))
                 ys.setdefault(w, []).append(float(r["compute_s"][i]) / f)
-            if r["comm_s"][i] is not None:
-                comm.append(float(r["comm_s"][i]))
         prev = r.get("elapsed") or prev
     ranks = range(max(xs) + 1)
     fits = {w: _line(xs[w], ys[w]) for w in xs}
@@ -136,21 +133,50 @@ def calibrate(run_dir: str | Path) -> dict[str, Any]:
     noise = statistics.pstdev(logs) if len(logs) > 1 else 0.0
     server_s, servers_from = _server_cost(cfg, records, scenario)
     tensors = model_tensors_of(cfg)
-    total = sum(n * size for _, n, _, size in tensors)
-    link = 1.0 / (cfg.sim_link_mbps * MB) if cfg.sim_link_mbps else 0.0
-    # A BSP exchange is four one-way messages (push, ack, plan request, plan) with the
-    # model's bytes crossing the worker's link and its largest server twice.
-    largest = total / cfg.servers if cfg.servers else total
-    exchange = statistics.median(comm) if comm else 0.0
-    latency = max(0.0, (exchange - 2 * total * link - 2 * largest * server_s) / 4)
     keys = {"sim_compute_s": [round(v, 9) for v in a], "sim_sample_s": [round(v, 11) for v in b],
-            "sim_noise": round(noise, 6), "sim_latency_s": round(latency, 9),
+            "sim_noise": round(noise, 6),
             "sim_server_mbps": round(1.0 / (server_s * MB), 3) if server_s > 0 else 0.0}
+    target = _mean_iteration_s(run, rows)
+    latency = _fit_latency(cfg.replace(**keys), tensors, len(iters), target)
+    keys["sim_latency_s"] = round(latency, 9)
     fit = {"run_dir": str(run), "protocol": cfg.protocol, "workers": cfg.workers, "iterations_used": len(rows),
-           "model_bytes": total, "median_comm_s": exchange, "server_cost_from": servers_from,
+           "mean_iteration_s": target, "server_cost_from": servers_from,
            "compute_fit": {str(w): {"a": fits[w][0], "b": fits[w][1], "points": len(xs[w]),
                                     "batch_range": [min(xs[w]), max(xs[w])]} for w in sorted(fits)}}
     return {"keys": keys, "fit": fit}
+
+
+def _mean_iteration_s(run: Path, rows: list[dict]) -> float:
+    """The real run's mean iteration time, train_s / iterations (from its records if it
+    has no summary)."""
+    try:
+        summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
+        return float(summary["train_s"]) / int(summary["iterations"])
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return float(rows[-1]["elapsed"]) / (rows[-1]["iteration"] + 1)
+
+
+def _fit_latency(cfg: Config, tensors, iterations: int, target: float) -> float:
+    """The one-way latency at which the simulation of the run's own config takes the
+    real mean iteration time: everything of an exchange that the fitted compute and
+    server costs do not explain (messages, serialisation, the coordinator, processes
+    waiting for a core) is charged as latency. The simulated time grows with the
+    latency, so bisection finds it; 0 if the simulation is already slower."""
+    from .engine import Simulation
+
+    def mean_s(latency: float) -> float:
+        sim = Simulation(cfg.replace(sim_latency_s=latency), tensors, iterations)
+        return sim.run()["train_s"] / iterations
+
+    lo, hi = 0.0, max(target, 1e-6)
+    if mean_s(lo) >= target:
+        return 0.0
+    while mean_s(hi) < target:
+        hi *= 2
+    for _ in range(30):  # to 1e-9 of the bracket
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if mean_s(mid) < target else (lo, mid)
+    return (lo + hi) / 2
 
 
 def _line(x: list[float], y: list[float]) -> tuple[float, float]:
