@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import RESULTS_DIR, load_average, markdown_table, preset_main, write_results
+from benchmarks.common import RESULTS_DIR, load_average, markdown_table, write_results
 
 NAME = "bench_sim"
 
@@ -63,13 +63,13 @@ def validation_runs(spec: Spec) -> dict[str, dict[str, Any]]:
                 iterations=spec.iterations, eval_every=0, checkpoint_every=0, progress=False, lr=0.02,
                 timeout=300.0)
     slow = [1.0, 1.0, 2.0, 4.0]
-    return {
-        "calibration (bsp)": dict(base, protocol="bsp"),
-        "bsp, slowdown [1,1,2,4]": dict(base, protocol="bsp", slowdown=slow),
-        "lbbsp, slowdown [1,1,2,4]": dict(base, protocol="lbbsp", slowdown=slow),
-        "ssp s=2, slowdown [1,1,1,3]": dict(base, protocol="ssp", staleness_bound=2, slowdown=[1.0, 1.0, 1.0, 3.0]),
-        "2-softsync": dict(base, protocol="softsync", softsync_n=2),
-        "psld, server 0 4x slower": dict(base, protocol="bsp", servers=4, placement="psld", block_size=32768,
+    return {  # folder name: config
+        "calibration-bsp": dict(base, protocol="bsp"),
+        "bsp-slowdown-1124": dict(base, protocol="bsp", slowdown=slow),
+        "lbbsp-slowdown-1124": dict(base, protocol="lbbsp", slowdown=slow),
+        "ssp2-slowdown-1113": dict(base, protocol="ssp", staleness_bound=2, slowdown=[1.0, 1.0, 1.0, 3.0]),
+        "softsync2": dict(base, protocol="softsync", softsync_n=2),
+        "psld-server0-4x": dict(base, protocol="bsp", servers=4, placement="psld", block_size=32768,
                                          server_slowdown=[4.0, 1.0, 1.0, 1.0], server_rate=200.0,
                                          server_bandwidth=[200.0] * 4, psld_interval=5, psld_epsilon=0.0,
                                          iterations=spec.psld_iterations),
@@ -96,21 +96,28 @@ def _error(sim: float | None, real: float | None, floor: float = 0.0) -> float |
     return abs(sim - real) if abs(real) <= floor else abs(sim - real) / abs(real)
 
 
-def run_validate(spec: Spec) -> dict[str, Any]:
+def run_validate(spec: Spec, real_runs: str | None = None) -> dict[str, Any]:
+    """Each validation run for real (unless `real_runs` already holds its run directory,
+    which is then read instead: a model change can be validated again on the same real
+    runs), then simulated with the model calibrated on the first."""
     import equipoise
 
-    out: dict[str, Any] = {"runs": {}}
+    out: dict[str, Any] = {"runs": {}, "real_runs_reused": []}
     with tempfile.TemporaryDirectory(prefix="bench-sim-") as name:
         tmp = Path(name)
+        real_root = Path(real_runs) if real_runs else tmp
         calib_dir = None
         for label, cfg in validation_runs(spec).items():
-            real_dir = tmp / f"real-{len(out['runs'])}"
+            real_dir = real_root / label
             t0 = time.perf_counter()
-            summary = equipoise.train(cfg, out=real_dir)
+            if (real_dir / "summary.json").exists():
+                summary = json.loads((real_dir / "summary.json").read_text())
+                out["real_runs_reused"].append(label)
+            else:
+                summary = equipoise.train(cfg, out=real_dir)
             real_wall = time.perf_counter() - t0
             calib_dir = calib_dir or real_dir
-            sim = equipoise.simulate(real_dir / "config.toml", out=tmp / f"sim-{len(out['runs'])}",
-                                     calibrate=calib_dir)
+            sim = equipoise.simulate(real_dir / "config.toml", out=tmp / f"sim-{label}", calibrate=calib_dir)
             if real_dir == calib_dir:
                 out["calibration"] = json.loads((Path(sim["run_dir"]) / "calibration.json").read_text())
             r, s = _numbers(summary, real_dir), _numbers(sim, Path(sim["run_dir"]))
@@ -269,12 +276,13 @@ def run_study(spec: Spec) -> dict[str, Any]:
     return out
 
 
-def run(preset: str, results_path: str | None = None, plots: str | None = None) -> dict[str, Any]:
+def run(preset: str, results_path: str | None = None, plots: str | None = None,
+        real_runs: str | None = None) -> dict[str, Any]:
     spec = PRESETS[preset]
     result: dict[str, Any] = {"preset": preset, "spec": asdict(spec), "loadavg_at_start": load_average()}
     t0 = time.perf_counter()
     if preset in ("validate", "ci"):
-        result["validate"] = run_validate(spec)
+        result["validate"] = run_validate(spec, real_runs)
         print(result["validate"]["table"])
     if preset in ("scale", "ci"):
         result["scale"] = run_scale(spec, plots)
@@ -288,5 +296,18 @@ def run(preset: str, results_path: str | None = None, plots: str | None = None) 
     return result
 
 
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="ci")
+    parser.add_argument("--results", default=None, help="JSON path (default benchmarks/results/)")
+    parser.add_argument("--plots", default=None, help="folder for sim_scale.png (e.g. docs/img)")
+    parser.add_argument("--real-runs", default=None, help="validate: folder of the real run directories, "
+                        "written there, or read from there if a run is already in it")
+    args = parser.parse_args()
+    run(args.preset, args.results, args.plots, args.real_runs)
+
+
 if __name__ == "__main__":
-    preset_main(__doc__, PRESETS, run, "folder for sim_scale.png (e.g. docs/img)")
+    main()

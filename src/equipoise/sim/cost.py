@@ -2,8 +2,12 @@
 
 Every time the simulator charges comes from here:
 
-* a worker's step on x samples: (a + b·x) × its scenario factor (``slowdown`` × ``trace``)
-  × a lognormal noise factor exp(N(0, ``sim_noise``²)); a, b per worker;
+* a worker's step on x samples: (a + b·x) × (1 + (f − 1)·``sim_cpu_share``) × a lognormal
+  noise factor exp(N(0, ``sim_noise``²)); a, b per worker, f its scenario factor
+  (``slowdown`` × ``trace``). A slowdown stretches only the share of a step that is the
+  worker's own CPU work, as the runtime's emulation does (runtime/stretch.py: time spent
+  waiting for a core another process of this machine holds is not multiplied); on
+  machines of their own the share is 1 and the step takes f·(a + b·x);
 * a message: ``sim_latency_s`` one way, plus bytes / ``sim_link_mbps`` on the worker's
   link for a push (the gradients) and for a pull (the weights);
 * a server handling B bytes (receiving and applying a push, or sending a pull):
@@ -62,6 +66,7 @@ class CostModel:
         self.a = _per_worker(cfg.sim_compute_s, n)
         self.b = _per_worker(cfg.sim_sample_s, n)
         self.noise = cfg.sim_noise
+        self.share = cfg.sim_cpu_share
         self.latency = cfg.sim_latency_s
         self.link = 1.0 / (cfg.sim_link_mbps * MB) if cfg.sim_link_mbps else 0.0  # s per byte
         self.server = 1.0 / (cfg.sim_server_mbps * MB) if cfg.sim_server_mbps else 0.0
@@ -76,12 +81,20 @@ class CostModel:
     def compute(self, ranks: np.ndarray, batch: np.ndarray, factors: np.ndarray,
                 rng: np.random.Generator) -> np.ndarray:
         """Seconds each worker of ``ranks`` takes for its step on ``batch`` samples."""
-        t = (self.a[ranks] + self.b[ranks] * batch) * factors
+        t = (self.a[ranks] + self.b[ranks] * batch) * self.stretch(factors)
         return t * rng.lognormal(0.0, self.noise, len(t)) if self.noise else t
+
+    def stretch(self, factor):
+        """How much longer a step takes at scenario factor ``factor`` (a float or an array)."""
+        return 1.0 + (factor - 1.0) * self.share
+
+    def cpu(self, factor):
+        """The ``cpu`` a worker reports at that factor: its CPU time over its step time."""
+        return self.share / self.stretch(factor)
 
     def compute_one(self, w: int, batch: float, factor: float, rng: np.random.Generator) -> float:
         """``compute`` for one worker (the event loop's path: no arrays of one)."""
-        t = (self.a[w] + self.b[w] * batch) * factor
+        t = (self.a[w] + self.b[w] * batch) * self.stretch(factor)
         return t * rng.lognormal(0.0, self.noise) if self.noise else t
 
     def server_per_byte(self, factor: float, bandwidth_mbps: float) -> float:
@@ -115,16 +128,21 @@ def calibrate(run_dir: str | Path) -> dict[str, Any]:
     if not rows:
         raise ConfigError(f"--calibrate {str(run)!r}: metrics.jsonl has no iteration records")
     scenario = Scenario.of(cfg)
-    xs: dict[int, list[float]] = {}
-    ys: dict[int, list[float]] = {}
+    factors = []
     prev = 0.0
     for r in rows:
-        for i, w in enumerate(r["workers"]):
-            f = scenario.worker_factor(w, elapsed=prev, iteration=r["iteration"])
+        factors.append([scenario.worker_factor(w, elapsed=prev, iteration=r["iteration"]) for w in r["workers"]])
+        prev = r.get("elapsed") or prev
+    # the CPU share of an unslowed step (the `cpu` its worker reported); 1 if none was
+    cpu = [c for r, fs in zip(rows, factors) for c, f in zip(r.get("cpu") or [], fs) if f == 1.0 and c]
+    share = min(1.0, max(0.01, statistics.median(cpu))) if cpu else 1.0
+    xs: dict[int, list[float]] = {}
+    ys: dict[int, list[float]] = {}
+    for r, fs in zip(rows, factors):
+        for i, (w, f) in enumerate(zip(r["workers"], fs)):
             if r["compute_s"][i] and r["batch"][i]:
                 xs.setdefault(w, []).append(float(r["batch"][i]))
-                ys.setdefault(w, []).append(float(r["compute_s"][i]) / f)
-        prev = r.get("elapsed") or prev
+                ys.setdefault(w, []).append(float(r["compute_s"][i]) / (1.0 + (f - 1.0) * share))
     ranks = range(max(xs) + 1)
     fits = {w: _line(xs[w], ys[w]) for w in xs}
     a = [fits[w][0] if w in fits else statistics.fmean(f[0] for f in fits.values()) for w in ranks]
@@ -134,7 +152,7 @@ def calibrate(run_dir: str | Path) -> dict[str, Any]:
     server_s, servers_from = _server_cost(cfg, records, scenario)
     tensors = model_tensors_of(cfg)
     keys = {"sim_compute_s": [round(v, 9) for v in a], "sim_sample_s": [round(v, 11) for v in b],
-            "sim_noise": round(noise, 6),
+            "sim_noise": round(noise, 6), "sim_cpu_share": round(share, 4),
             "sim_server_mbps": round(1.0 / (server_s * MB), 3) if server_s > 0 else 0.0}
     target = _mean_iteration_s(run, rows)
     latency = _fit_latency(cfg.replace(**keys), tensors, len(iters), target)

@@ -306,13 +306,13 @@ class Simulation:
                    "batch": x.astype(int).tolist(), "loss": None,
                    "samples_per_s": x.sum() / (barrier - prev) if barrier > prev else None,
                    "staleness_mean": 0.0, "staleness_max": 0, "compute_s": c.tolist(),
-                   "wait_s": ex_wait.tolist(), "comm_s": ex_comm.tolist(), "cpu": np.minimum(1.0, 1.0 / f).tolist(),
+                   "wait_s": ex_wait.tolist(), "comm_s": ex_comm.tolist(), "cpu": cost.cpu(f).tolist(),
                    "mem": [0.0] * len(ranks), "version": [t] * len(ranks)}
             if table_wait is not None:
                 rec["table_wait_s"] = table_wait.tolist()
             if cfg.protocol == "lbbsp":
                 self.planner.observe({w: {"samples": int(x[i]), "compute_s": float(c[i]),
-                                          "comm_s": float(ex_comm[i]), "cpu": float(min(1.0, 1.0 / f[i])),
+                                          "comm_s": float(ex_comm[i]), "cpu": float(cost.cpu(f[i])),
                                           "mem": 0.0} for i, w in enumerate(ranks)})
                 rec["predictor_mape"] = self.planner.mape()
                 rec["predicted_speed"] = [self.planner.predict(w) for w in ranks]
@@ -462,7 +462,7 @@ class Simulation:
             sigmas = sync.take_staleness(w)
             report = float(free.max()) + 2 * lat  # the ack, then the report to the coordinator
             pushes[w] += 1
-            table[row] = (slice_of[w], w, size_of[w], comp[w], ex_wait[w], ex_comm[w], min(1.0, 1.0 / fac[w]),
+            table[row] = (slice_of[w], w, size_of[w], comp[w], ex_wait[w], ex_comm[w], cost.cpu(fac[w]),
                           version[w], sum(sigmas), len(sigmas), max(sigmas, default=0), report)
             row += 1
             last = max(last, report)
