@@ -3,11 +3,12 @@
     import equipoise
     summary = equipoise.simulate({"protocol": "lbbsp", "workers": 1000, "worker_batch": 32})
 
-engine.py simulates; cost.py holds the cost model and its calibration from a real run;
+engine.py simulates; cost.py holds the cost model, calibrate.py fits it to a real run;
 run.py makes the run directory. docs/simulate.md describes all three.
 """
 
-from .cost import CostModel, calibrate
+from .calibrate import calibrate
+from .cost import CostModel
 from .run import simulate
 
 __all__ = ["CostModel", "calibrate", "simulate"]

@@ -10,7 +10,8 @@ from typing import Any
 from ..config import Config, ConfigError, to_toml
 from ..runtime.stats import RunStats
 from ..telemetry.metrics import MetricsWriter
-from .cost import SHAPES, calibrate as fit, model_tensors_of, write_calibration
+from .calibrate import calibrate as fit, write_calibration
+from .cost import SHAPES, model_tensors_of
 from .engine import Simulation
 
 
