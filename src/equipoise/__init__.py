@@ -7,7 +7,8 @@
 from .config import Config, ConfigError, EquipoiseWarning
 
 __version__ = "0.1.0"
-__all__ = ["Config", "ConfigError", "EquipoiseWarning", "control", "resolve_config", "train", "__version__"]
+__all__ = ["Config", "ConfigError", "EquipoiseWarning", "control", "resolve_config", "simulate", "train",
+           "__version__"]
 
 
 def __getattr__(name: str):
@@ -16,4 +17,7 @@ def __getattr__(name: str):
     if name in ("train", "resolve_config", "control"):
         from . import api
         return getattr(api, name)
+    if name == "simulate":
+        from .sim import simulate
+        return simulate
     raise AttributeError(f"module 'equipoise' has no attribute {name!r}")

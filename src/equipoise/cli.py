@@ -44,6 +44,13 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("action", choices=["add-server", "remove-server", "move"])
     c.add_argument("args", nargs="*", type=int, metavar="N",
                    help="remove-server: RANK; move: BLOCK RANK")
+    s = sub.add_parser("simulate", help="simulate a job on a virtual clock (any number of machines)")
+    s.add_argument("config", nargs="?", help="TOML file of config keys, sim_* included (docs/simulate.md)")
+    s.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one config key; may be repeated")
+    s.add_argument("--out", help="run directory to write (default runs/<time>-sim-<protocol>)")
+    s.add_argument("--calibrate", metavar="RUN_DIR", help="fit the sim_* cost model to a real run directory first")
+    s.add_argument("--quiet", action="store_true", help="no summary table")
     r = sub.add_parser("report", help="plots and report.html of one or several run directories")
     r.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories written by `equipoise train`")
     r.add_argument("--out", help="folder for report.html and the PNG files (default: RUN_DIR/report for one "
@@ -76,6 +83,23 @@ def _report(args: argparse.Namespace) -> int:
     except ReportError as exc:
         print(f"equipoise: error: {exc}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from .data import DataError
+    from .models import ModelError
+    from .sim import simulate
+
+    try:
+        overrides = dict(parse_override(item) for item in args.overrides)
+        summary = simulate(args.config, out=args.out, calibrate=args.calibrate, **overrides)
+    except (ConfigError, DataError, ModelError, OSError) as exc:
+        print(f"equipoise: error: {exc}", file=sys.stderr)
+        return 2
+    if not args.quiet:
+        from .telemetry.progress import print_summary
+        print_summary(summary)
     return 0
 
 
@@ -116,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         return _ctl(args)
     if args.command == "watch":
         return _watch(args)
+    if args.command == "simulate":
+        return _simulate(args)
     from . import api
     from .data import DataError
     from .models import ModelError

@@ -112,6 +112,14 @@ class Config:
     ray_strategy: str = "SPREAD"  # placement group strategy for the job's actors
     ray_data: str = "ship"  # ship: the driver's dataset, once per node; path: loaded on each node
     tensorboard: bool = False  # scalars to run_dir/tensorboard/ (needs the tensorboard package)
+    # `equipoise simulate`'s cost model (docs/simulate.md); a training job ignores these
+    sim_compute_s: tuple[float, ...] = (0.002,)  # a: seconds per step, one value for all workers or one per worker
+    sim_sample_s: tuple[float, ...] = (0.0002,)  # b: seconds per sample (compute = (a + b·batch) × slowdown)
+    sim_noise: float = 0.0  # σ of a lognormal factor on every simulated step (0: none)
+    sim_cpu_share: float = 1.0  # part of a step that is the worker's own CPU work, the part a slowdown stretches
+    sim_latency_s: float = 0.0002  # one-way latency of every message
+    sim_link_mbps: float = 1000.0  # each worker's link, MB/s (0: free)
+    sim_server_mbps: float = 1000.0  # MB/s a server at factor 1 receives+applies or sends (0: free)
 
     # -- construction -----------------------------------------------------------------
     @classmethod
@@ -213,6 +221,7 @@ class Config:
             raise ConfigError("tensorboard = true needs the tensorboard package: pip install 'equipoise[tensorboard]'")
         self._validate_protocol()
         self._validate_lists()
+        self._validate_sim()
 
     def _validate_protocol(self) -> None:
         if self.softsync_n and self.protocol != "softsync":
@@ -316,6 +325,18 @@ class Config:
             if not 0 <= n.worker < self.workers:
                 raise ConfigError(f"neighbours: worker = {n.worker} is not a worker rank "
                                   f"(workers = {self.workers})")
+
+    def _validate_sim(self) -> None:
+        for key in ("sim_compute_s", "sim_sample_s"):
+            v = getattr(self, key)
+            if len(v) not in (1, self.workers) or any(not (math.isfinite(x) and x >= 0) for x in v):
+                raise ConfigError(f"{key} = {list(v)} needs one value ≥ 0 for all workers or one per worker "
+                                  f"(workers = {self.workers})")
+        if not 0.0 < self.sim_cpu_share <= 1.0:
+            raise ConfigError(f"sim_cpu_share = {self.sim_cpu_share!r} must be in (0, 1]")
+        for key in ("sim_noise", "sim_latency_s", "sim_link_mbps", "sim_server_mbps"):
+            if not (math.isfinite(getattr(self, key)) and getattr(self, key) >= 0):
+                raise ConfigError(f"{key} = {getattr(self, key)!r} must be a finite number ≥ 0")
 
     def _validate_servers(self) -> None:
         if self.server_slowdown:

@@ -98,9 +98,12 @@ def test_a_node_lost_mid_run_with_replication(cluster, tmp_path):
     three nodes, so the node of server 1 holds another actor too). With replication = 1
     the backup takes the server's blocks, the survivors recompute the lost worker's slice,
     and the weights equal the reference on the run's own splits within the 1e-5 that
-    test_recovery argues for a recovered run. The stretch (slowdown 20) keeps the job
-    running long enough for the node to go mid-run."""
-    cfg = {**BASE, "launcher": "ray", "replication": 1, "iterations": 80, "slowdown": [20.0, 20.0, 20.0]}
+    test_recovery argues for a recovered run. With worker_restarts = 1 a replacement
+    worker starts in the placement-group bundle the lost one held, which Ray re-places on
+    a node left, and joins at a barrier. The stretch (slowdown 20) keeps the job running
+    long enough for the node to go mid-run."""
+    cfg = {**BASE, "launcher": "ray", "replication": 1, "iterations": 80, "slowdown": [20.0, 20.0, 20.0],
+           "worker_restarts": 1}
     run_dir = tmp_path / "run"
     result: dict = {}
 
@@ -126,6 +129,8 @@ def test_a_node_lost_mid_run_with_replication(cluster, tmp_path):
     summary = result["summary"]
     lost = sorted(f"{r['role']}{r['rank']}" for r in summary["recovered"])
     assert lost == on_it and len(on_it) >= 2
+    assert "worker3" in summary["nodes"] and summary["nodes"]["worker3"]["node"] != doomed
+    assert (run_dir / "logs" / "worker3.log").exists()
     assert summary["iterations"] == cfg["iterations"]
     assert_near_reference(cfg, run_dir)
     assert _gone(summary)

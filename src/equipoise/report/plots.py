@@ -32,6 +32,7 @@ _MARKER_STYLE = {  # event kind -> (legend label, colour, line style)
     "resumed": ("resumed from checkpoint", "0.4", ":"),
 }
 _PART_COLOURS = {"compute_s": "tab:blue", "wait_s": "tab:orange", "comm_s": "0.65"}
+MANY = 20  # with more workers (a simulated cluster), no per-worker legend entries or bar labels
 
 
 class ReportError(ValueError):
@@ -282,7 +283,8 @@ def plot_batch_sizes(run: Run, path: str | Path) -> Path:
         end = _number(points[-1][0].get("elapsed"))
         xs.append(end if end is not None else xs[-1])
         ys.append(ys[-1])
-        ax.step(xs, ys, where="post", color=_colour(rank, n), linewidth=1.6, label=f"worker {rank}")
+        ax.step(xs, ys, where="post", color=_colour(rank, n), linewidth=1.6 if n <= MANY else 0.6,
+                label=f"worker {rank}" if n <= MANY else None)
     handles = _draw_markers(ax, run, "elapsed")
     if not any(series.values()):
         _no_data(ax, "no iteration records")
@@ -293,7 +295,7 @@ def plot_batch_sizes(run: Run, path: str | Path) -> Path:
     ax.set_ylim(bottom=0)
     ax.set_xlim(left=0)
     ax.grid(True, alpha=0.3)
-    if any(series.values()):
+    if any(series.values()) and (n <= MANY or handles):
         ax.legend(handles=ax.get_legend_handles_labels()[0] + handles, loc="upper left",
                   bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False)
     return _save(fig, path)
@@ -307,7 +309,8 @@ def plot_time_split(run: Run, path: str | Path) -> Path:
     series = {p: run.per_worker(p) for p in parts}
     batches = run.per_worker("batch")
     workers = run.workers
-    fig = _figure(WIDTH, max(HEIGHT, 1.6 + 0.55 * len(workers)))
+    many = len(workers) > MANY
+    fig = _figure(WIDTH, HEIGHT * 1.5 if many else max(HEIGHT, 1.6 + 0.55 * len(workers)))
     ax = fig.add_subplot()
     if not workers:
         _no_data(ax, "no iteration records")
@@ -322,10 +325,11 @@ def plot_time_split(run: Run, path: str | Path) -> Path:
     left = [0.0] * len(workers)
     for p in parts:
         widths = [m or 0.0 for m in means[p]]
-        ax.barh(ys, widths, left=left, height=0.6, color=_PART_COLOURS[p], label=names[p])
+        ax.barh(ys, widths, left=left, height=1.0 if many else 0.6, color=_PART_COLOURS[p], label=names[p],
+                linewidth=0)
         left = [a + b for a, b in zip(left, widths)]
     scale = max(left) or 1.0
-    for y, w, end in zip(ys, workers, left):
+    for y, w, end in zip([] if many else ys, workers, left):
         sizes = [v for _, v in batches[w]]
         note = f"mean batch {_mean(sizes):.0f}, {len(sizes)} it" if sizes else ""
         ax.text(end + 0.01 * scale, y, note, va="center", fontsize=8, color="0.25")
@@ -334,7 +338,10 @@ def plot_time_split(run: Run, path: str | Path) -> Path:
     for w in workers:
         s = f"\n(×{float(slow[w]):g} slowdown)" if w < len(slow) and float(slow[w]) != 1.0 else ""
         ticks.append(f"worker {w}{s}")
-    ax.set_yticks(ys, ticks)
+    if many:
+        ax.set_ylabel(f"worker ({len(workers)}, in rank order)")
+    else:
+        ax.set_yticks(ys, ticks)
     ax.invert_yaxis()
     ax.set_xlabel("mean time per iteration (s)")
     ax.set_title(_title(run, "Where each worker's iteration goes") +
@@ -360,7 +367,8 @@ def plot_timeline(run: Run, path: str | Path) -> Path:
     for ax, series in ((top, compute), (bottom, wait)):
         for rank, pts in series.items():
             ax.plot([rec["iteration"] for rec, _ in pts], [v * k for _, v in pts], color=_colour(rank, n),
-                    linewidth=1.2, marker="o" if few else None, markersize=2.5, label=f"worker {rank}")
+                    linewidth=1.2 if n <= MANY else 0.5, marker="o" if few and n <= MANY else None, markersize=2.5,
+                    label=f"worker {rank}" if n <= MANY else None)
         ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)
     handles = _draw_markers(top, run, "iteration")
@@ -371,7 +379,7 @@ def plot_timeline(run: Run, path: str | Path) -> Path:
     bottom.set_ylabel(f"barrier wait ({unit})")
     bottom.set_xlabel("iteration")
     fig.suptitle(_title(run, "Compute and barrier wait per iteration"))
-    if values:
+    if values and (n <= MANY or handles):
         fig.legend(handles=top.get_legend_handles_labels()[0] + handles, loc="outside right upper",
                    fontsize=9, frameon=False)
     return _save(fig, path)

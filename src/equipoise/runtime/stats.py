@@ -64,7 +64,7 @@ class RunStats:
         """The run summary; `staleness` is the servers' histogram of σ over every gradient
         applied (one count per gradient and server)."""
         hist = Counter(staleness or {})
-        train_s = max(self.t_last - (self.t_start or self.t_last), 1e-9)
+        train_s = max(self.t_last - (self.t_last if self.t_start is None else self.t_start), 1e-9)
         total = sum(self.busy.values())
         n = sum(hist.values())
         return {

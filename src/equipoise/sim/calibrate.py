@@ -1,0 +1,147 @@
+"""Fitting the simulator's cost model (cost.py) to a real run directory.
+
+``calibrate`` fits each worker's a and b, the CPU share of a step, the noise and the
+servers' cost per byte from the run's metrics.jsonl, then the latency by simulating the
+run's own config until it takes the real mean iteration time (docs/simulate.md,
+Calibration).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..config import Config, ConfigError, read_toml
+from ..scenario import Scenario
+from ..telemetry.metrics import read_metrics
+from .cost import MB, model_tensors_of
+from .engine import Simulation
+
+WARMUP = 2  # iterations of a real run left out of a fit (process start, first allocations)
+
+
+def calibrate(run_dir: str | Path) -> dict[str, Any]:
+    """Fit the cost model to a real run directory: returns ``{"keys": {sim_* key: value},
+    "fit": {...what was fitted from what...}}``. Raises ConfigError naming the directory
+    when it is not a usable run (no config.toml or no iteration records)."""
+    run = Path(run_dir)
+    if not (run / "config.toml").is_file() or not (run / "metrics.jsonl").is_file():
+        raise ConfigError(f"--calibrate {str(run)!r} is not a run directory (needs config.toml and metrics.jsonl)")
+    try:
+        cfg = Config.from_dict(read_toml(run / "config.toml"))
+    except ConfigError as exc:
+        raise ConfigError(f"--calibrate {str(run)!r}: its config.toml: {exc}") from None
+    records = read_metrics(run / "metrics.jsonl")
+    iters = {r["iteration"]: r for r in records if r.get("type") == "iteration"}
+    rows = [iters[t] for t in sorted(iters) if t >= WARMUP] or [iters[t] for t in sorted(iters)]
+    if not rows:
+        raise ConfigError(f"--calibrate {str(run)!r}: metrics.jsonl has no iteration records")
+    scenario = Scenario.of(cfg)
+    factors = []
+    prev = 0.0
+    for r in rows:
+        factors.append([scenario.worker_factor(w, elapsed=prev, iteration=r["iteration"]) for w in r["workers"]])
+        prev = r.get("elapsed") or prev
+    # the CPU share of an unslowed step (the `cpu` its worker reported); 1 if none was
+    cpu = [c for r, fs in zip(rows, factors) for c, f in zip(r.get("cpu") or [], fs) if f == 1.0 and c]
+    share = min(1.0, max(0.01, statistics.median(cpu))) if cpu else 1.0
+    xs: dict[int, list[float]] = {}
+    ys: dict[int, list[float]] = {}
+    for r, fs in zip(rows, factors):
+        for i, (w, f) in enumerate(zip(r["workers"], fs)):
+            if r["compute_s"][i] and r["batch"][i]:
+                xs.setdefault(w, []).append(float(r["batch"][i]))
+                ys.setdefault(w, []).append(float(r["compute_s"][i]) / (1.0 + (f - 1.0) * share))
+    ranks = range(max(xs) + 1)
+    fits = {w: _line(xs[w], ys[w]) for w in xs}
+    a = [fits[w][0] if w in fits else statistics.fmean(f[0] for f in fits.values()) for w in ranks]
+    b = [fits[w][1] if w in fits else statistics.fmean(f[1] for f in fits.values()) for w in ranks]
+    logs = [math.log(y / (a[w] + b[w] * x)) for w in xs for x, y in zip(xs[w], ys[w]) if a[w] + b[w] * x > 0]
+    noise = statistics.pstdev(logs) if len(logs) > 1 else 0.0
+    server_s, servers_from = _server_cost(cfg, records, scenario)
+    tensors = model_tensors_of(cfg)
+    keys = {"sim_compute_s": [round(v, 9) for v in a], "sim_sample_s": [round(v, 11) for v in b],
+            "sim_noise": round(noise, 6), "sim_cpu_share": round(share, 4),
+            "sim_server_mbps": round(1.0 / (server_s * MB), 3) if server_s > 0 else 0.0}
+    target = _mean_iteration_s(run, rows)
+    latency = _fit_latency(cfg.replace(**keys), tensors, len(iters), target)
+    keys["sim_latency_s"] = round(latency, 9)
+    fit = {"run_dir": str(run), "protocol": cfg.protocol, "workers": cfg.workers, "iterations_used": len(rows),
+           "mean_iteration_s": target, "server_cost_from": servers_from,
+           "compute_fit": {str(w): {"a": fits[w][0], "b": fits[w][1], "points": len(xs[w]),
+                                    "batch_range": [min(xs[w]), max(xs[w])]} for w in sorted(fits)}}
+    return {"keys": keys, "fit": fit}
+
+
+def _mean_iteration_s(run: Path, rows: list[dict]) -> float:
+    """The real run's mean iteration time, train_s / iterations (from its records if it
+    has no summary)."""
+    try:
+        summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
+        return float(summary["train_s"]) / int(summary["iterations"])
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return float(rows[-1]["elapsed"]) / (rows[-1]["iteration"] + 1)
+
+
+def _fit_latency(cfg: Config, tensors, iterations: int, target: float) -> float:
+    """The one-way latency at which the simulation of the run's own config takes the
+    real mean iteration time: everything of an exchange that the fitted compute and
+    server costs do not explain (messages, serialisation, the coordinator, processes
+    waiting for a core) is charged as latency. The simulated time grows with the
+    latency, so bisection finds it; 0 if the simulation is already slower."""
+    def mean_s(latency: float) -> float:
+        sim = Simulation(cfg.replace(sim_latency_s=latency), tensors, iterations)
+        return sim.run()["train_s"] / iterations
+
+    lo, hi = 0.0, max(target, 1e-6)
+    if mean_s(lo) >= target:
+        return 0.0
+    while mean_s(hi) < target:
+        hi *= 2
+    for _ in range(30):  # to 1e-9 of the bracket
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if mean_s(mid) < target else (lo, mid)
+    return (lo + hi) / 2
+
+
+def _line(x: list[float], y: list[float]) -> tuple[float, float]:
+    """Least-squares a + b·x ≥ 0; with (almost) one batch size a line cannot be told from a
+    proportion, so a = 0 and b = mean(y) / mean(x)."""
+    xa, ya = np.asarray(x), np.asarray(y)
+    if len(xa) < 3 or xa.max() - xa.min() < max(1.0, 0.1 * xa.mean()):
+        return 0.0, float(ya.mean() / xa.mean())
+    b, a = np.polyfit(xa, ya, 1)
+    if a < 0 or b < 0:  # noise pushed the line through a negative cost: a proportion instead
+        return (0.0, float(ya.mean() / xa.mean())) if a < 0 else (float(ya.mean()), 0.0)
+    return float(a), float(b)
+
+
+def _server_cost(cfg: Config, records: list[dict], scenario: Scenario) -> tuple[float, str]:
+    """Seconds per byte a server at factor 1 spends, from the "servers" records (busy
+    seconds over bytes, less the emulated slowdown and cap it was charged); the configured
+    rate when the run has none (non-barrier protocols are not measured)."""
+    per_byte = []
+    for r in records:
+        if r.get("type") != "servers":
+            continue
+        for s, busy, nbytes in zip(r["servers"], r["busy_s"], r["bytes"]):
+            if busy > 0 and nbytes > 0:
+                f = scenario.server_factor(s, r.get("elapsed") or 0.0, r["iteration"])
+                cap = scenario.server_bandwidth[s] if s < len(scenario.server_bandwidth) else 0.0
+                extra = (f - 1.0) / (scenario.server_rate * MB) + (1.0 / (cap * MB) if cap > 0 else 0.0)
+                per_byte.append(max(0.0, busy / nbytes - extra))
+    if per_byte:
+        return statistics.median(per_byte), f"{len(per_byte)} server measurements"
+    return (1.0 / (cfg.sim_server_mbps * MB) if cfg.sim_server_mbps else 0.0), "the configured sim_server_mbps"
+
+
+def write_calibration(path: Path, fitted: dict[str, Any]) -> None:
+    path.write_text(json.dumps(fitted, indent=2) + "\n", encoding="utf-8")
+
+
+__all__ = ["calibrate", "write_calibration"]

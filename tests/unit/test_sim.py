@@ -1,0 +1,171 @@
+"""The simulator against cases whose outcome can be worked out by hand, its calibration
+against a run whose cost model is known, and its run directory against `equipoise report`."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from equipoise.config import Config, ConfigError
+from equipoise.scenario import Scenario
+from equipoise.sim import calibrate, simulate
+from equipoise.sim.cost import SHAPES, model_tensors_of
+from equipoise.sim.engine import Simulation, WorkerFactors
+from equipoise.telemetry.metrics import read_metrics
+
+BASE = {"dataset": "digits", "model": "mlp", "eval_every": 0, "checkpoint_every": 0, "sim_noise": 0.0}
+
+
+def run(tmp_path=None, **keys):
+    """Simulate with BASE plus keys; (summary, iteration records, all records)."""
+    records: list[dict] = []
+    cfg = Config.from_dict({**BASE, **keys})
+    sim = Simulation(cfg, model_tensors_of(cfg), cfg.iterations, emit=records.append)
+    out = sim.run()
+    iters = sorted((r for r in records if r["type"] == "iteration"), key=lambda r: r["iteration"])
+    return out, iters, records
+
+
+def test_bsp_two_workers_is_the_slower_compute_plus_four_messages():
+    # Free links and servers: an iteration is the slower worker's (a + b·x) plus four
+    # one-way latencies (push, ack, report, plan), exactly.
+    lat = 0.001
+    out, iters, _ = run(protocol="bsp", workers=2, servers=1, global_batch=30, batch_split=[10, 20],
+                        sim_compute_s=[0.01, 0.02], sim_sample_s=[0.001, 0.0005], sim_latency_s=lat,
+                        sim_link_mbps=0.0, sim_server_mbps=0.0, iterations=6)
+    c0, c1 = 0.01 + 0.001 * 10, 0.02 + 0.0005 * 20
+    elapsed = [r["elapsed"] for r in iters]
+    assert np.allclose(np.diff(elapsed), max(c0, c1) + 4 * lat, rtol=0, atol=1e-12)
+    assert elapsed[0] == pytest.approx(4 * lat + c1 + 3 * lat, abs=1e-12)  # first plan+pull, then 3 messages
+    later = iters[1:]
+    assert all(r["compute_s"] == pytest.approx([c0, c1], abs=1e-12) for r in iters)
+    # the faster worker waited at the barrier for exactly the difference; both spent 4 latencies talking
+    assert all(r["wait_s"] == pytest.approx([c1 - c0, 0.0], abs=1e-12) for r in later)
+    assert all(r["comm_s"] == pytest.approx([4 * lat, 4 * lat], abs=1e-12) for r in later)
+    assert out["histogram"] == {0: 2 * 6}
+
+
+def test_bsp_server_queue_serves_pushes_then_pulls_one_after_another():
+    # Two equal workers, one server taking s seconds per push and per pull, no latency.
+    # Iteration 0: both pushes arrive at c, are served by c + s and c + 2s (the update),
+    # the pulls are answered at c + 3s and c + 4s, so the workers start again s apart.
+    # From then on worker A's push (arriving at T) is served by T + s, B's (at T + s) by
+    # T + 2s, and the pulls at T + 3s (A restarts) and T + 4s: the barrier (last ack)
+    # comes every c + 3s.
+    cfg = Config.from_dict({**BASE, "workers": 2, "servers": 1, "sim_latency_s": 0.0, "sim_link_mbps": 0.0,
+                            "sim_server_mbps": 100.0, "sim_compute_s": [0.01], "sim_sample_s": [0.0]})
+    s = sum(n * size for _, n, _, size in model_tensors_of(cfg)) / 100e6
+    _, iters, _ = run(protocol="bsp", workers=2, servers=1, sim_latency_s=0.0, sim_link_mbps=0.0,
+                      sim_server_mbps=100.0, sim_compute_s=[0.01], sim_sample_s=[0.0], iterations=5)
+    assert np.allclose(np.diff([r["elapsed"] for r in iters]), 0.01 + 3 * s, rtol=1e-12)
+
+
+def test_asp_equal_workers_staleness_is_workers_minus_one():
+    # λ equal workers start together and finish together (ties go to the lower rank): in
+    # the first round worker k's gradient meets k newer versions; from then on each
+    # worker reads right after its own push and pushes after the λ − 1 others: σ = λ − 1.
+    lam, t, servers = 4, 10, 2
+    out, iters, _ = run(protocol="asp", workers=lam, servers=servers, iterations=t, global_batch=32 * lam)
+    expected = Counter({k: 1 for k in range(lam - 1)})
+    expected[lam - 1] = lam * t - (lam - 1)
+    assert out["histogram"] == {k: v * servers for k, v in expected.items()}
+    assert sum(sum(r["batch"]) for r in iters) == t * 32 * lam
+
+
+def test_ssp_never_exceeds_its_bound_and_fast_workers_wait():
+    out, iters, _ = run(protocol="ssp", staleness_bound=2, workers=4, slowdown=[1, 1, 1, 4], iterations=30)
+    assert max(out["histogram"]) <= 2
+    waits = [w for r in iters for rank, w in zip(r["workers"], r["wait_s"]) if rank != 3]
+    assert max(waits) > 0.0
+
+
+def test_softsync_updates_every_c_gradients():
+    # 2-softsync of 4 equal workers: groups of c = 2; no gradient is older than λ − 1.
+    out, _, _ = run(protocol="softsync", softsync_n=2, workers=4, servers=1, iterations=20)
+    assert sum(out["histogram"].values()) == 4 * 20
+    assert max(out["histogram"]) <= 3
+
+
+def test_worker_factors_follow_the_scenario(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("iteration,worker,factor\n0,1,2.0\n5,1,1.0\n5,2,3.0\n5,2,5.0\n9,0,1.5\n")
+    scenario = Scenario.from_config({"slowdown": [1.0, 2.0, 1.0], "trace": str(trace)})
+    factors = WorkerFactors(scenario, 3)
+    for t in range(12):
+        assert factors.at(0.0, t).tolist() == [scenario.worker_factor(w, elapsed=0.0, iteration=t)
+                                               for w in range(3)]
+
+
+def test_digits_shape_matches_the_dataset():
+    from equipoise.data import load_dataset
+    data = load_dataset("digits")
+    assert (tuple(data.input_shape), data.num_classes, len(data)) == SHAPES["digits"]
+
+
+def test_calibration_recovers_a_known_cost_model(tmp_path):
+    # LB-BSP under changing slowdowns varies the batch sizes, so a and b are identifiable;
+    # without noise the fit is exact, and the servers' cost per byte comes from the
+    # "servers" records.
+    a, b = [0.003, 0.004, 0.002, 0.005], [2e-4, 1e-4, 3e-4, 2.5e-4]
+    trace = tmp_path / "trace.csv"
+    trace.write_text("iteration,worker,factor\n10,0,3\n20,1,4\n20,0,1\n30,2,1\n30,3,2\n")
+    simulate({**BASE, "protocol": "lbbsp", "workers": 4, "slowdown": [1, 2, 3, 1], "iterations": 40,
+              "trace": str(trace),
+              "sim_compute_s": a, "sim_sample_s": b, "sim_server_mbps": 250.0, "psld_interval": 5},
+             out=tmp_path / "known")
+    fitted = calibrate(tmp_path / "known")["keys"]
+    assert fitted["sim_compute_s"] == pytest.approx(a, rel=1e-6)
+    assert fitted["sim_sample_s"] == pytest.approx(b, rel=1e-6)
+    assert fitted["sim_noise"] == pytest.approx(0.0, abs=1e-9)
+    assert fitted["sim_server_mbps"] == pytest.approx(250.0, rel=1e-6)
+
+
+def test_run_directory_is_marked_simulated_and_reported(tmp_path):
+    from equipoise.report import report
+
+    summary = simulate({**BASE, "protocol": "lbbsp", "workers": 3, "slowdown": [1, 1, 3], "iterations": 25},
+                       out=tmp_path / "run")
+    run_dir = tmp_path / "run"
+    assert json.loads((run_dir / "summary.json").read_text())["simulated"] is True
+    assert Config.load(run_dir / "config.toml").protocol == "lbbsp"
+    assert summary["samples"] == 25 * 128
+    recs = read_metrics(run_dir / "metrics.jsonl")
+    assert recs[0]["event"] == "started" and recs[0]["simulated"] is True
+    last = [r for r in recs if r["type"] == "iteration"][-1]
+    assert last["batch"][2] < last["batch"][0]  # the slow worker got less
+    names = {p.name for p in report(run_dir)}
+    assert {"batch_sizes.png", "time_split.png", "timeline.png", "accuracy.png"} <= names
+
+
+def test_psld_moves_blocks_off_a_slow_server_and_beats_mxnet():
+    keys = dict(protocol="bsp", workers=4, servers=4, model="cnn", block_size=32768, iterations=120,
+                server_slowdown=[4, 1, 1, 1], server_rate=200.0, server_bandwidth=[200.0] * 4,
+                psld_interval=5, psld_epsilon=0.0)
+    psld, _, records = run(placement="psld", **keys)
+    mxnet, _, _ = run(placement="mxnet", **keys)
+    assert any(r.get("event") == "block_moved" for r in records)
+    servers = [r for r in records if r["type"] == "servers"]
+    assert servers[-1]["load_bytes"][0] < servers[0]["load_bytes"][0]
+    assert psld["train_s"] < mxnet["train_s"]
+
+
+def test_membership_and_server_events_are_simulated():
+    _, iters, records = run(protocol="bsp", workers=3, servers=2, iterations=12,
+                            membership=[{"iteration": 4, "leave": 1}, {"iteration": 8, "join": 1}],
+                            server_events=[{"iteration": 3, "add": 1}, {"iteration": 6, "remove": 0}])
+    assert iters[5]["workers"] == [0, 2] and iters[9]["workers"] == [0, 2, 3]
+    assert all(sum(r["batch"]) == 128 for r in iters)
+    events = [r["event"] for r in records if r["type"] == "event"]
+    assert {"worker_left", "worker_joined", "server_added", "server_removed"} <= set(events)
+
+
+def test_sim_keys_are_validated():
+    with pytest.raises(ConfigError, match="sim_compute_s"):
+        Config.from_dict({"workers": 4, "sim_compute_s": [0.1, 0.2]})
+    with pytest.raises(ConfigError, match="sim_latency_s"):
+        Config.from_dict({"sim_latency_s": -1.0})
+    with pytest.raises(ConfigError, match="neighbours"):
+        simulate({**BASE, "neighbours": [{"worker": 0}]}, write=False)
