@@ -22,8 +22,11 @@
   iterations after the first `warmup`.
 * ``memory``: 4 workers on one node (the same job as ``overhead``), local launcher vs
   Ray launcher, interleaved: at iteration `probe` the workers' resident (RSS), unique (USS)
-  and proportional (PSS) memory, and the node's shared memory in use (/dev/shm, where
-  Ray's object store keeps the dataset).
+  and proportional (PSS) memory, summed over the 4 workers, and what of Ray's object store
+  (the shared-memory file /dev/shm/plasma*, where the dataset is) they have mapped:
+  resident, and private to a worker (a copy would be private). /dev/shm's growth during
+  the first Ray job is the store's size with the dataset in it (the file stays, so later
+  repetitions show no growth).
 """
 
 from __future__ import annotations
@@ -175,13 +178,18 @@ def _memory_once(spec: Spec, launcher: str, probe: int) -> dict[str, Any]:
         deadline = time.monotonic() + 600
         while _iterations(run_dir) < probe and job.is_alive() and time.monotonic() < deadline:
             time.sleep(0.2)
-        mem = [psutil.Process(pid).memory_full_info() for pid in _worker_pids(run_dir, launcher)]
+        pids = _worker_pids(run_dir, launcher)
+        mem = [psutil.Process(pid).memory_full_info() for pid in pids]
+        store = [m for pid in pids for m in psutil.Process(pid).memory_maps(grouped=True)
+                 if os.path.basename(m.path).startswith("plasma")]  # Ray's object store, mapped
         shm = psutil.disk_usage("/dev/shm").used - shm0
         job.join(timeout=600)
     mb = 1 << 20
     out = {"workers": len(mem), "rss_mb": sum(m.rss for m in mem) / mb, "uss_mb": sum(m.uss for m in mem) / mb,
            "pss_mb": sum(m.pss for m in mem) / mb, "shared_mb": sum(m.shared for m in mem) / mb,
-           "dev_shm_mb": shm / mb, "steady_samples_per_s": result.get("steady_samples_per_s", float("nan"))}
+           "dev_shm_mb": shm / mb, "store_mapped_mb": sum(m.rss for m in store) / mb,
+           "store_private_mb": sum(m.private_clean + m.private_dirty for m in store) / mb,
+           "steady_samples_per_s": result.get("steady_samples_per_s", float("nan"))}
     print(f"{launcher}: {out}", flush=True)
     return out
 
@@ -201,7 +209,7 @@ def memory(p: Preset) -> dict[str, Any]:
                            "ray": lambda: _memory_once(spec, "ray", p.probe)}, p.reps)
     finally:
         ray.shutdown()
-    keys = ("rss_mb", "uss_mb", "pss_mb", "dev_shm_mb")
+    keys = ("rss_mb", "uss_mb", "pss_mb", "store_mapped_mb", "store_private_mb")
     table = {k: _summarise(runs, k) for k in keys}
     saved = table["uss_mb"]["local"]["median"] - table["uss_mb"]["ray"]["median"]
     return {"spec": asdict(spec), "probe_iteration": p.probe, "dataset_mb": data_mb, "memory": table,
