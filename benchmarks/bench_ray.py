@@ -7,8 +7,10 @@
 * ``overhead``: bench_ddp's homogeneous BSP job (CNN on Fashion-MNIST, 4 workers,
   2 servers, global batch 128), under the local launcher and under the Ray launcher on a
   Ray instance this process starts (one node: the same machine), interleaved (local, ray,
-  local, ray, ...). Steady samples/s (iterations after bench_ddp's warm-up, from
-  metrics.jsonl) and start-up time: from the call to `train` until every process has
+  local, ray, ...), 5 repetitions. Steady samples/s (iterations after bench_ddp's warm-up,
+  from metrics.jsonl), the cores used over that window by the servers and workers, by
+  the coordinator's process and by Ray's own processes (raylet, GCS, agents, idle
+  workers), and start-up time: from the call to `train` until every process has
   registered and been initialised (summary ``launcher.startup_s``); `ray.init` itself is
   timed once, apart, as joining a running cluster does not pay it.
 * ``lbbsp``: a cluster emulated with `ray.cluster_utils.Cluster`: four worker nodes
@@ -61,7 +63,7 @@ class Preset:
 
 PRESETS = {
     "ci": Preset("overhead", iterations=10, reps=1),
-    "overhead": Preset("overhead", iterations=200, reps=3),
+    "overhead": Preset("overhead", iterations=200, reps=5),
     "lbbsp": Preset("lbbsp", iterations=60, reps=3, warmup=15),
     "memory": Preset("memory", iterations=60, reps=3, probe=30),
 }
@@ -88,9 +90,59 @@ def _job(spec: Spec, run_dir: Path, **extra: Any) -> dict[str, Any]:
 
 def _once(spec: Spec, **extra: Any) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-ray-") as tmp:
-        out = _job(spec, Path(tmp) / "run", **extra)
-    print(f"{extra}: {out['steady_samples_per_s']:.1f} samples/s, start-up {out['startup_s']:.1f} s", flush=True)
+        run_dir = Path(tmp) / "run"
+        out: dict[str, Any] = {}
+        job = threading.Thread(target=lambda: out.update(_job(spec, run_dir, **extra)))
+        job.start()
+        out["cpu"] = _cpu_window(run_dir, extra.get("launcher", "local"), spec, job)
+        job.join(timeout=1200)
+    print(f"{extra}: {out['steady_samples_per_s']:.1f} samples/s, start-up {out['startup_s']:.1f} s, "
+          f"cores used {out['cpu']}", flush=True)
     return out
+
+
+def _cpu_seconds(procs: list[psutil.Process]) -> float:
+    total = 0.0
+    for proc in procs:
+        try:
+            t = proc.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def _ray_daemons(exclude: set[int]) -> list[psutil.Process]:
+    """Every process of the Ray instance but the job's actors: raylet, GCS, agents, idle
+    workers Ray keeps started."""
+    out = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if proc.pid not in exclude and "site-packages/ray/" in cmd:
+            out.append(proc)
+    return out
+
+
+def _cpu_window(run_dir: Path, launcher: str, spec: Spec, job: threading.Thread) -> dict[str, float] | None:
+    """Cores used over the steady window (iteration `warmup` to 3 before the end) by the
+    job's servers and workers, by this process (the coordinator) and by Ray's own
+    processes: where the time goes."""
+    def wait_for(n: int) -> bool:
+        while _iterations(run_dir) < n and job.is_alive():
+            time.sleep(0.05)
+        return job.is_alive()
+
+    if not wait_for(spec.warmup):
+        return None
+    roles = [psutil.Process(pid) for pid in _role_pids(run_dir, launcher)]
+    me = psutil.Process()
+    daemons = _ray_daemons({p.pid for p in roles} | {me.pid})
+    t0, a0, b0, c0 = time.monotonic(), _cpu_seconds(roles), _cpu_seconds([me]), _cpu_seconds(daemons)
+    if not wait_for(spec.iterations - 3):
+        return None
+    dt = time.monotonic() - t0
+    return {"roles": (_cpu_seconds(roles) - a0) / dt, "coordinator": (_cpu_seconds([me]) - b0) / dt,
+            "ray_daemons": (_cpu_seconds(daemons) - c0) / dt}
 
 
 def _summarise(runs: dict[str, list[dict]], key: str) -> dict[str, dict]:
@@ -112,13 +164,18 @@ def overhead(p: Preset) -> dict[str, Any]:
     finally:
         ray.shutdown()
     rate, startup = _summarise(runs, "steady_samples_per_s"), _summarise(runs, "startup_s")
+    cores = {name: {k: median([r["cpu"][k] for r in rs if r.get("cpu")]) for k in ("roles", "coordinator", "ray_daemons")}
+             for name, rs in runs.items()}
     pairs = [ratio(r["steady_samples_per_s"], l["steady_samples_per_s"]) for r, l in zip(runs["ray"], runs["local"])]
     return {"spec": asdict(spec), "ray_init_s": init_s, "samples_per_s": rate, "startup_s": startup,
+            "cores_used_median": cores, "cpu_runs": {n: [r.get("cpu") for r in rs] for n, rs in runs.items()},
             "ray_over_local": ratio(rate["ray"]["median"], rate["local"]["median"]), "pair_ratios": pairs,
             "table": markdown_table(
-                ["launcher", "steady samples/s median (min–max)", "start-up s median (min–max)"],
+                ["launcher", "steady samples/s median (min–max)", "start-up s median (min–max)",
+                 "cores: servers+workers / coordinator / Ray's processes"],
                 [[n, f"{rate[n]['median']:.0f} ({rate[n]['min']:.0f}–{rate[n]['max']:.0f})",
-                  f"{startup[n]['median']:.1f} ({startup[n]['min']:.1f}–{startup[n]['max']:.1f})"] for n in rate])}
+                  f"{startup[n]['median']:.1f} ({startup[n]['min']:.1f}–{startup[n]['max']:.1f})",
+                  " / ".join(f"{cores[n][k]:.2f}" for k in ("roles", "coordinator", "ray_daemons"))] for n in rate])}
 
 
 def lbbsp(p: Preset) -> dict[str, Any]:
@@ -149,14 +206,14 @@ def lbbsp(p: Preset) -> dict[str, Any]:
                                      for n in rate])}
 
 
-def _worker_pids(run_dir: Path, launcher: str) -> list[int]:
+def _role_pids(run_dir: Path, launcher: str, role: str = "") -> list[int]:
+    """The pids of the job's processes of `role` ("": servers and workers)."""
     if launcher == "ray":
-        return [w["pid"] for n, w in json.loads((run_dir / "nodes.json").read_text()).items()
-                if n.startswith("worker")]
+        return [w["pid"] for n, w in json.loads((run_dir / "nodes.json").read_text()).items() if n.startswith(role)]
     out = []
     for proc in psutil.Process().children(recursive=True):
         cmd = proc.cmdline()
-        if "equipoise.runtime.proc" in cmd and cmd[cmd.index("equipoise.runtime.proc") + 1] == "worker":
+        if "equipoise.runtime.proc" in cmd and cmd[cmd.index("equipoise.runtime.proc") + 1].startswith(role):
             out.append(proc.pid)
     return out
 
@@ -178,7 +235,7 @@ def _memory_once(spec: Spec, launcher: str, probe: int) -> dict[str, Any]:
         deadline = time.monotonic() + 600
         while _iterations(run_dir) < probe and job.is_alive() and time.monotonic() < deadline:
             time.sleep(0.2)
-        pids = _worker_pids(run_dir, launcher)
+        pids = _role_pids(run_dir, launcher, "worker")
         mem = [psutil.Process(pid).memory_full_info() for pid in pids]
         store = [m for pid in pids for m in psutil.Process(pid).memory_maps(grouped=True)
                  if os.path.basename(m.path).startswith("plasma")]  # Ray's object store, mapped
