@@ -122,9 +122,11 @@ def test_a_node_lost_mid_run_with_replication(cluster, tmp_path):
         victim = next(n for n in cluster.list_all_nodes() if n.node_id == doomed)
         on_it = sorted(name for name, where in nodes.items() if where["node"] == doomed)
         cluster.remove_node(victim, allow_graceful=False)
+        # A machine takes its place, as an autoscaler would start one: Ray re-places the
+        # lost node's placement-group bundles, and with them the replacement worker.
+        cluster.add_node(num_cpus=2, labels={"equipoise-test-node": "replacement"})
     finally:
         job.join(timeout=300)
-        cluster.add_node(num_cpus=2, labels={"equipoise-test-node": "replacement"})
     assert "error" not in result, result.get("error")
     summary = result["summary"]
     lost = sorted(f"{r['role']}{r['rank']}" for r in summary["recovered"])
