@@ -39,7 +39,7 @@ from .checkpoint import Checkpoint, CheckpointError
 from .losses import BarrierLosses, Losses, Memory, plan_message
 from .planner import PlanSettings, Planner
 from .recovery import Assignments
-from .rpc import JobError, PeerLost, Peers, Rpc
+from .rpc import Failure, JobError, PeerLost, Peers, Rpc
 from .servers import ServerManager, ServerSettings
 from .snapshots import SnapshotSettings, Snapshots, State
 from .stats import RunStats
@@ -110,6 +110,8 @@ class Coordinator(Losses):
         self.lost_updates = 0  # gradients applied on some servers and not on others
         self.restarts = cfg.worker_restarts  # replacements still allowed
         self.joins_owed = 0  # replacements to start at the next barrier
+        self.never_joined: set[int] = set()  # ranks of replacements lost before they registered
+        self.unhandled: list[Failure] = []  # losses seen while waiting for a joiner
         self.epoch = 0  # rollbacks so far; a plan request of an earlier epoch is stale
         self.memory: Memory | None = None  # the snapshot a rollback restores
         self.replacing: dict[int, str] = {}  # lost servers being replaced: rank -> address ("" until hello)
@@ -189,7 +191,8 @@ class Coordinator(Losses):
 
     def _step(self) -> None:
         """Handle what was lost, then one message (or none within 0.1 s)."""
-        for failure in sorted(self.peers.lost(), key=lambda f: f.role != "server"):
+        lost, self.unhandled = self.unhandled + self.peers.lost(), []
+        for failure in sorted(lost, key=lambda f: f.role != "server"):
             self._lose(failure)
         if self.replacing:
             self._roll_back()
@@ -273,13 +276,17 @@ class Coordinator(Losses):
         for w in sorted(self.waiting):
             self._stop(w)
 
-    def _await_hello(self, what: str, wanted: Callable[[Message], bool]) -> bytes:
+    def _await_hello(self, what: str, wanted: Callable[[Message], bool],
+                     gone: Callable[[], bool] | None = None) -> bytes | None:
         """At a barrier, wait up to `timeout` for the hello `wanted` accepts; returns its
-        sender. Meanwhile a plan request is kept (it cannot come at a barrier, but is never
-        dropped) and a started server's hello is recorded by the server manager."""
+        sender, or None once `gone()` says it will never come. Meanwhile a plan request is
+        kept (it cannot come at a barrier, but is never dropped) and a started server's
+        hello is recorded by the server manager."""
         deadline = self.rpc.deadline()
         while True:
             self.rpc.tick(deadline, f"waiting for {what}")
+            if gone is not None and gone():
+                return None
             got = self._recv(timeout=0.2)
             if got is None:
                 continue
@@ -424,9 +431,9 @@ class BarrierCoordinator(BarrierLosses, Coordinator):
         """Apply the scenario's membership events due at iteration t (a quiet moment: no
         update in flight). Returns True if workers joined and their first plan request
         is awaited."""
-        joined = self.joins_owed > 0
+        joined = False
         for _ in range(self.joins_owed):
-            self._join(t)
+            joined |= self._join(t)
         self.joins_owed = 0
         for i, ev in enumerate(self.scenario.membership):
             if i in self.events_done or ev.iteration > t:
@@ -437,8 +444,7 @@ class BarrierCoordinator(BarrierLosses, Coordinator):
                 self._event("worker_left", t, worker=ev.worker)
             elif isinstance(ev, WorkerJoin):
                 for _ in range(ev.count):
-                    self._join(t)
-                    joined = True
+                    joined |= self._join(t)
         active = sorted(set(self.workers) - self.stopped)
         if not active:
             raise JobError(f"no worker left at iteration {t}")
@@ -447,14 +453,32 @@ class BarrierCoordinator(BarrierLosses, Coordinator):
             self.servers.members(len(active))
         return joined
 
-    def _join(self, t: int) -> None:
-        rank = max(self.workers) + 1
+    def _join(self, t: int) -> bool:
+        """Start a worker of a new rank and take it in; False if it was lost before it
+        registered."""
+        rank = max([*self.workers, *self.never_joined]) + 1
         self.peers.spawn("worker", rank)
+
+        def gone() -> bool:
+            """Whether the joining worker was lost before it registered (other losses
+            are kept for the main loop)."""
+            for failure in self.peers.lost():
+                if failure.role == "worker" and failure.rank == rank:
+                    self.never_joined.add(rank)
+                    self._record_loss(failure, "a replacement lost before it registered; not replaced again")
+                    return True
+                self.unhandled.append(failure)
+            return False
+
         peer = self._await_hello(f"joining worker {rank} to register",
-                                 lambda m: m.fields.get("role") == "worker" and m.fields.get("rank") == rank)
+                                 lambda m: m.fields.get("role") == "worker" and m.fields.get("rank") == rank,
+                                 gone=gone)
+        if peer is None:
+            return False
         self.workers[rank] = peer
         self.listener.send(peer, self._welcome(rank))
         self._event("worker_joined", t, worker=rank)
+        return True
 
 
 class StreamCoordinator(Coordinator):

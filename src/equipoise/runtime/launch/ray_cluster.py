@@ -163,6 +163,7 @@ class RayPeers:
         self.offsets: dict[str, int] = {}
         self.node_data: dict[str, object] = {}  # node -> ObjectRef ("path")
         self.tolerated: set[str] = set()
+        self.placing: set[str] = set()  # replacements started in a lost actor's bundle, not yet seen running
         self.stopped: set[str] = set()
         self.reported: set[str] = set()
         self.failed: list[Failure] = []
@@ -263,8 +264,33 @@ class RayPeers:
             if old.exists():
                 old.replace(self.logs / f"{name}.lost.log")
         free = self.free[role]
+        if free:
+            self.placing.add(name)
         self._create(role, rank, free.pop(0) if free else None)
         self._start(role, rank)
+
+    def _never_started(self, name: str) -> bool:
+        """Whether `name`'s actor died before it could say where it runs."""
+        ref = self.locating.get(name)
+        if ref is None:
+            return False
+        try:
+            self.where[name] = self.ray.get(ref, timeout=1)
+            del self.locating[name]
+            return False
+        except self.ray.exceptions.RayError:  # its creation failed (a timeout: it is not running either)
+            return True
+
+    def _replace_unplaced(self, name: str, role: str) -> None:
+        """A replacement died before it started: the bundle it was given was still on
+        the lost node (Ray had not yet seen the node go). Start it again outside the
+        placement group, wherever its resources fit."""
+        self.placing.discard(name)
+        self.locating.pop(name, None)
+        self.bundle.pop(name, None)
+        log.warning("%s could not start in its placement-group bundle; starting it outside the group", name)
+        self._create(role, int(name[len(role):]), None)
+        self._start(role, int(name[len(role):]))
 
     def retired(self, role: str, rank: int) -> None:
         self.stopped.add(f"{role}{rank}")
@@ -288,6 +314,9 @@ class RayPeers:
             try:
                 error = self.ray.get(ref, timeout=5)
             except self.ray.exceptions.RayError as exc:
+                if name in self.placing and self._never_started(name):
+                    self._replace_unplaced(name, role)
+                    continue
                 self._lose(name, f"its Ray actor died ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})", now)
                 continue
             if error is not None:
