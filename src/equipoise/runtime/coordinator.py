@@ -506,7 +506,7 @@ class StreamCoordinator(Coordinator):
         self.lost_updates += partial
         self.planner.set_workers(active)
         return (f"removed; {len(active)} workers go on"
-                + (f"; its last gradient reached only some servers (counted in lost_updates)" if partial else ""))
+                + ("; its last gradient reached only some servers (counted in lost_updates)" if partial else ""))
 
     def _reported(self, t: int) -> None:
         if sum(r["samples"] for r in self.reports[t]) >= self.cfg.global_batch:

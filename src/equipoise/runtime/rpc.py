@@ -56,6 +56,34 @@ class Peers(Protocol):
         """The process of `role` `rank` was told to stop: its exit is no failure."""
 
 
+class LaunchedPeers:
+    """What both launchers' `Peers` share: `check` records each process lost of a
+    tolerated role with `_report` (raising PeerLost for a server, to interrupt a wait for
+    it); `lost` hands them over once."""
+
+    def __init__(self) -> None:
+        self.failed: list[Failure] = []
+        self.reported: set[str] = set()  # names of processes reported lost
+
+    def check(self) -> None:
+        raise NotImplementedError
+
+    def _report(self, role: str, rank: int, reason: str, now: float) -> None:
+        self.reported.add(f"{role}{rank}")
+        failure = Failure(role, rank, reason, now)
+        self.failed.append(failure)
+        if role == "server":
+            raise PeerLost(failure)
+
+    def lost(self) -> list[Failure]:
+        try:
+            self.check()
+        except PeerLost:
+            pass  # it is in `failed`
+        out, self.failed = self.failed, []
+        return out
+
+
 class Rpc:
     """Deadlines for everything the coordinator waits for; every wait checks the peers."""
 
@@ -93,4 +121,4 @@ class Rpc:
         return self.expect(conn, kind, who)
 
 
-__all__ = ["Failure", "JobError", "PeerLost", "Peers", "Rpc"]
+__all__ = ["Failure", "JobError", "LaunchedPeers", "PeerLost", "Peers", "Rpc"]

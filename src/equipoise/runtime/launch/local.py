@@ -28,7 +28,7 @@ from ...scenario import Scenario
 from ...wire import JobKeys, Listener, Message, generate_keys, make_transport
 from ..checkpoint import Checkpoint
 from ..coordinator import make_coordinator
-from ..rpc import Failure, JobError, PeerLost
+from ..rpc import JobError, LaunchedPeers
 from .cgroup import CpuLimit
 
 MISSED_BEATS = 3  # heartbeats missed before a process counts as lost
@@ -75,7 +75,7 @@ class Heartbeats:
         self.listener.close()
 
 
-class Children:
+class Children(LaunchedPeers):
     """The job's child processes, with their logs under run_dir/logs/; the
     coordinator's `Peers`: it starts a role, says if one died or froze, hears of
     planned stops. A process of a tolerated role killed by a signal or silent for
@@ -84,11 +84,10 @@ class Children:
 
     def __init__(self, cfg: Config, run_dir: Path, coordinator: str, keys: dict[str, JobKeys] | None = None,
                  beats: Heartbeats | None = None):
+        super().__init__()
         self.cfg, self.coordinator, self.keys, self.beats = cfg, coordinator, keys, beats
         self.procs: dict[str, subprocess.Popen] = {}
         self.tolerated: set[str] = set()
-        self.reported: set[str] = set()
-        self.failed: list[Failure] = []
         self.logs = run_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.env = dict(os.environ, OMP_NUM_THREADS=str(cfg.threads), MKL_NUM_THREADS=str(cfg.threads))
@@ -152,19 +151,7 @@ class Children:
                 reason = f"exited with code {code} (signal {-code})"
             if role not in self.tolerated:
                 raise JobError(f"{name} (pid {proc.pid}) {reason}: {self.last_error(name)}")
-            self.reported.add(name)
-            failure = Failure(role, int(name[len(role):]), reason, now)
-            self.failed.append(failure)
-            if role == "server":
-                raise PeerLost(failure)
-
-    def lost(self) -> list[Failure]:
-        try:
-            self.check()
-        except PeerLost:
-            pass  # it is in `failed`
-        out, self.failed = self.failed, []
-        return out
+            self._report(role, int(name[len(role):]), reason, now)
 
     def last_error(self, name: str) -> str:
         lines = (self.logs / f"{name}.log").read_text(errors="replace").strip().splitlines()

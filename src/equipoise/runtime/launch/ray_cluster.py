@@ -39,13 +39,12 @@ from ...config import Config, ConfigError, EquipoiseWarning
 from ...wire import generate_keys, make_transport
 from ..checkpoint import Checkpoint
 from ..coordinator import make_coordinator
-from ..rpc import Failure, JobError, PeerLost
+from ..rpc import JobError, LaunchedPeers
 from .local import Heartbeats
+from .ray_actor import _actor, _options
 
-SLOWDOWN_LABEL = "equipoise-slowdown"
 LOG_PUMP_S = 1.0  # how often actor logs are copied to the driver
 CHECK_S = 0.1  # how often actors are polled for an end (check() is called far more often)
-TAIL_BYTES = 1 << 20
 log = logging.getLogger("equipoise.ray")
 
 
@@ -64,91 +63,12 @@ def _loopback(ip: str) -> bool:
         return ip == "localhost"
 
 
-class _Role:
-    """The body of every server and worker actor (`ray.remote` is applied in `_actor`)."""
-
-    def __init__(self, name: str):
-        import ray
-
-        self.name = name
-        ctx = ray.get_runtime_context()
-        labels = ctx.get_node_labels() or {}
-        try:
-            self.factor = max(1.0, float(labels.get(SLOWDOWN_LABEL, 1.0)))
-        except ValueError:
-            self.factor = 1.0
-        self.where = {"node": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(),
-                      "hostname": socket.gethostname(), "pid": os.getpid(), "slowdown": self.factor}
-        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"equipoise-{os.getpid()}-{name}.log"
-        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.dup2(fd, 1)  # everything the role prints, Python or C, lands in its log
-        os.dup2(fd, 2)
-        os.close(fd)
-        logging.basicConfig(level=logging.INFO, force=True,
-                            format=f"%(asctime)s {name} %(levelname)s %(message)s")
-
-    def locate(self) -> dict:
-        return self.where
-
-    def share(self, cfg: dict) -> list:
-        """Load the dataset from this node's disk into this node's object store; the
-        reference is wrapped in a list so that Ray hands it over unresolved."""
-        import ray
-
-        from ...data import load_dataset
-
-        c = Config.from_dict(cfg)
-        return [ray.put(load_dataset(c.dataset, c.data_dir or None, seed=c.seed).to_arrays())]
-
-    def run(self, role: str, rank: int, coordinator: str, job: dict, data: dict | None) -> str | None:
-        """The role's main; None when it ended well, else its one-line error."""
-        from ...data import Dataset
-        from ..proc import host
-
-        try:
-            dataset = Dataset.from_arrays(data) if data is not None else None
-            host(role, rank, coordinator, job, data=dataset, address=self.where["ip"],
-                 machine_factor=self.factor if role == "worker" else 1.0)
-        except Exception as exc:
-            line = f"error: {role} {rank}: {type(exc).__name__}: {exc}"
-            logging.getLogger("equipoise").debug("failure", exc_info=True)
-            print(line, flush=True)
-            return line
-        return None
-
-    def tail(self, offset: int) -> bytes:
-        with self.log_path.open("rb") as fh:
-            fh.seek(offset)
-            return fh.read(TAIL_BYTES)
-
-    def discard(self) -> None:
-        """The driver has the whole log: remove it from this node."""
-        self.log_path.unlink(missing_ok=True)
-
-
-_ACTOR = None
-
-
-def _actor():
-    global _ACTOR
-    if _ACTOR is None:  # `run` and `tail` at once: a threaded actor
-        _ACTOR = _ray().remote(max_concurrency=2, max_restarts=0)(_Role)
-    return _ACTOR
-
-
-def _options(resources: dict) -> dict:
-    r = {k: v for k, v in resources.items() if v > 0}
-    opts = {"num_cpus": r.pop("CPU", 0), "num_gpus": r.pop("GPU", 0), "resources": r}
-    if "memory" in r:
-        opts["memory"] = r.pop("memory")
-    return opts
-
-
-class RayPeers:
+class RayPeers(LaunchedPeers):
     """The job's actors; the coordinator's `Peers` (as `Children` is under the local
     launcher): it starts a role, says if one died or froze, and hears of planned stops."""
 
     def __init__(self, cfg: Config, run_dir: Path, coordinator: str, keys, beats: Heartbeats | None, data):
+        super().__init__()
         ray = _ray()
         self.ray, self.cfg, self.coordinator, self.keys, self.beats = ray, cfg, coordinator, keys, beats
         self.data = data  # ObjectRef of the driver's dataset ("ship"), else None
@@ -165,8 +85,6 @@ class RayPeers:
         self.tolerated: set[str] = set()
         self.placing: set[str] = set()  # replacements started in a lost actor's bundle, not yet seen running
         self.stopped: set[str] = set()
-        self.reported: set[str] = set()
-        self.failed: list[Failure] = []
         self.checked = 0.0
         self._pump_stop = threading.Event()
         self._pump = threading.Thread(target=self._pump_logs, name="ray-logs", daemon=True)
@@ -336,22 +254,10 @@ class RayPeers:
         if role not in self.tolerated:
             raise JobError(f"{name} (node {self.where.get(name, {}).get('ip', '?')}) {reason}")
         self.ray.kill(self.actors[name], no_restart=True)
-        self.reported.add(name)
         if name in self.bundle:
             self.free[role].append(self.bundle.pop(name))
-        failure = Failure(role, int(name[len(role):]), reason, now)
-        self.failed.append(failure)
         log.warning("%s lost: %s", name, reason)
-        if role == "server":
-            raise PeerLost(failure)
-
-    def lost(self) -> list[Failure]:
-        try:
-            self.check()
-        except PeerLost:
-            pass  # it is in `failed`
-        out, self.failed = self.failed, []
-        return out
+        self._report(role, int(name[len(role):]), reason, now)
 
     # -- logs, nodes, the end -----------------------------------------------------------
     def _pump_logs(self) -> None:
