@@ -15,7 +15,7 @@ TAIL_BYTES = 1 << 20  # most log bytes handed to the driver per call
 
 
 class _Role:
-    """The body of every server and worker actor (`ray.remote` is applied in `_actor`)."""
+    """The body of every server and worker actor (`ray.remote` is applied in `actor_class`)."""
 
     def __init__(self, name: str):
         import ray
@@ -79,7 +79,7 @@ class _Role:
 _ACTOR = None
 
 
-def _actor():
+def actor_class():
     global _ACTOR
     if _ACTOR is None:  # `run` and `tail` at once: a threaded actor
         import ray
@@ -88,7 +88,7 @@ def _actor():
     return _ACTOR
 
 
-def _options(resources: dict) -> dict:
+def actor_options(resources: dict) -> dict:
     """Ray's actor options for a table of resources (CPU, GPU, memory, custom)."""
     r = {k: v for k, v in resources.items() if v > 0}
     opts = {"num_cpus": r.pop("CPU", 0), "num_gpus": r.pop("GPU", 0), "resources": r}

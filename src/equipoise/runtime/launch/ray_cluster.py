@@ -41,7 +41,7 @@ from ..checkpoint import Checkpoint
 from ..coordinator import make_coordinator
 from ..rpc import JobError, LaunchedPeers
 from .local import Heartbeats
-from .ray_actor import _actor, _options
+from .ray_actor import actor_class, actor_options
 
 LOG_PUMP_S = 1.0  # how often actor logs are copied to the driver
 CHECK_S = 0.1  # how often actors are polled for an end (check() is called far more often)
@@ -127,11 +127,11 @@ class RayPeers(LaunchedPeers):
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         name = f"{role}{rank}"
-        opts = _options(self.cfg.server_resources if role == "server" else self.cfg.worker_resources)
+        opts = actor_options(self.cfg.server_resources if role == "server" else self.cfg.worker_resources)
         if bundle is not None:
             opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=bundle)
             self.bundle[name] = bundle
-        self.actors[name] = _actor().options(**opts).remote(name)
+        self.actors[name] = actor_class().options(**opts).remote(name)
         self.locating[name] = self.actors[name].locate.remote()
         self.offsets[name] = 0
         (self.logs / f"{name}.log").touch()
