@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import threading
 from pathlib import Path
 
@@ -131,5 +132,39 @@ def test_a_node_lost_mid_run_with_replication(cluster, tmp_path):
     assert on_it == ["server1"]
     assert [f"{r['role']}{r['rank']}" for r in summary["recovered"]] == on_it
     assert summary["iterations"] == cfg["iterations"]
+    assert_near_reference(cfg, run_dir)
+    assert _gone(summary)
+
+
+def test_a_killed_worker_actor_is_replaced_in_its_bundle(cluster, tmp_path):
+    """A worker's process killed mid-run (as the kernel's OOM killer would) with
+    worker_restarts = 1: the survivors take its slice, a replacement actor starts in the
+    placement-group bundle it held (on the same node: the node is alive) and joins at a
+    barrier under the next rank; the weights equal the reference on the run's own splits
+    within test_recovery's 1e-5."""
+    cfg = {**BASE, "launcher": "ray", "iterations": 60, "slowdown": [20.0, 20.0, 20.0], "worker_restarts": 1,
+           "server_resources": {"CPU": 1, "srv": 1}, "worker_resources": {"wrk": 1}}
+    run_dir = tmp_path / "run"
+    result: dict = {}
+
+    def train():
+        try:
+            result["summary"] = equipoise.train(cfg, out=run_dir)
+        except BaseException as exc:  # reported by the assertion below
+            result["error"] = exc
+
+    job = threading.Thread(target=train)
+    job.start()
+    try:
+        wait_for(lambda: len(records(run_dir, "iteration")) >= 5, 120, "five iterations")
+        nodes = json.loads((run_dir / "nodes.json").read_text())
+        os.kill(nodes["worker1"]["pid"], signal.SIGKILL)
+    finally:
+        job.join(timeout=300)
+    assert "error" not in result, result.get("error")
+    summary = result["summary"]
+    assert [f"{r['role']}{r['rank']}" for r in summary["recovered"]] == ["worker1"]
+    assert summary["nodes"]["worker3"]["node"] == nodes["worker1"]["node"]  # the same bundle, the same node
+    assert "worker_joined" in {r.get("event") for r in records(run_dir, "event")}
     assert_near_reference(cfg, run_dir)
     assert _gone(summary)
