@@ -24,15 +24,20 @@ def _terminated(signum, frame) -> None:
     raise _Terminated()
 
 
+def _job_arguments(p: argparse.ArgumentParser, config_help: str, default_out: str) -> None:
+    """What `train` and `simulate` both take: a config file, --set overrides, --out."""
+    p.add_argument("config", nargs="?", help=config_help)
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one config key; may be repeated")
+    p.add_argument("--out", help=f"run directory to write (default {default_out})")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="equipoise", description="Parameter-server training for PyTorch "
                                 "on unequal and shared clusters.")
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="run a training job (on this machine, or on a Ray cluster)")
-    t.add_argument("config", nargs="?", help="TOML file of config keys (docs/configuration.md)")
-    t.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one config key; may be repeated")
-    t.add_argument("--out", help="run directory to write (default runs/<time>-<protocol>)")
+    _job_arguments(t, "TOML file of config keys (docs/configuration.md)", "runs/<time>-<protocol>")
     t.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its checkpoint")
     t.add_argument("--quiet", action="store_true", help="no progress bar or summary table")
     t.add_argument("--launcher", choices=["local", "ray"], help="where servers and workers run "
@@ -45,10 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("args", nargs="*", type=int, metavar="N",
                    help="remove-server: RANK; move: BLOCK RANK")
     s = sub.add_parser("simulate", help="simulate a job on a virtual clock (any number of machines)")
-    s.add_argument("config", nargs="?", help="TOML file of config keys, sim_* included (docs/simulate.md)")
-    s.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one config key; may be repeated")
-    s.add_argument("--out", help="run directory to write (default runs/<time>-sim-<protocol>)")
+    _job_arguments(s, "TOML file of config keys, sim_* included (docs/simulate.md)", "runs/<time>-sim-<protocol>")
     s.add_argument("--calibrate", metavar="RUN_DIR", help="fit the sim_* cost model to a real run directory first")
     s.add_argument("--quiet", action="store_true", help="no summary table")
     r = sub.add_parser("report", help="plots and report.html of one or several run directories")

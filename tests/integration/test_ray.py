@@ -54,6 +54,28 @@ def _gone(summary: dict) -> bool:
     return all_gone([where["pid"] for where in summary["nodes"].values()])
 
 
+def _train_and_meanwhile(cfg: dict, run_dir: Path, action):
+    """Train `cfg` in a thread; after five iterations call `action(nodes)` with the job's
+    nodes.json. Returns (the summary, what `action` returned); a failed job fails the test."""
+    result: dict = {}
+
+    def train():
+        try:
+            result["summary"] = equipoise.train(cfg, out=run_dir)
+        except BaseException as exc:  # reported by the assertion below
+            result["error"] = exc
+
+    job = threading.Thread(target=train)
+    job.start()
+    try:
+        wait_for(lambda: len(records(run_dir, "iteration")) >= 5, 120, "five iterations")
+        done = action(json.loads((run_dir / "nodes.json").read_text()))
+    finally:
+        job.join(timeout=300)
+    assert "error" not in result, result.get("error")
+    return result["summary"], done
+
+
 def _weights(run_dir: Path) -> dict:
     return torch.load(run_dir / "model.pt", weights_only=True)
 
@@ -106,29 +128,16 @@ def test_a_node_lost_mid_run_with_replication(cluster, tmp_path):
     cfg = {**BASE, "launcher": "ray", "replication": 1, "iterations": 80, "slowdown": [20.0, 20.0, 20.0],
            "server_resources": {"CPU": 1, "srv": 1}, "worker_resources": {"wrk": 1}}
     run_dir = tmp_path / "run"
-    result: dict = {}
 
-    def train():
-        try:
-            result["summary"] = equipoise.train(cfg, out=run_dir)
-        except BaseException as exc:  # reported by the assertion below
-            result["error"] = exc
-
-    job = threading.Thread(target=train)
-    job.start()
-    try:
-        wait_for(lambda: len(records(run_dir, "iteration")) >= 5, 120, "five iterations")
-        nodes = json.loads((run_dir / "nodes.json").read_text())
+    def remove_node_of_server1(nodes: dict) -> list[str]:
         doomed = nodes["server1"]["node"]
         victim = next(n for n in cluster.list_all_nodes() if n.node_id == doomed)
-        on_it = sorted(name for name, where in nodes.items() if where["node"] == doomed)
         cluster.remove_node(victim, allow_graceful=False)
         # A machine takes its place, as an autoscaler would start one (for later tests).
         cluster.add_node(num_cpus=2, resources={"srv": 1})
-    finally:
-        job.join(timeout=300)
-    assert "error" not in result, result.get("error")
-    summary = result["summary"]
+        return sorted(name for name, where in nodes.items() if where["node"] == doomed)
+
+    summary, on_it = _train_and_meanwhile(cfg, run_dir, remove_node_of_server1)
     assert on_it == ["server1"]
     assert [f"{r['role']}{r['rank']}" for r in summary["recovered"]] == on_it
     assert summary["iterations"] == cfg["iterations"]
@@ -145,24 +154,12 @@ def test_a_killed_worker_actor_is_replaced_in_its_bundle(cluster, tmp_path):
     cfg = {**BASE, "launcher": "ray", "iterations": 60, "slowdown": [20.0, 20.0, 20.0], "worker_restarts": 1,
            "server_resources": {"CPU": 1, "srv": 1}, "worker_resources": {"wrk": 1}}
     run_dir = tmp_path / "run"
-    result: dict = {}
 
-    def train():
-        try:
-            result["summary"] = equipoise.train(cfg, out=run_dir)
-        except BaseException as exc:  # reported by the assertion below
-            result["error"] = exc
-
-    job = threading.Thread(target=train)
-    job.start()
-    try:
-        wait_for(lambda: len(records(run_dir, "iteration")) >= 5, 120, "five iterations")
-        nodes = json.loads((run_dir / "nodes.json").read_text())
+    def kill_worker1(nodes: dict) -> dict:
         os.kill(nodes["worker1"]["pid"], signal.SIGKILL)
-    finally:
-        job.join(timeout=300)
-    assert "error" not in result, result.get("error")
-    summary = result["summary"]
+        return nodes
+
+    summary, nodes = _train_and_meanwhile(cfg, run_dir, kill_worker1)
     assert [f"{r['role']}{r['rank']}" for r in summary["recovered"]] == ["worker1"]
     assert summary["nodes"]["worker3"]["node"] == nodes["worker1"]["node"]  # the same bundle, the same node
     assert "worker_joined" in {r.get("event") for r in records(run_dir, "event")}
