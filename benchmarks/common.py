@@ -17,6 +17,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -116,22 +117,44 @@ def machine_info() -> dict[str, Any]:
         "hostname": socket.gethostname(),
     }
     info["loadavg"] = load_average()
+    info["memory_gb"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    try:
+        info["cpu_model"] = next(line.split(":", 1)[1].strip() for line in
+                                 Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name"))
+    except (OSError, StopIteration):
+        info["cpu_model"] = platform.processor()
     info["git"] = git_state()
     return info
 
 
 def git_state() -> dict[str, Any]:
-    """The commit checked out and whether src/ has uncommitted changes: the package is
-    installed editable, so every process runs whatever src/ holds when it starts."""
+    """The commit checked out and whether the code it runs has uncommitted changes
+    (src/, benchmarks/ outside results/, pyproject.toml): `dirty` is then true and
+    `src_changes` lists them. Empty when this is not a git checkout."""
     root = Path(__file__).resolve().parent.parent
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
                                 text=True, timeout=5, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src"], cwd=root,
-                               capture_output=True, text=True, timeout=5, check=True).stdout.split("\n")
+        status = subprocess.run(["git", "status", "--porcelain", "--", "src", "benchmarks",
+                                 ":!benchmarks/results", "pyproject.toml"], cwd=root,
+                                capture_output=True, text=True, timeout=5, check=True).stdout.split("\n")
     except (OSError, subprocess.SubprocessError):
         return {}
-    return {"commit": commit, "src_changes": [line.strip() for line in dirty if line.strip()]}
+    changes = [line.strip() for line in status if line.strip()]
+    return {"commit": commit, "dirty": bool(changes), "src_changes": changes}
+
+
+def summary(values: Sequence[float]) -> dict[str, Any]:
+    """Median, min, max and count of repeated measurements (NaN-free values only), plus
+    the values themselves in the order measured."""
+    finite = [float(v) for v in values if v is not None and math.isfinite(v)]
+    return {"median": median(finite), "min": min(finite, default=math.nan),
+            "max": max(finite, default=math.nan), "n": len(finite), "values": list(values)}
+
+
+def fmt_range(s: Mapping[str, Any], digits: int = 3) -> str:
+    """A `summary` as 'median (min–max)'."""
+    return f"{fmt(s['median'], digits)} ({fmt(s['min'], digits)}–{fmt(s['max'], digits)})"
 
 
 def _finite(obj: Any) -> Any:
@@ -158,14 +181,38 @@ def relative_argv() -> list[str]:
     return out
 
 
+class DirtyCheckout(SystemExit):
+    """A benchmark was asked to write into benchmarks/results/ from a checkout whose code
+    has uncommitted changes (exit status 2, the message on stderr)."""
+
+    def __init__(self, message: str) -> None:
+        print(message, file=sys.stderr)
+        super().__init__(2)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
 def write_results(name: str, payload: Mapping[str, Any], path: str | Path | None = None) -> Path:
-    """Write `payload` plus the time and machine_info() as JSON to `path`, by default
-    benchmarks/results/<name>.json; returns the path written."""
+    """Write `payload` plus the time, the command line (relative to the checkout) and
+    machine_info() as JSON to `path`, by default benchmarks/results/<name>.json; returns
+    the path written. The results folder only takes results of committed code: from a
+    dirty checkout (see git_state) writing there raises DirtyCheckout (exit status 2),
+    after the results are saved beside it as <name>.dirty.json for a look."""
     target = Path(path) if path is not None else RESULTS_DIR / f"{name}.json"
     target.parent.mkdir(parents=True, exist_ok=True)
     doc = {"benchmark": name, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
            "argv": relative_argv(), "machine": machine_info(), **payload}
-    target.write_text(json.dumps(_finite(doc), indent=2) + "\n", encoding="utf-8")
+    text = json.dumps(_finite(doc), indent=2) + "\n"
+    git = doc["machine"].get("git", {})
+    if target.resolve().parent == RESULTS_DIR.resolve() and (not git or git.get("dirty")):
+        aside = Path(tempfile.gettempdir()) / f"{name}.dirty.json"
+        aside.write_text(text, encoding="utf-8")
+        raise DirtyCheckout(f"benchmarks/results/{target.name}: not written, the checkout has uncommitted "
+                            f"changes {git.get('src_changes', ['(not a git checkout)'])[:3]}; commit and run "
+                            f"from a clean clone (results saved to {aside})")
+    target.write_text(text, encoding="utf-8")
     return target
 
 
@@ -198,9 +245,9 @@ class scoped_env:
                 os.environ[k] = v
 
 
-__all__ = ["RESULTS_DIR", "fmt", "free_port", "git_state", "interleave", "load_average",
-           "machine_info", "markdown_table", "median", "ratio", "scoped_env", "timed",
-           "write_results"]
+__all__ = ["RESULTS_DIR", "DirtyCheckout", "fmt", "fmt_range", "free_port", "git_state", "interleave",
+           "load_average", "machine_info", "markdown_table", "median", "ratio", "scoped_env", "summary",
+           "timed", "write_results"]
 
 
 def preset_main(doc: str, presets: Mapping[str, Any], run: Callable[..., Any], plots_help: str) -> None:

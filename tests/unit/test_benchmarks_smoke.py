@@ -168,3 +168,22 @@ def test_live_view_cost_preset_interleaves_and_draws_the_view(tmp_path):
     assert all(len(r["runs"]) == 1 and r["median"] > 0 for r in rows.values())
     assert rows["default"]["ratio_to_default"] == 1.0 and rows["live view"]["ratio_to_default"] > 0
     assert json.loads((tmp_path / "live.json").read_text())["preset"] == "live-ci"
+
+
+def test_results_folder_refuses_a_dirty_checkout(tmp_path, monkeypatch):
+    """benchmarks/results/ only takes results of committed code: with uncommitted
+    changes the write is refused (exit status 2) and nothing lands in the folder."""
+    monkeypatch.setattr(common, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(common, "git_state", lambda: {"commit": "0" * 40, "dirty": True,
+                                                      "src_changes": ["M src/x.py"]})
+    with pytest.raises(common.DirtyCheckout) as err:
+        common.write_results("bench_x", {"a": 1})
+    assert err.value.code != 0 and "uncommitted" in str(err.value) and not (tmp_path / "bench_x.json").exists()
+    monkeypatch.setattr(common, "git_state", lambda: {"commit": "0" * 40, "dirty": False, "src_changes": []})
+    doc = json.loads(common.write_results("bench_x", {"a": 1}).read_text())
+    assert doc["machine"]["git"]["commit"] == "0" * 40 and doc["a"] == 1
+
+
+def test_summary_is_median_min_max_of_the_finite_values():
+    s = common.summary([3.0, 1.0, math.nan, 2.0])
+    assert (s["median"], s["min"], s["max"], s["n"]) == (2.0, 1.0, 3.0, 3)
