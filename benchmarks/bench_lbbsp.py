@@ -1,207 +1,181 @@
-"""LB-BSP under worker stragglers: BSP, LB-BSP (each predictor), ASP and PyTorch DDP.
+"""LB-BSP under worker stragglers: BSP, LB-BSP, ASP and PyTorch DDP against the ideal.
 
 Four emulated machines on this 2-core box. Each is `base` times slower than one core
-here (every step stretched in-process, equipoise.runtime.stretch: spread through the
-forward and backward passes, charged on the step's usual CPU time), so the four together
-use about 0.7 of a core and fit the box as four separate machines would; worker i is
-`slowdown[i]` times slower again. The ideal throughput is the sum of the workers'
-standalone speeds: each factor's worker run alone (one worker, batch X/λ, the same
-stretch) in the same invocation, once before the systems and once after (averaged, so a
-drift of the shared host over the run does not favour either side).
+here (every step stretched in-process, equipoise.runtime.stretch: the forward and backward
+passes and the step's other local work — unpacking pulled weights, packing pushes, the
+report — charged on their usual CPU time), so the four together use about 0.7 of a core
+and fit the box as four separate machines would; worker i is `slowdown[i]` times slower
+again, and with `noise` > 0 each of its steps is noisier in proportion to its factor.
 
-Scenarios: "static" (slowdown = [1, 1, 2, 4]); "trace" (the 4× worker changes every
-`period` seconds, from a generated CSV); "neighbour" (no emulated slowdown between the
-workers: a real CPU burner joins one worker's cgroup at a time and competes for its CPU
-quota, moving every `period` s; the ideal counts one worker at its measured speed beside
-such a burner).
+Each repetition ("round") runs every system once, in turn (BSP, LB-BSP, ASP, DDP, then
+the standalone runs), and `reps` rounds are interleaved. Every throughput is measured on
+a steady window: samples over the iterations after `warmup`, divided by the time from
+the end of iteration `warmup − 1` to the end of the last (metrics.jsonl's iteration
+records; DDP's rank 0 clock over the same window). Ratios are computed within a round
+and summarised over rounds (median, min–max).
+
+The ideal is the sum of the workers' standalone speeds: in each round, each distinct
+factor's worker run alone (one worker, one server) at the batch LB-BSP gave workers of
+that factor in the same round (the median over LB-BSP's steady window), for `warmup` +
+`standalone_iterations` iterations, measured on the same steady window. ASP, which has
+no barrier, is the other bound: LB-BSP is reported against both.
+
+LB-BSP computes exactly BSP's updates (the oracle tests show the weights equal), so its
+accuracy after any number of iterations is BSP's and its time to accuracy is BSP's scaled
+by the throughput ratio; this benchmark reports throughput only (and each run's final
+training loss, as a check that ASP, which computes different updates, trained).
 """
 
 from __future__ import annotations
 
 import json
-import math
+import statistics
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import preset_main, load_average, markdown_table, ratio, write_results
+from benchmarks.common import (
+    fmt_range,
+    git_state,
+    interleave,
+    load_average,
+    markdown_table,
+    preset_main,
+    ratio,
+    summary,
+    write_results,
+)
 from benchmarks.ddp_straggler import run_ddp_straggler
 from equipoise.report.replay import replay_mape
 
 NAME = "bench_lbbsp"
-ACCURACY = 0.85
+SYSTEMS = ("bsp", "lbbsp", "asp", "ddp")
 
 
 @dataclass(frozen=True)
 class Spec:
-    scenario: str = "static"
     model: str = "cnn"
     dataset: str = "fashion-mnist"
     workers: int = 4
     servers: int = 2
     global_batch: int = 512
-    iterations: int = 240
+    iterations: int = 120
     lr: float = 0.1
     momentum: float = 0.9
     slowdown: tuple[float, ...] = (1.0, 1.0, 2.0, 4.0)
     base: float = 4.0  # every emulated machine is this many times slower than one core here
-    cpu: float = 0.0  # a cgroup CPU quota per worker on top (0: none)
-    period: float = 20.0
-    eval_every: int = 10
-    eval_samples: int = 2000
-    standalone_iterations: int = 25
+    noise: float = 0.0  # slowdown_noise of every worker
+    predictor: str = "ewma"
+    warmup: int = 20  # iterations left out of every steady window
+    standalone_iterations: int = 100  # steady iterations of each standalone run
+    reps: int = 3
+    systems: tuple[str, ...] = SYSTEMS
+    ideal: bool = True  # run the standalone workers (needs "lbbsp" in systems)
+    noise_levels: tuple[float, ...] = ()  # sensitivity: every system at each of these noises
     transport: str = "ipc"
     seed: int = 0
 
     def job(self, **kw: Any) -> dict[str, Any]:
         base = dict(model=self.model, dataset=self.dataset, workers=self.workers,
-                    servers=self.servers, global_batch=self.global_batch,
-                    iterations=self.iterations, lr=self.lr, momentum=self.momentum,
-                    cpu_limit=[self.cpu] * self.workers if self.cpu else [], eval_every=self.eval_every,
-                    eval_samples=self.eval_samples, checkpoint_every=0, progress=False,
-                    transport=self.transport, seed=self.seed, timeout=300.0)
+                    servers=self.servers, global_batch=self.global_batch, iterations=self.iterations,
+                    lr=self.lr, momentum=self.momentum, slowdown=[self.base * f for f in self.slowdown],
+                    slowdown_noise=self.noise, predictor=self.predictor, eval_every=0,
+                    checkpoint_every=0, progress=False, transport=self.transport, seed=self.seed,
+                    timeout=300.0)
         base.update(kw)
         return base
 
 
 PRESETS = {
-    "ci": Spec(dataset="digits", model="mlp", global_batch=64, iterations=40, eval_every=20,
-               eval_samples=0, standalone_iterations=20),
+    "ci": Spec(dataset="digits", model="mlp", global_batch=64, iterations=30, warmup=5,
+               standalone_iterations=20, reps=1),
     "full": Spec(),
-    # X = 128: the barrier's fixed costs (last push → update → pulls) weigh 4× as much.
-    "small-batch": Spec(global_batch=128, iterations=500, lr=0.05, eval_every=25,
-                        standalone_iterations=60),
-    "trace": Spec(scenario="trace", iterations=240, period=20.0),
-    # cpu: each worker's cgroup quota, which the burner shares; the worker alone uses
-    # about 1/base of it.
-    "neighbour": Spec(scenario="neighbour", iterations=240, period=20.0, slowdown=(1, 1, 1, 1), cpu=0.5),
+    # How the ratios move when the slow machines are noisy as well as slow.
+    "noise": Spec(iterations=90, systems=("bsp", "lbbsp", "asp"), ideal=False, noise_levels=(0.0, 0.25, 0.5)),
 }
 
 
-# -- scenario plumbing -------------------------------------------------------------------
+# -- measurements ------------------------------------------------------------------------
 
-def scenario_keys(spec: Spec, tmp: Path) -> dict[str, Any]:
-    """Config keys that create the scenario's stragglers."""
-    if spec.scenario == "static":
-        return {"slowdown": [spec.base * f for f in spec.slowdown]}
-    if spec.scenario == "trace":
-        rows = ["time,worker,factor"]
-        for k in range(64):  # the slow worker moves every `period` seconds
-            rows += [f"{k * spec.period},{w},{spec.slowdown[(w + k) % spec.workers]}"
-                     for w in range(spec.workers)]
-        path = tmp / "trace.csv"
-        path.write_text("\n".join(rows) + "\n")
-        return {"trace": str(path), "slowdown": [spec.base] * spec.workers}  # the trace multiplies it
-    if spec.scenario == "neighbour":
-        return {"slowdown": [spec.base] * spec.workers,
-                "neighbours": [{"worker": k % spec.workers, "start": k * spec.period,
-                                "stop": (k + 1) * spec.period} for k in range(64)]}
-    raise ValueError(f"scenario = {spec.scenario!r}")
+def steady_window(metrics: Path, warmup: int) -> dict[str, Any]:
+    """From a run's iteration records: samples/s over the iterations after `warmup`, and
+    each worker's median batch and median compute seconds over them."""
+    recs = [json.loads(line) for line in metrics.read_text(encoding="utf-8").splitlines()]
+    recs = sorted((r for r in recs if r.get("type") == "iteration"), key=lambda r: r["iteration"])
+    if len(recs) <= warmup or warmup < 1:
+        raise ValueError(f"{metrics}: {len(recs)} iteration records, need more than warmup = {warmup}")
+    window = recs[warmup:]
+    seconds = window[-1]["time"] - recs[warmup - 1]["time"]
+    samples = sum(sum(b for b in r["batch"] if b) for r in window)
+    per: dict[int, dict[str, list[float]]] = {}
+    for r in window:
+        for w, b, c in zip(r["workers"], r["batch"], r.get("compute_s", [None] * len(r["workers"]))):
+            if b:
+                per.setdefault(int(w), {"batch": [], "compute_s": []})["batch"].append(b)
+                if c is not None:
+                    per[int(w)]["compute_s"].append(c)
+    return {"samples_per_s": samples / seconds if seconds > 0 else float("nan"),
+            "final_train_loss": statistics.fmean(r["loss"] for r in recs[-10:]),
+            "batch": {w: statistics.median(v["batch"]) for w, v in sorted(per.items())},
+            "compute_s": {w: statistics.median(v["compute_s"]) if v["compute_s"] else None
+                          for w, v in sorted(per.items())}}
 
-
-# -- runs --------------------------------------------------------------------------------
 
 def run_equipoise(spec: Spec, protocol: str, tmp: Path, **kw: Any) -> dict[str, Any]:
     import equipoise
 
-    out = tmp / f"{protocol}-{kw.get('predictor', '')}-{time.monotonic_ns()}"
-    summary = equipoise.train(spec.job(protocol=protocol, **scenario_keys(spec, tmp), **kw), out=out)
-    evals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    evals = [r for r in evals if r.get("type") == "eval"]
-    return {"samples_per_s": summary["samples_per_s"],
-            "barrier_wait_fraction": summary["barrier_wait_fraction"],
-            "final_accuracy": summary["final_accuracy"],
-            "time_to_accuracy_s": time_to_accuracy(evals),
-            "train_s": summary["train_s"],
-            "predictor_mape": replay_mape(out) if protocol == "lbbsp" else None,
-            "staleness_mean": summary["staleness_mean"], "run_dir": str(out)}
+    out = tmp / f"{protocol}-{time.monotonic_ns()}"
+    s = equipoise.train(spec.job(protocol=protocol, **kw), out=out)
+    result = steady_window(out / "metrics.jsonl", spec.warmup)
+    result.update(whole_run_samples_per_s=s["samples_per_s"], barrier_wait_fraction=s["barrier_wait_fraction"],
+                  run_dir=str(out))
+    if protocol == "lbbsp":
+        result["predictor_mape"] = replay_mape(out)
+    return result
 
 
-def time_to_accuracy(evals: list[dict], target: float = ACCURACY) -> float:
-    """Training seconds at the first evaluation reaching `target` (NaN if none did)."""
-    for r in sorted(evals, key=lambda r: r["elapsed"]):
-        if r["test_accuracy"] is not None and r["test_accuracy"] >= target:
-            return float(r["elapsed"])
-    return math.nan
-
-
-def standalone_speeds(spec: Spec, tmp: Path, tag: str = "") -> dict[str, float]:
-    """samples/s of one worker alone (batch X/λ) at each distinct slowdown factor, and in
-    the neighbour scenario beside a burner for the whole run ("neighbour")."""
-    import equipoise
-
-    runs: dict[str, dict[str, Any]] = {}
-    for factor in sorted(set(spec.slowdown) | {1.0}):
-        runs[str(float(factor))] = {"slowdown": [spec.base * factor]}
-    if spec.scenario == "neighbour":
-        runs["neighbour"] = {"slowdown": [spec.base], "neighbours": [{"worker": 0, "start": 0.0}]}
-    speeds = {}
-    for name, keys in runs.items():
-        cfg = spec.job(protocol="bsp", workers=1, global_batch=spec.global_batch // spec.workers,
-                       iterations=spec.standalone_iterations, cpu_limit=[spec.cpu] if spec.cpu else [],
-                       eval_every=0, **keys)
-        speeds[name] = equipoise.train(cfg, out=tmp / f"standalone-{name}{tag}")["samples_per_s"]
-    return speeds
-
-
-def ideal_throughput(spec: Spec, speeds: dict[str, float]) -> float:
-    """Σ standalone speeds. In the trace scenario the factors are a rotation of
-    `slowdown`, so the sum is the same at every moment; in the neighbour scenario one
-    worker at a time has the burner beside it."""
-    if spec.scenario == "neighbour":
-        return speeds["1.0"] * (spec.workers - 1) + speeds["neighbour"]
-    return sum(speeds[str(float(f))] for f in spec.slowdown)
-
-
-def run_all(spec: Spec, plots: Path | None = None) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="bench-lbbsp-") as name:
-        tmp = Path(name)
-        result = _run_all(spec, tmp)
-        if plots is not None:
-            result["plots"] = [str(p) for p in make_plots(result, plots, spec)]
-        return result
-
-
-def make_plots(result: dict[str, Any], folder: Path, spec: Spec) -> list[Path]:
-    """Batch sizes and time split of the BSP and LB-BSP (NARX) runs, and accuracy
-    against training time of every equipoise run, as PNGs named after the scenario."""
-    from equipoise.report.plots import load_run, plot_accuracy, plot_batch_sizes, plot_time_split
-
-    folder.mkdir(parents=True, exist_ok=True)
-    runs = {name: load_run(r["run_dir"]) for name, r in result["results"].items() if "run_dir" in r}
-    out = [plot_accuracy(runs, folder / f"lbbsp-{spec.scenario}-accuracy.png")]
-    for name in ("bsp", "lbbsp-narx", "lbbsp-ewma"):
-        out.append(plot_batch_sizes(runs[name], folder / f"lbbsp-{spec.scenario}-{name}-batch.png"))
-        out.append(plot_time_split(runs[name], folder / f"lbbsp-{spec.scenario}-{name}-split.png"))
-    return out
-
-
-def _run_all(spec: Spec, tmp: Path) -> dict[str, Any]:
-    before = standalone_speeds(spec, tmp, "-before")
-    systems = {
-        "bsp": lambda: run_equipoise(spec, "bsp", tmp),
-        "lbbsp-last": lambda: run_equipoise(spec, "lbbsp", tmp, predictor="last"),
-        "lbbsp-ewma": lambda: run_equipoise(spec, "lbbsp", tmp, predictor="ewma"),
-        "lbbsp-narx": lambda: run_equipoise(spec, "lbbsp", tmp, predictor="narx"),
+def run_system(spec: Spec, name: str, tmp: Path) -> dict[str, Any]:
+    if name == "ddp":
+        return run_ddp_straggler(spec)
+    if name == "asp":
         # ASP at the BSP rate diverges here (stale momentum-SGD steps; NaN within ~20
         # iterations), so it runs at α/λ, the rate of its λ-times-more-frequent updates.
-        "asp": lambda: run_equipoise(spec, "asp", tmp, lr=spec.lr / spec.workers),
-    }
-    if spec.scenario == "static":
-        systems["ddp"] = lambda: run_ddp_straggler(spec)
-    results = {name: _attempt(fn) for name, fn in systems.items()}
-    after = standalone_speeds(spec, tmp, "-after")
-    speeds = {k: (before[k] + after[k]) / 2 for k in before}
-    ideal = ideal_throughput(spec, speeds)
-    bsp = results["bsp"]
-    for r in results.values():
-        r["vs_ideal"] = ratio(r["samples_per_s"], ideal)
-        r["vs_bsp"] = ratio(r["samples_per_s"], bsp["samples_per_s"])
-        r["time_to_accuracy_vs_bsp"] = ratio(r["time_to_accuracy_s"], bsp["time_to_accuracy_s"])
-    return {"spec": asdict(spec), "standalone_speeds": speeds, "standalone_before": before,
-            "standalone_after": after, "ideal_samples_per_s": ideal, "results": results}
+        return run_equipoise(spec, "asp", tmp, lr=spec.lr / spec.workers)
+    return run_equipoise(spec, name, tmp)
+
+
+def standalone(spec: Spec, lbbsp: dict[str, Any], tmp: Path) -> dict[str, Any]:
+    """Each distinct factor's worker alone at the batch LB-BSP gave that factor's workers
+    (median over them); the ideal is the sum over workers of their factor's speed."""
+    import equipoise
+
+    speeds, batches = {}, {}
+    for factor in sorted(set(spec.slowdown)):
+        ranks = [w for w, f in enumerate(spec.slowdown) if f == factor]
+        batch = max(1, round(statistics.median(lbbsp["batch"][w] for w in ranks)))
+        cfg = spec.job(protocol="bsp", workers=1, servers=1, global_batch=batch,
+                       iterations=spec.warmup + spec.standalone_iterations, slowdown=[spec.base * factor])
+        out = tmp / f"standalone-{factor}-{time.monotonic_ns()}"
+        equipoise.train(cfg, out=out)
+        speeds[str(factor)] = steady_window(out / "metrics.jsonl", spec.warmup)["samples_per_s"]
+        batches[str(factor)] = batch
+    return {"speeds": speeds, "batches": batches,
+            "samples_per_s": sum(speeds[str(f)] for f in spec.slowdown)}
+
+
+def one_round(spec: Spec, tmp: Path) -> dict[str, Any]:
+    """Every system once, in order, then the standalone workers; ratios within the round."""
+    out: dict[str, Any] = {name: _attempt(lambda n=name: run_system(spec, n, tmp)) for name in spec.systems}
+    if spec.ideal and "error" not in out.get("lbbsp", {"error": 1}):
+        out["ideal"] = standalone(spec, out["lbbsp"], tmp)
+    lb = out.get("lbbsp", {}).get("samples_per_s", float("nan"))
+    out["ratios"] = {f"lbbsp/{other}": ratio(lb, out[other]["samples_per_s"])
+                     for other in ("bsp", "asp", "ddp", "ideal") if other in out and other != "lbbsp"}
+    if "asp" in out and "ideal" in out:
+        out["ratios"]["asp/ideal"] = ratio(out["asp"]["samples_per_s"], out["ideal"]["samples_per_s"])
+    return out
 
 
 def _attempt(fn) -> dict[str, Any]:
@@ -209,50 +183,89 @@ def _attempt(fn) -> dict[str, Any]:
     try:
         return fn()
     except Exception as exc:  # noqa: BLE001 - reported, not hidden
-        return {"error": f"{type(exc).__name__}: {exc}"[:300], "samples_per_s": math.nan,
-                "time_to_accuracy_s": math.nan, "final_accuracy": math.nan}
+        return {"error": f"{type(exc).__name__}: {exc}"[:300], "samples_per_s": float("nan")}
 
 
-def table(result: dict[str, Any]) -> str:
-    rows = []
-    for name, r in result["results"].items():
-        if "error" in r:
-            rows.append([name, "failed: " + r["error"][:60]] + [None] * 6)
-            continue
-        rows.append([name, r["samples_per_s"], r["vs_ideal"], r["vs_bsp"],
-                     r.get("barrier_wait_fraction"), r["time_to_accuracy_s"],
-                     r["time_to_accuracy_vs_bsp"], r["final_accuracy"]])
-    return markdown_table(["system", "samples/s", "× ideal", "× BSP", "barrier wait",
-                           f"s to {ACCURACY:.0%}", "t-to-acc × BSP", "final acc"], rows)
+def summarise(rounds: list[dict[str, Any]], spec: Spec) -> dict[str, Any]:
+    """Median (min–max) over rounds of every system's samples/s, the ideal and the ratios;
+    `results` keeps each system's median samples/s where compare_commits looks for it."""
+    names = [n for n in (*spec.systems, "ideal") if n in rounds[0]]
+    systems = {n: summary([r[n]["samples_per_s"] for r in rounds]) for n in names}
+    ratios = {k: summary([r["ratios"].get(k, float("nan")) for r in rounds]) for k in rounds[0]["ratios"]}
+    errors = {n: r[n]["error"] for r in rounds for n in names if "error" in r[n]}
+    return {"systems": systems, "ratios": ratios, "errors": errors,
+            "results": {n: {"samples_per_s": s["median"]} for n, s in systems.items() if n != "ideal"},
+            "ideal_samples_per_s": systems["ideal"]["median"] if "ideal" in systems else None}
 
 
-def mape_table(result: dict[str, Any]) -> str:
-    rows = []
-    for name, r in result["results"].items():
-        if r.get("predictor_mape"):
-            m = r["predictor_mape"]
-            rows.append([name, m.get("last"), m.get("ewma"), m.get("narx")])
-    return markdown_table(["run (predictor driving sizes)", "MAPE last", "MAPE ewma", "MAPE narx"], rows)
+def compute_by_factor(rounds: list[dict[str, Any]], spec: Spec) -> dict[str, Any]:
+    """Median per-step compute seconds of each worker at its factor, equipoise BSP next to
+    DDP (the same stretch over the same window: they should agree)."""
+    out: dict[str, Any] = {}
+    for name in ("bsp", "ddp"):
+        per = [r[name]["compute_s"] for r in rounds if name in r and "compute_s" in r[name]]
+        out[name] = {str(w): statistics.median(float(p[w] if w in p else p[str(w)]) for p in per)
+                     for w in range(spec.workers)} if per else {}
+    return out
+
+
+# -- the invocation ----------------------------------------------------------------------
+
+def run_all(spec: Spec, plots: Path | None = None) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="bench-lbbsp-") as name:
+        tmp = Path(name)
+        if spec.noise_levels:  # sensitivity: the levels interleaved too
+            variants = {f"noise={c:g}": (lambda c=c: one_round(replace(spec, noise=c), tmp))
+                        for c in spec.noise_levels}
+            runs = interleave(variants, spec.reps)
+            return {"levels": {k: {**summarise(v, spec), "rounds": _slim(v)} for k, v in runs.items()}}
+        rounds = interleave({"round": lambda: one_round(spec, tmp)}, spec.reps)["round"]
+        result = {**summarise(rounds, spec), "compute_s_by_worker": compute_by_factor(rounds, spec)}
+        if plots is not None and "error" not in rounds[-1].get("lbbsp", {"error": 1}):
+            result["plots"] = [str(p) for p in make_plots(rounds[-1], plots)]
+        result["rounds"] = _slim(rounds)
+        return result
+
+
+def _slim(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rounds without temporary run directories (they are gone after the invocation)."""
+    return [{n: ({k: v for k, v in r.items() if k != "run_dir"} if isinstance(r, dict) else r)
+             for n, r in rnd.items()} for rnd in rounds]
+
+
+def make_plots(last: dict[str, Any], folder: Path) -> list[Path]:
+    """Batch sizes and time split of the last round's BSP and LB-BSP runs, as PNGs."""
+    from equipoise.report.plots import load_run, plot_batch_sizes, plot_time_split
+
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for name in ("bsp", "lbbsp"):
+        run = load_run(last[name]["run_dir"])
+        out.append(plot_batch_sizes(run, folder / f"lbbsp-static-{name}-batch.png"))
+        out.append(plot_time_split(run, folder / f"lbbsp-static-{name}-split.png"))
+    return out
+
+
+def table(res: dict[str, Any]) -> str:
+    rows = [[n, fmt_range(s)] for n, s in res["systems"].items()]
+    rows += [[k, fmt_range(s)] for k, s in res["ratios"].items()]
+    return markdown_table(["system or ratio", f"median (min–max) of {len(next(iter(res['systems'].values()))['values'])}"],
+                          rows)
 
 
 def run(preset: str, results_path: str | None = None, plots: str | None = None) -> dict[str, Any]:
     spec = PRESETS[preset]
-    load = load_average()
+    load, git = load_average(), git_state()
     result = run_all(spec, Path(plots) if plots else None)
-    result["preset"], result["loadavg_at_start"] = preset, load
-    print(f"## LB-BSP benchmark, preset {preset} (scenario {spec.scenario}, {spec.workers} workers, each "
-          f"{spec.base}x slower than a core" + (f" in a {spec.cpu}-CPU quota" if spec.cpu else "") +
-          f", slowdown {list(spec.slowdown)}, {spec.model} on {spec.dataset}, "
-          f"X = {spec.global_batch}, {spec.iterations} iterations)\n")
-    print(f"standalone speeds (samples/s, mean of before and after): "
-          f"{ {k: round(v) for k, v in result['standalone_speeds'].items()} }; "
-          f"ideal = {result['ideal_samples_per_s']:.0f} samples/s\n")
-    print(table(result))
-    print("\nPredictor error (every predictor replayed over each LB-BSP run's recorded speeds):\n")
-    print(mape_table(result))
-    print(f"\nwrote {write_results(f'{NAME}_{preset}', result, results_path)}")
+    result.update(preset=preset, spec=asdict(spec), loadavg_at_start=load, git_at_start=git)
+    print(f"## LB-BSP benchmark, preset {preset}: {spec.workers} workers, each {spec.base}× slower than a core, "
+          f"slowdown {list(spec.slowdown)}, {spec.model} on {spec.dataset}, X = {spec.global_batch}, "
+          f"{spec.iterations} iterations (steady window after {spec.warmup}), {spec.reps} interleaved rounds\n")
+    for level, res in result.get("levels", {"": result}).items():
+        print(f"{level}\n{table(res)}\n")
+    print(f"wrote {write_results(f'{NAME}_{preset}', result, results_path)}")
     return result
 
 
 if __name__ == "__main__":
-    preset_main(__doc__, PRESETS, run, "folder for PNG plots of the runs (e.g. docs/img)")
+    preset_main(__doc__, PRESETS, run, "folder for PNG plots of the last round (e.g. docs/img)")

@@ -77,6 +77,7 @@ class Config:
     max_batch: int = 0  # 0: no per-worker cap
     hysteresis: float = 0.05
     slowdown: tuple[float, ...] = ()
+    slowdown_noise: float = 0.0  # c: each step's stretch × max(0, 1 + c·z), z ~ N(0, 1)
     trace: str = ""  # CSV of (time|iteration, worker, factor)
     neighbours: tuple[dict, ...] = ()  # {worker, start, stop, share}: real CPU burners
     cpu_limit: tuple[float, ...] = ()  # CPUs per worker, enforced with a cgroup v1 quota
@@ -278,6 +279,8 @@ class Config:
                 )
             if any(not (math.isfinite(f) and f >= 1.0) for f in self.slowdown):
                 raise ConfigError(f"slowdown = {list(self.slowdown)}: every factor must be ≥ 1")
+        if not (math.isfinite(self.slowdown_noise) and 0.0 <= self.slowdown_noise <= 1.0):
+            raise ConfigError(f"slowdown_noise = {self.slowdown_noise}: must be between 0 and 1")
         if self.cpu_limit:
             if len(self.cpu_limit) != self.workers or any(not (0.01 <= c <= 64) for c in self.cpu_limit):
                 raise ConfigError(f"cpu_limit = {list(self.cpu_limit)} needs one value per worker "

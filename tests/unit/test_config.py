@@ -44,6 +44,8 @@ def test_parse_override(item, expected):
     ({"batch_split": [1, 2]}, ["batch_split", "workers"]),
     ({"batch_split": [10, 10, 10, 10]}, ["batch_split", "global_batch"]),
     ({"slowdown": [1, 1, 1, 0.5]}, ["slowdown"]),
+    ({"slowdown_noise": 1.5}, ["slowdown_noise", "1.5"]),
+    ({"slowdown_noise": float("nan")}, ["slowdown_noise"]),
     ({"model": "nonsense"}, ["model", "nonsense"]),
     ({"max_batch": 10}, ["max_batch", "10"]),
     ({"colour": "red"}, ["colour"]),

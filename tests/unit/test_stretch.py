@@ -51,10 +51,11 @@ class Sleeps(VirtualClock):
         super().sleep(seconds + self.over)
 
 
-def rig(layers=4, fwd=FWD, bwd=BWD, over=0.0):
+def rig(layers=4, fwd=FWD, bwd=BWD, over=0.0, noise=0.0, seed=0):
     cpu, clock = VirtualClock(), Sleeps(over)
     net = nn.Sequential(*[Layer(cpu, fwd, bwd) for _ in range(layers)])
-    stretch = Stretch(net, clock=clock, cpu=cpu.now)
+    stretch = Stretch(net, clock=clock, cpu=cpu.now, noise=noise, seed=seed)
+    stretch.fake_cpu = cpu
     seen = []  # stretch.slept after each layer's forward (hooks run in registration order)
     for m in net:
         m.register_forward_hook(lambda *_: seen.append(stretch.slept))
@@ -154,3 +155,43 @@ def test_factor_one_never_sleeps_and_a_raised_factor_applies_at_once():
     slept, in_forward = step(net, stretch, clock, seen)
     assert slept == pytest.approx(2 * (FWD + BWD), rel=1e-12)
     assert in_forward[0] > 0
+
+
+def test_local_work_is_stretched_like_the_step():
+    """Unpacking, packing and the report run inside local(): (f − 1) × their CPU time is
+    slept after them; at f = 1 nothing is."""
+    net, stretch, clock, seen = rig()
+    for factor, want in ((1.0, 0.0), (3.0, 2 * FWD)):
+        stretch.factor = factor
+        t0 = clock.now()
+        with stretch.local():
+            stretch.fake_cpu.advance(FWD)
+        assert clock.now() - t0 == want
+
+
+def test_noise_multiplies_every_sleep_of_a_step_and_grows_with_the_factor():
+    """With noise c each step's stretch is (f − 1) × compute × m, m = max(0, 1 + c·z) drawn
+    once per step from the seeded generator: the same seed gives the same steps, the
+    sleeps of one step share m, and the spread of a step's length is ∝ (f − 1)."""
+    import random
+
+    compute = 4 * (FWD + BWD)
+    for factor in (2.0, 5.0):
+        net, stretch, clock, seen = rig(noise=0.3, seed=7)
+        stretch.factor = factor
+        draws = random.Random(7)
+        slept = []
+        for _ in range(WARMUP + 20):
+            m = max(0.0, 1.0 + 0.3 * draws.gauss(0.0, 1.0))
+            s, _ = step(net, stretch, clock, seen)
+            assert stretch.multiplier == m
+            assert s == pytest.approx((factor - 1) * compute * m, rel=1e-12, abs=1e-15)
+            t0 = clock.now()
+            with stretch.local():  # local work of the step: the same multiplier
+                stretch.fake_cpu.advance(FWD)
+            assert clock.now() - t0 == pytest.approx((factor - 1) * FWD * m, rel=1e-12, abs=1e-15)
+            slept.append(s)
+        assert len(set(slept)) > 1  # it does vary
+    net, stretch, clock, seen = rig(noise=0.3, seed=7)
+    stretch.factor = 1.0
+    assert step(net, stretch, clock, seen)[0] == 0.0  # f = 1: no stretch, so no noise

@@ -23,6 +23,17 @@ not its stretch; see docs/lbbsp.md.) Sleeps come after at least `MIN_CHUNK_S` of
 so waking up (idle exit, cold caches) happens a few times per step. Until a few steps
 are known, a step's own compute is used.
 
+A slow machine is slow at everything, not only at the forward and backward passes: the
+worker's other local work of a step — writing the pulled weights into the model, reading
+the gradients out for the push, building its report — runs inside `local()`, which
+sleeps (f − 1) × that work's CPU time after it.
+
+A real slow machine is also noisier. With `noise` = c > 0 each step draws a multiplier
+m = max(0, 1 + c·z), z standard normal (from its own seeded generator: reproducible, and
+the training's random streams are untouched), and every sleep of that step is m times as
+long: the step lasts (1 + (f − 1)·m) × its compute, so the noise grows with the factor
+(standard deviation c·(f − 1) compute-times) and a worker at f = 1 is not stretched.
+
 Sleeping is deterministic and costs no CPU. Oversleeping is paid back: the difference is
 carried as a debt to the next sleep. Works under DistributedDataParallel too (hooks are on
 the wrapped module's leaves and on activation and parameter gradients).
@@ -30,10 +41,12 @@ the wrapped module's leaves and on activation and parameter gradients).
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from collections import deque
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
@@ -49,14 +62,19 @@ class Stretch:
     """Hooks that make `model`'s steps last about `factor` × their usual compute time.
 
     Set `factor` before a step, call `start(samples)` before the forward pass and
-    `finish()` after `backward()` returns. With `factor <= 1` the hooks only return.
+    `finish()` after `backward()` returns; run the step's other local work inside
+    `local()`. With `factor <= 1` the hooks only return. `noise` ≥ 0 is the coefficient c
+    of the per-step multiplier (module docstring), drawn from `random.Random(seed)`.
     Compute is read from `cpu` (this thread's CPU seconds by default); sleeping and its
     measurement go through `clock` (`now()`, `sleep(seconds)`), so tests can run on
     virtual time."""
 
-    def __init__(self, model: nn.Module, clock=SYSTEM, cpu: Callable[[], float] = time.thread_time):
+    def __init__(self, model: nn.Module, clock=SYSTEM, cpu: Callable[[], float] = time.thread_time,
+                 noise: float = 0.0, seed: int = 0):
         self.clock, self.cpu = clock, cpu
         self.factor = 1.0
+        self.noise, self._rng = float(noise), random.Random(seed)
+        self.multiplier = 1.0  # this step's noise multiplier m
         self.slept = 0.0  # seconds slept in the current (or last) step
         self._history: deque[float] = deque(maxlen=HISTORY)
         self._samples = 0
@@ -72,11 +90,29 @@ class Stretch:
     def start(self, samples: int) -> None:
         """A step on `samples` samples begins."""
         self._samples, self.slept = max(1, int(samples)), 0.0
+        if self.noise > 0:
+            self.multiplier = max(0.0, 1.0 + self.noise * self._rng.gauss(0.0, 1.0))
         self._t0 = self._last = self.cpu()
         self._since = 0.0  # compute since the last sleep
         known = len(self._history) >= WARMUP
         self._expected = statistics.median(self._history) * self._samples if known else 0.0
-        self._total = (self.factor - 1.0) * self._expected  # 0 until known: charged at the end
+        self._total = self._stretch(self._expected)  # 0 until known: charged at the end
+
+    def _stretch(self, compute: float) -> float:
+        """Seconds to sleep for `compute` CPU seconds of this step's work."""
+        return (self.factor - 1.0) * compute * self.multiplier
+
+    @contextmanager
+    def local(self) -> Iterator[None]:
+        """Local work of the step outside the forward and backward passes (unpacking
+        pulled weights, packing pushes, the report): afterwards, sleep (f − 1)·m × its
+        CPU time."""
+        t0 = self.cpu()
+        yield
+        if self.factor > 1.0:
+            want = self._stretch(self.cpu() - t0)
+            if want > 0:
+                self.clock.sleep(want)
 
     def compute_s(self) -> float:
         """This step's compute up to the last hook: CPU seconds of this thread."""
@@ -89,7 +125,7 @@ class Stretch:
         compute = self.compute_s() if self.factor > 1.0 else self.cpu() - self._t0
         if self.factor > 1.0:
             if not self._expected:  # no history yet: stretch this step's own compute
-                self._total = (self.factor - 1.0) * compute
+                self._total = self._stretch(compute)
             self._sleep(self._total - self.slept, final=True)
         self._history.append(compute / self._samples)
 

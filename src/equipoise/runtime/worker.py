@@ -86,7 +86,7 @@ class Worker:
             self.client.set_table(welcome.fields["table"], welcome.fields["servers"])
             self.model = build_model(cfg.model, data.input_shape, data.num_classes)
             self.model.train()
-            self.stretch = Stretch(self.model)
+            self.stretch = Stretch(self.model, noise=cfg.slowdown_noise, seed=cfg.seed * 7919 + self.rank)
             self._mem_total = psutil.virtual_memory().total
             sampler = SliceSampler(len(data), cfg.global_batch, cfg.seed)
             while True:
@@ -155,9 +155,10 @@ class Worker:
                 table = self._request(Message("table_req", {"worker": self.rank, "epoch": self.epoch}), "table")
                 versions = self._plan_table(table, versions, len(in_flight))
                 measured["table_wait_s"] = time.perf_counter() - t3
-            pushes = read_pushes(self.model, self.blocks)
-            if d:  # copies: the next backward overwrites .grad while these may still be queued
-                pushes = {k: t.clone() for k, t in pushes.items()}
+            with self.stretch.local():  # packing the push: slow on a slow machine too
+                pushes = read_pushes(self.model, self.blocks)
+                if d:  # copies: the next backward overwrites .grad while these may still be queued
+                    pushes = {k: t.clone() for k, t in pushes.items()}
             pull_version = self.policy.pull_version(step + 1 + d, f["iteration"])
             if self.policy.pull_first():
                 pull = self.client.pull(pull_version)
@@ -167,8 +168,9 @@ class Worker:
                 pull = self.client.pull(pull_version)
             staleness = [] if d else self.client.wait(push)
             step += 1
-            self.coord.send(self._plan_req(step + d, self._report(f, loss, versions, staleness, measured,
-                                                                   exchange)))
+            with self.stretch.local():
+                self.coord.send(self._plan_req(step + d, self._report(f, loss, versions, staleness, measured,
+                                                                       exchange)))
             in_flight.append((push if d else None, pull))
             held = 0.0
             if not d:  # before the weights: a recovery plan computes on the ones just used
@@ -213,7 +215,8 @@ class Worker:
         """Wait for a pull and write its weights into the model; returns each server's
         version and the longest time a server held the pull back."""
         pulled: Pulled = self.client.wait(pull)
-        write_values(self.model, self.blocks, pulled.values)
+        with self.stretch.local():  # unpacking the weights: slow on a slow machine too
+            write_values(self.model, self.blocks, pulled.values)
         return pulled.versions, pulled.held_s
 
     def _step(self, data, sampler: SliceSampler, f: dict) -> tuple[float, dict]:
