@@ -74,6 +74,7 @@ class Spec:
     systems: tuple[str, ...] = SYSTEMS
     ideal: bool = True  # run the standalone workers (needs "lbbsp" in systems)
     noise_levels: tuple[float, ...] = ()  # sensitivity: every system at each of these noises
+    variants: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()  # (system name, LB-BSP config keys)
     transport: str = "ipc"
     seed: int = 0
 
@@ -94,6 +95,9 @@ PRESETS = {
     "full": Spec(),
     # How the ratios move when the slow machines are noisy as well as slow.
     "noise": Spec(iterations=90, systems=("bsp", "lbbsp", "asp"), ideal=False, noise_levels=(0.0, 0.25, 0.5)),
+    # What LB-BSP's batch-size hysteresis (default 0.05) costs against ASP.
+    "hysteresis": Spec(iterations=90, systems=("lbbsp", "lbbsp-h0.01", "lbbsp-h0", "asp"), ideal=False,
+                       variants=(("lbbsp-h0.01", (("hysteresis", 0.01),)), ("lbbsp-h0", (("hysteresis", 0.0),)))),
 }
 
 
@@ -139,6 +143,8 @@ def run_equipoise(spec: Spec, protocol: str, tmp: Path, **kw: Any) -> dict[str, 
 def run_system(spec: Spec, name: str, tmp: Path) -> dict[str, Any]:
     if name == "ddp":
         return run_ddp_straggler(spec)
+    if name in dict(spec.variants):
+        return run_equipoise(spec, "lbbsp", tmp, **dict(dict(spec.variants)[name]))
     if name == "asp":
         # ASP at the BSP rate diverges here (stale momentum-SGD steps; NaN within ~20
         # iterations), so it runs at α/λ, the rate of its λ-times-more-frequent updates.
@@ -173,6 +179,9 @@ def one_round(spec: Spec, tmp: Path) -> dict[str, Any]:
     lb = out.get("lbbsp", {}).get("samples_per_s", float("nan"))
     out["ratios"] = {f"lbbsp/{other}": ratio(lb, out[other]["samples_per_s"])
                      for other in ("bsp", "asp", "ddp", "ideal") if other in out and other != "lbbsp"}
+    for name, _ in spec.variants:
+        if "asp" in out and name in out:
+            out["ratios"][f"{name}/asp"] = ratio(out[name]["samples_per_s"], out["asp"]["samples_per_s"])
     if "asp" in out and "ideal" in out:
         out["ratios"]["asp/ideal"] = ratio(out["asp"]["samples_per_s"], out["ideal"]["samples_per_s"])
     return out
