@@ -4,7 +4,8 @@
 asks its `ServerSync` (policy/sync.py) which pushes form an update and with what σ, and
 hands them here. An update is *apply then publish*: grouped gradients are combined by
 sample count (modulated by σ as the policy says), the learning rate is set from training
-progress, a real `torch.optim` optimizer steps, and the version increments.
+progress, a real `torch.optim` optimizer steps (plain SGD, without momentum or weight
+decay, is its one line of arithmetic, done here), and the version increments.
 
 Replies send the value tensors themselves, without a copy (`lend`): the store never
 changes a lent tensor in place while its reader is not done. An update first moves each
@@ -71,6 +72,7 @@ class ParameterStore:
                         for k, b in self.blocks.items() if b.kind == "param"]
         self._param_keys = [k for k, b in self.blocks.items() if b.kind == "param"]
         self.optimizer = _make_optimizer(spec, self._params)
+        self._plain_sgd = spec.name == "sgd" and spec.momentum == 0 and spec.weight_decay == 0
         self._sums: dict[int, torch.Tensor] = {}
         self._loans: list[tuple[list[torch.Tensor], Callable[[], bool]]] = []  # (tensors, done)
         self._retired: dict[int, list[torch.Tensor]] = {}  # earlier buffers of each block
@@ -149,7 +151,12 @@ class ParameterStore:
                            total=self.spec.total, step_size=self.spec.step_size, gamma=self.spec.gamma)
         for g in self.optimizer.param_groups:
             g["lr"] = lr * lr_factor
-        if self._params:
+        if self._params and self._plain_sgd:
+            # Exactly SGD.step's arithmetic without momentum and weight decay (w −= lr·g), less
+            # its per-call overhead (profiler scope, grad mode, argument checks).
+            for param in self._params:
+                param.add_(param.grad, alpha=-(lr * lr_factor))
+        elif self._params:
             self.optimizer.step()
         self.version += 1
         self.samples += sum(p.samples for p in group)
