@@ -10,7 +10,8 @@ For each payload (float32 tensors of 1M and 10M elements, i.e. 4 MB and 40 MB):
   then pull and receive the parameters. That also moves the payload there and back.
 
 Repetitions are interleaved (raw, equipoise, raw, equipoise, ...) after a warm-up; the
-report is the median of each and the ratio equipoise/raw (target ≤ 1.3).
+report is the median (min–max) of each, the ratio equipoise/raw of the medians (target
+≤ 1.3), and the median (min–max) of the ratios of each round's back-to-back pair.
 When equipoise is over target (or with --profile), the report shows where the time
 goes: the steps of a real server process, timed by wrapping its methods inside that
 process (no file is changed), and the same steps in this process next to baselines (a
@@ -38,12 +39,14 @@ from typing import Any
 import torch
 
 from benchmarks.common import (
+    fmt_range,
     git_state,
     interleave,
     load_average,
     markdown_table,
     median,
     ratio,
+    summary,
     write_results,
 )
 from benchmarks.harness import EquipoiseClient, RawEcho
@@ -66,7 +69,7 @@ class WirePreset:
 
 PRESETS: dict[str, WirePreset] = {
     "ci": WirePreset(DEFAULT_NUMELS, reps=5, warmup=2, profile_reps=5),
-    "full": WirePreset(DEFAULT_NUMELS, reps=30, warmup=3, profile_reps=20),
+    "full": WirePreset(DEFAULT_NUMELS, reps=100, warmup=3, profile_reps=20),
 }
 
 
@@ -93,10 +96,17 @@ class WireResult:
     def ratio(self) -> float:
         return ratio(self.equipoise_median, self.raw_median)
 
+    @property
+    def round_ratios(self) -> list[float]:
+        """equipoise/raw of each round (the two ran back to back)."""
+        return [ratio(e, r) for e, r in zip(self.equipoise_ms, self.raw_ms)]
+
     def summary(self) -> dict[str, Any]:
         return {**asdict(self), "raw_median_ms": self.raw_median,
                 "equipoise_median_ms": self.equipoise_median,
                 "push_median_ms": median(self.push_ms), "pull_median_ms": median(self.pull_ms),
+                "raw": summary(self.raw_ms), "equipoise": summary(self.equipoise_ms),
+                "round_ratio": summary(self.round_ratios),
                 "ratio": self.ratio, "target": TARGET_RATIO,
                 "meets_target": bool(self.ratio <= TARGET_RATIO)}
 
@@ -186,11 +196,13 @@ def run_auth(preset: str, results_path: str | Path | None = None) -> dict[str, A
 # -- report ----------------------------------------------------------------------------------
 
 def results_table(results: Sequence[WireResult]) -> str:
-    rows = [[f"{r.nbytes / MB:g} MB", len(r.raw_ms), r.raw_median, r.equipoise_median,
-             median(r.push_ms), median(r.pull_ms), r.ratio,
-             "yes" if r.ratio <= TARGET_RATIO else "NO"] for r in results]
-    return markdown_table(["payload", "reps", "raw ms", "equipoise ms", "eq to ack ms",
-                           "eq then to params ms", "ratio eq/raw", f"≤ {TARGET_RATIO}?"], rows)
+    rows = [[f"{r.nbytes / MB:g} MB", len(r.raw_ms), fmt_range(summary(r.raw_ms)),
+             fmt_range(summary(r.equipoise_ms)), median(r.push_ms), median(r.pull_ms), r.ratio,
+             fmt_range(summary(r.round_ratios)), "yes" if r.ratio <= TARGET_RATIO else "NO"]
+            for r in results]
+    return markdown_table(["payload", "reps", "raw ms median (min–max)", "equipoise ms median (min–max)",
+                           "eq to ack ms", "eq then to params ms", "ratio of medians",
+                           "ratio per round median (min–max)", f"≤ {TARGET_RATIO}?"], rows)
 
 
 def profile_table(profiles: dict[int, dict[str, float]]) -> str:
@@ -212,8 +224,8 @@ def run(preset: str, *, profile: bool | None = None, results_path: str | Path | 
     print(results_table(results))
     over = any(not r.ratio <= TARGET_RATIO for r in results)
     payload: dict[str, Any] = {"preset": preset, "target_ratio": TARGET_RATIO,
-                               "loadavg_at_start": load_at_start, "git_at_start": git_at_start,
-                               "results": [r.summary() for r in results]}
+                               "loadavg_at_start": load_at_start, "loadavg_at_end": load_average(),
+                               "git_at_start": git_at_start, "results": [r.summary() for r in results]}
     if profile or (profile is None and over):
         real = {n: profile_server_process(n, p.profile_reps) for n in sizes}
         local = {n: profile_server(n, p.profile_reps) for n in sizes}

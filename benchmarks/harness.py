@@ -82,11 +82,13 @@ def _instrument_server() -> dict[str, list[float]]:
 
     S = server_mod.Server
     S._on_push = timer(S._on_push, lambda a, o: "server: _on_push total (check+apply+ack)")
-    S._on_pull = timer(S._on_pull, lambda a, o: "server: _on_pull total (clone+encode+send)")
-    S._reply = timer(S._reply, lambda a, o: "server: _reply (clone of the values)")
+    S._on_pull = timer(S._on_pull, lambda a, o: "server: _on_pull total (encode+send)")
+    S._reply = timer(S._reply, lambda a, o: "server: _reply (encode+send, values lent: no copy)")
     ParameterStore.check = timer(ParameterStore.check, lambda a, o: "server: store.check (finite check)")
     ParameterStore.apply = timer(ParameterStore.apply,
                                  lambda a, o: "server: store.apply (weighted sum + SGD step)")
+    ParameterStore._copy_on_write = timer(ParameterStore._copy_on_write,
+                                          lambda a, o: "server: part of apply: copy-on-write of lent values")
     zmq_transport.decode = timer(zmq_transport.decode, lambda a, o: f"server: decode {o.type}")
     L = zmq_transport._ZmqListener
     L.send = timer(L.send, lambda a, o: f"server: encode+send {a[2].type}")

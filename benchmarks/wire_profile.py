@@ -18,7 +18,7 @@ from benchmarks.harness import EquipoiseClient, RawEcho
 
 class _StubListener:
     """Stands in for the server's ROUTER: encodes what the server sends (as the real
-    listener does before its zero-copy send_multipart) and keeps the last message."""
+    listener does before its zero-copy send) and keeps the last message."""
 
     address = "stub://0"
 
@@ -33,7 +33,7 @@ class _StubListener:
         encode(msg)
         self.encode_s += time.perf_counter() - t0
         self.last = msg
-        return lambda: True  # the server may reuse the tensors' memory at once
+        return lambda: True  # sent at once: the store may update the lent tensors in place
 
     def recv(self, timeout: float) -> None:
         return None
@@ -94,10 +94,7 @@ def profile_server(numel: int, reps: int = 5) -> dict[str, float]:
             push = Push(0, store.version, 1, {0: got.tensors["g0"]})
             clock("server: store.check (finite check)", lambda: store.check(push))
             clock("server: store.apply (weighted sum + SGD step)", lambda: store.apply([push]))
-            clock("server: copy for reply (fresh memory; the server reuses a pool)",
-                  lambda: {k: v.clone() for k, v in store.values.items()})
-            reply = Message("params", {"version": store.version, "held_s": 0.0},
-                            {"b0": store.values[0].clone()})
+            reply = Message("params", {"version": store.version, "held_s": 0.0}, {"b0": store.values[0]})
             clock("server: encode params", lambda: encode(reply))
             clock("server: handle(push) total", lambda: server.handle(b"w", push_msg))
             clock("server: handle(pull) total", lambda: server.handle(b"w", pull_msg))

@@ -52,6 +52,48 @@ def test_rejects_wrong_blocks_shapes_and_nan():
         s.check(push(3, 4, float("nan")))
 
 
+def test_plain_sgd_steps_exactly_as_torch_optim_sgd():
+    """Without momentum and weight decay the store does SGD's arithmetic itself: bit for
+    bit what torch.optim.SGD.step gives, with a schedule and σ-modulated learning rates."""
+    fast, ref = (store(policy=make_sync_policy("asp", lr_modulation="mean"), momentum=0.0, schedule="step",
+                       step_size=1) for _ in range(2))
+    ref._plain_sgd = False
+    assert fast._plain_sgd
+    for i, g in enumerate([0.3, -1.7, 2.9, 1e-3]):
+        for s in (fast, ref):
+            s.apply([push(i % 2, 3, g), push(1 - i % 2, 5, -g / 3)], staleness=[1 + i % 3, 2])
+    assert all(torch.equal(fast.values[k], ref.values[k]) for k in ref.values)
+    assert fast.optim_state() == ref.optim_state() == {}
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_lent_values_keep_their_version_and_updates_match_an_unlent_store(optimizer):
+    """A reply's tensors (lent until its send is done) keep the version they were taken at
+    through later updates, a version lent twice is one snapshot, a buffer is reused once
+    its readers are done, and the numbers equal those of a store that never lent."""
+    lent, plain = store(optimizer=optimizer), store(optimizer=optimizer)
+    sends = {"first": False, "second": False}
+    first = dict(lent.values)
+    lent.lend(list(first.values()), lambda: sends["first"])
+    lent.lend(list(first.values()), lambda: sends["second"])
+    expected = {k: v.clone() for k, v in first.items()}
+    for s in (lent, plain):
+        s.apply([push(0, 8, 1.0)])
+    assert all(torch.equal(first[k], expected[k]) for k in first)  # untouched while read
+    assert all(lent.values[k] is not first[k] for k in first)       # moved to another buffer
+    second = dict(lent.values)
+    sends["first"] = sends["second"] = True                         # both sends done
+    for s in (lent, plain):
+        s.apply([push(0, 8, 0.5)])
+    assert all(lent.values[k] is second[k] for k in second)         # unlent: stepped in place
+    lent.lend(list(second.values()), lambda: False)
+    for s in (lent, plain):
+        s.apply([push(0, 8, -2.0)])
+    assert all(lent.values[k] is first[k] for k in first)           # the retired buffer, reused
+    assert all(torch.equal(lent.values[k], plain.values[k]) for k in plain.values)
+    assert all(torch.equal(a, b) for a, b in zip(lent.optim_state().values(), plain.optim_state().values()))
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_optimizer_state_round_trips(optimizer):
     a = store(optimizer=optimizer)

@@ -64,7 +64,6 @@ class Server:
         self.store: ParameterStore | None = None
         self.sync: ServerSync | None = None
         self.pushes: dict[int, Push] = {}  # the tensors of the pushes `sync` holds, by token
-        self.copies = _CopyPool()
         self.held: list[_Held] = []
         self.replication: Replication | None = None  # replication = 1: backup duties both ways
         self.epoch = 0  # the coordinator's rollbacks: worker requests of earlier ones are stale
@@ -152,7 +151,7 @@ class Server:
         self._straggle(f.get("straggler", {}))  # before the store changes: a bad one changes nothing
         self.epoch = int(f.get("epoch", 0))
         self.store, self.sync = store, ServerSync(policy, workers, version=store.version)
-        self.pushes, self.held, self.copies = {}, [], _CopyPool()
+        self.pushes, self.held = {}, []
         if self.replication is not None:
             self.replication.reset(store.version)
         self.listener.send(peer, Message("ready", {"rank": self.rank}))
@@ -260,7 +259,6 @@ class Server:
         self.store = ParameterStore(sorted(blocks, key=lambda b: b.key), {b.key: values[b.key] for b in blocks},
                                     old.spec, old.policy, version=old.version, samples=old.samples,
                                     optim_state=state)
-        self.copies = _CopyPool()
 
     def _on_flush(self, peer: bytes, msg: Message) -> None:
         """Apply a half-filled softsync group (the end of a run): no gradient is lost."""
@@ -408,19 +406,16 @@ class Server:
     def _reply(self, h: _Held) -> None:
         t0 = self.clock.now()
         store = self.store
-        # Send copies: the transport may read the tensors after send() returns, and the
-        # next update must not change bytes still on their way.
-        slots = {k: self.copies.take(k, v) for k, v in store.values.items()}
-        values = {k: slot[0] for k, slot in slots.items()}
+        # No copy: the transport may read the tensors after send() returns, so they are lent
+        # to it, and the next update leaves them as they are until it is done (store.lend).
+        values = dict(store.values)
         if h.kind == "pull":
             msg = Message("params", {"version": self.sync.published(), "held_s": t0 - h.since}, pack(values))
             self._charge(_nbytes(values.values()), t0)
         else:
             msg = Message("state", {"version": store.version, "samples": store.samples,
                                     "blocks": len(store.blocks)}, pack(values, states=store.optim_state()))
-        done = self.listener.send(h.peer, msg)
-        for slot in slots.values():
-            slot[1] = done
+        store.lend(list(values.values()), self.listener.send(h.peer, msg))
 
 
 def _positive(name: str, x, zero_ok: bool = False) -> float:
@@ -441,27 +436,3 @@ def _warm_up() -> None:
     p.grad = torch.zeros(1)
     for opt in (torch.optim.SGD([p], lr=0.1, momentum=0.9), torch.optim.Adam([p])):
         opt.step()
-
-
-class _CopyPool:
-    """Reusable copies of block values for replies. A copy is free again once the
-    transport reports it has finished reading it; reusing memory avoids the page faults
-    of a fresh allocation per reply, which cost more than the copy itself."""
-
-    def __init__(self) -> None:
-        self.slots: dict[int, list[list]] = {}
-
-    def take(self, key: int, value) -> list:
-        """A [copy of value, done] slot, marked busy until the caller sets `done`."""
-        for slot in self.slots.setdefault(key, []):
-            if slot[1]() and slot[0].shape == value.shape:
-                slot[0].copy_(value)
-                slot[1] = _busy
-                return slot
-        slot = [value.clone(), _busy]
-        self.slots[key].append(slot)
-        return slot
-
-
-def _busy() -> bool:
-    return False

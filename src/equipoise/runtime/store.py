@@ -4,14 +4,21 @@
 asks its `ServerSync` (policy/sync.py) which pushes form an update and with what σ, and
 hands them here. An update is *apply then publish*: grouped gradients are combined by
 sample count (modulated by σ as the policy says), the learning rate is set from training
-progress, a real `torch.optim` optimizer steps, and the version increments.
+progress, a real `torch.optim` optimizer steps (plain SGD, without momentum or weight
+decay, is its one line of arithmetic, done here), and the version increments.
+
+Replies send the value tensors themselves, without a copy (`lend`): the store never
+changes a lent tensor in place while its reader is not done. An update first moves each
+block whose tensor is still being read to another buffer (copy-on-write, into a retired
+buffer no longer read, else a fresh one), so every reply holds the values of the version
+it was taken at, and a version read by many replies is one shared snapshot.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping
 
 import torch
 
@@ -65,7 +72,10 @@ class ParameterStore:
                         for k, b in self.blocks.items() if b.kind == "param"]
         self._param_keys = [k for k, b in self.blocks.items() if b.kind == "param"]
         self.optimizer = _make_optimizer(spec, self._params)
+        self._plain_sgd = spec.name == "sgd" and spec.momentum == 0 and spec.weight_decay == 0
         self._sums: dict[int, torch.Tensor] = {}
+        self._loans: list[tuple[list[torch.Tensor], Callable[[], bool]]] = []  # (tensors, done)
+        self._retired: dict[int, list[torch.Tensor]] = {}  # earlier buffers of each block
         if optim_state:
             self._load_optim_state(optim_state)
 
@@ -89,6 +99,34 @@ class ParameterStore:
                 raise PushError(f"push from worker {push.worker}: block {key} holds a non-finite "
                                 "gradient (NaN or inf)")
 
+    def lend(self, tensors: list[torch.Tensor], done: Callable[[], bool]) -> None:
+        """`tensors` (of `values`) are read, e.g. by a zero-copy send, until `done()`:
+        no update changes them in place before then."""
+        self._loans = [loan for loan in self._loans if not loan[1]()]
+        self._loans.append((tensors, done))
+
+    def _copy_on_write(self) -> None:
+        """Before an update: move every block whose tensor is still lent to another buffer."""
+        self._loans = [loan for loan in self._loans if not loan[1]()]
+        if not self._loans:
+            return
+        busy = {id(t) for tensors, _ in self._loans for t in tensors}
+        params = dict(zip(self._param_keys, self._params))
+        for key, value in self.values.items():
+            if id(value) not in busy:
+                continue
+            retired = self._retired.setdefault(key, [])
+            spare = next((t for t in retired if id(t) not in busy), None)
+            if spare is None:
+                spare = value.clone()
+            else:
+                retired.remove(spare)
+                spare.copy_(value)
+            retired.append(value)
+            self.values[key] = spare
+            if key in params:
+                params[key].data = spare  # the optimizer's state stays keyed by the same Parameter
+
     def apply(self, group: list[Push], staleness: list[int] | None = None) -> None:
         """Combine a group of pushes (sorted by slice, then worker, for determinism: under
         a barrier the slices of one iteration are contiguous in worker order, also after
@@ -99,6 +137,7 @@ class ParameterStore:
         group, staleness = [group[i] for i in order], [staleness[i] for i in order]
         base = self.policy.weights([p.samples for p in group])
         weights, lr_factor = self.policy.modulate(base, staleness)
+        self._copy_on_write()
         # Buffers (BatchNorm statistics) are averaged, never scaled by staleness.
         combined = {k: self._combine(k, [p.tensors[k] for p in group],
                                      weights if b.kind == "param" else base)
@@ -112,7 +151,12 @@ class ParameterStore:
                            total=self.spec.total, step_size=self.spec.step_size, gamma=self.spec.gamma)
         for g in self.optimizer.param_groups:
             g["lr"] = lr * lr_factor
-        if self._params:
+        if self._params and self._plain_sgd:
+            # Exactly SGD.step's arithmetic without momentum and weight decay (w −= lr·g), less
+            # its per-call overhead (profiler scope, grad mode, argument checks).
+            for param in self._params:
+                param.add_(param.grad, alpha=-(lr * lr_factor))
+        elif self._params:
             self.optimizer.step()
         self.version += 1
         self.samples += sum(p.samples for p in group)

@@ -179,13 +179,23 @@ class _ZmqEndpoint:
         self.max_bytes = transport.max_bytes
         self._auth = transport.keys is not None
         self._zero_copy = transport._zero_copy
+        self._copy_threshold = transport.copy_threshold
 
-    def _send(self, frames: list) -> Callable[[], bool]:
+    def _send(self, frames: list, track: bool = False) -> Callable[[], bool]:
+        """Send a multipart message; with `track`, the returned function tells whether
+        ZeroMQ has finished reading every frame sent zero-copy (send_multipart would
+        track only the last frame, which may have been copied while others are read)."""
         if not self._zero_copy:
             self._sock.send_multipart(frames, copy=True)
             return _DONE
-        tracker = self._sock.send_multipart(frames, copy=False, track=True)
-        return (lambda: tracker.done) if tracker is not None else _DONE
+        trackers = []
+        last, threshold = len(frames) - 1, self._copy_threshold
+        for i, frame in enumerate(frames):
+            tracked = track and memoryview(frame).nbytes >= threshold
+            tracker = self._sock.send(frame, zmq.SNDMORE if i < last else 0, copy=False, track=tracked)
+            if tracked:
+                trackers.append(tracker)
+        return (lambda: all(t.done for t in trackers)) if trackers else _DONE
 
     def close(self) -> None:
         self._sock.close(linger=0)
@@ -219,7 +229,7 @@ class _ZmqListener(_ZmqEndpoint, Listener):
     def send(self, peer: bytes, msg: Message) -> Callable[[], bool]:
         frames = encode(msg)
         check_size(frames, self.max_bytes)
-        return self._send([peer, *frames])
+        return self._send([peer, *frames], track=True)
 
 
 class _ZmqConnection(_ZmqEndpoint, Connection):
