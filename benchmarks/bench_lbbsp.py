@@ -104,8 +104,11 @@ PRESETS = {
 # -- measurements ------------------------------------------------------------------------
 
 def steady_window(metrics: Path, warmup: int) -> dict[str, Any]:
-    """From a run's iteration records: samples/s over the iterations after `warmup`, and
-    each worker's median batch and median compute seconds over them."""
+    """From a run's iteration records: samples/s over the iterations after `warmup`, each
+    worker's median batch and median compute seconds over them, and where an iteration's
+    time goes (means over the window, as shares of the mean iteration): `compute` (the
+    workers' mean compute), `imbalance` (the slowest worker's compute beyond the mean)
+    and `rest` (the barrier: the last push, the update, the pulls, unpacking)."""
     recs = [json.loads(line) for line in metrics.read_text(encoding="utf-8").splitlines()]
     recs = sorted((r for r in recs if r.get("type") == "iteration"), key=lambda r: r["iteration"])
     if len(recs) <= warmup or warmup < 1:
@@ -120,7 +123,13 @@ def steady_window(metrics: Path, warmup: int) -> dict[str, Any]:
                 per.setdefault(int(w), {"batch": [], "compute_s": []})["batch"].append(b)
                 if c is not None:
                     per[int(w)]["compute_s"].append(c)
-    return {"samples_per_s": samples / seconds if seconds > 0 else float("nan"),
+    computes = [[c for c, b in zip(r.get("compute_s") or [], r["batch"]) if b] for r in window]
+    mean_c = statistics.fmean(statistics.fmean(c) for c in computes if c) if any(computes) else float("nan")
+    max_c = statistics.fmean(max(c) for c in computes if c) if any(computes) else float("nan")
+    iteration = seconds / len(window)
+    split = {"iteration_s": iteration, "compute": mean_c / iteration, "imbalance": (max_c - mean_c) / iteration,
+             "rest": 1.0 - max_c / iteration}
+    return {"samples_per_s": samples / seconds if seconds > 0 else float("nan"), "split": split,
             "final_train_loss": statistics.fmean(r["loss"] for r in recs[-10:]),
             "batch": {w: statistics.median(v["batch"]) for w, v in sorted(per.items())},
             "compute_s": {w: statistics.median(v["compute_s"]) if v["compute_s"] else None
@@ -148,7 +157,9 @@ def run_system(spec: Spec, name: str, tmp: Path) -> dict[str, Any]:
     if name == "asp":
         # ASP at the BSP rate diverges here (stale momentum-SGD steps; NaN within ~20
         # iterations), so it runs at α/λ, the rate of its λ-times-more-frequent updates.
-        return run_equipoise(spec, "asp", tmp, lr=spec.lr / spec.workers)
+        out = run_equipoise(spec, "asp", tmp, lr=spec.lr / spec.workers)
+        out.pop("split")  # no barrier: an iteration record is not a round of every worker
+        return out
     return run_equipoise(spec, name, tmp)
 
 
