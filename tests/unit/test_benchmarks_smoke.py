@@ -114,21 +114,28 @@ def test_common_helpers():
     assert table.splitlines()[2] == "| 1 | 0.5 |"
 
 
-def test_rudra_study_table_and_plot(tmp_path):
+def test_rudra_study_summarises_rounds_against_hardsync_and_plots(tmp_path):
     from benchmarks import bench_rudra
 
-    rows = [dict(n=0, modulation="–", overlap=False, final_accuracy=0.86, staleness_mean=0.0, staleness_max=0,
-                 samples_per_s=7000.0, wall_s=28.0)]
-    for n, acc in [(1, 0.84), (2, 0.82), (4, 0.3), (8, 0.2)]:
-        for mod in bench_rudra.MODULATIONS:
-            rows.append(dict(n=n, modulation=mod, overlap=False, final_accuracy=acc if mod == "none" else 0.85,
-                             staleness_mean=float(n), staleness_max=2 * n, samples_per_s=8000.0, wall_s=25.0))
-    rows.append(dict(n=8, modulation="mean", overlap=False, error="JobError: diverged", final_accuracy=math.nan,
-                     staleness_mean=math.nan, staleness_max=None, samples_per_s=math.nan, wall_s=3.0))
-    text = bench_rudra.study_table(rows)
-    assert "hardsync (bsp)" in text and "8-softsync" in text and "failed: JobError" in text
-    assert "-56.0" in text  # Δ of the n = 4, none row, in points
-    path = bench_rudra.plot_study(rows, tmp_path / "acc.png")
+    def run(acc, sigma, speed, error=None):
+        r = dict(final_accuracy=acc, staleness_mean=sigma, staleness_max=2 * sigma, samples_per_s=speed,
+                 barrier_wait_fraction=0.0)
+        return dict(r, error=error) if error else r
+
+    runs = [{"seed": seed, "hardsync": run(0.86 + d, 0.0, 7000.0), "1-softsync none": run(0.84 + d, 1.0, 8000.0),
+             "4-softsync none": run(0.30 + d, 4.0, 7000.0 * (1 + d)),
+             "1-softsync per_gradient": run(0.85, 1.0, 8000.0),
+             "4-softsync per_gradient": run(math.nan, math.nan, math.nan, "JobError: diverged") if seed == 2
+             else run(0.85, 4.0, 8000.0)}
+            for seed, d in ((0, 0.0), (1, 0.01), (2, 0.02))]
+    systems = bench_rudra.summarise(runs, list(runs[0])[1:], "hardsync")
+    assert systems["4-softsync none"]["delta_points"]["median"] == pytest.approx(-56.0)  # paired by round, in points
+    assert systems["4-softsync none"]["speedup"]["max"] == pytest.approx(1.02)
+    assert systems["4-softsync per_gradient"]["final_accuracy"]["n"] == 2
+    text = bench_rudra.study_table(systems)
+    assert "hardsync (bsp)" in text and "4-softsync" in text and "1 failed: JobError" in text
+    assert "-56.0 (-56.0–-56.0)" in text
+    path = bench_rudra.plot_study(systems, tmp_path / "acc.png")
     assert path.stat().st_size > 10_000
 
 
