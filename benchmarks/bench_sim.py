@@ -5,10 +5,13 @@ Presets:
 
 * ``validate``: real jobs on this machine (Fashion-MNIST, the CNN, 4 workers): BSP with
   no stragglers (the calibration run), BSP and LB-BSP under slowdown [1, 1, 2, 4], SSP
-  (s = 2) and 2-softsync, and BSP with PSLD placement and one server 4× slower. The cost
-  model is fitted to the calibration run only (``--calibrate``); each run's own
-  config.toml is then simulated and the mean iteration time (train_s / iterations) and
-  mean σ compared with the real run's: target within 10%.
+  (s = 2) and 2-softsync, and BSP with PSLD placement and one server 4× slower, each
+  ``reps`` times, interleaved (all six, then all six again, ...). Each repetition's runs
+  are simulated (their own config.toml) with the cost model fitted to that repetition's
+  calibration run only (``--calibrate``); compared: the medians over repetitions of the
+  steady mean iteration time (after iterations 0 and 1), of the whole-run mean
+  (train_s / iterations), of σ (mean, and the histogram's total variation distance) and
+  of PSLD's settled iteration time, with the real runs' range. Target: within 10%.
 * ``scale``: wall seconds per simulated iteration against the number of workers (10 to
   10,000, BSP, LB-BSP, ASP), and the headline 1,000 workers × 100 servers × 1,000
   iterations (target ≤ 60 s); writes docs/img/sim_scale.png with ``--plots docs/img``.
@@ -33,7 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import RESULTS_DIR, load_average, markdown_table, write_results
+from benchmarks.common import (RESULTS_DIR, fmt_range, interleave, load_average, markdown_table,
+                               summary as spread, write_results)
 
 NAME = "bench_sim"
 
@@ -77,12 +81,16 @@ def validation_runs(spec: Spec) -> dict[str, dict[str, Any]]:
 
 
 def _numbers(summary: dict, run_dir: Path) -> dict[str, Any]:
+    from equipoise.sim.calibrate import steady_iteration_s
     from equipoise.telemetry.metrics import read_metrics
 
     records = read_metrics(run_dir / "metrics.jsonl")
     servers = [r for r in records if r.get("type") == "servers" and r.get("iteration_s")]
     tail = servers[len(servers) // 2:]
-    return {"iteration_s": summary["train_s"] / summary["iterations"], "staleness_mean": summary["staleness_mean"],
+    hist = {int(k): v for k, v in (summary.get("staleness_histogram") or {}).items()}
+    return {"iteration_s": summary["train_s"] / summary["iterations"], "steady_iteration_s": steady_iteration_s(records),
+            "staleness_mean": summary["staleness_mean"],
+            "staleness_histogram": {str(k): v / max(1, sum(hist.values())) for k, v in sorted(hist.items())},
             "samples_per_s": summary["samples_per_s"], "barrier_wait_fraction": summary["barrier_wait_fraction"],
             "settled_iteration_s": statistics.fmean(r["iteration_s"] for r in tail) if tail else None,
             "block_moves": sum(1 for r in records if r.get("event") == "block_moved")}
@@ -91,47 +99,96 @@ def _numbers(summary: dict, run_dir: Path) -> dict[str, Any]:
 def _error(sim: float | None, real: float | None, floor: float = 0.0) -> float | None:
     """Relative error of sim against real; None without both. σ means below `floor`
     (BSP's 0) are compared absolutely."""
-    if sim is None or real is None:
+    if sim is None or real is None or (isinstance(real, float) and math.isnan(real)):
         return None
     return abs(sim - real) if abs(real) <= floor else abs(sim - real) / abs(real)
 
 
+def _tv(p: dict[str, float], q: dict[str, float]) -> float:
+    """Total variation distance of two σ histograms (fractions): the share of pushes
+    that would have to change σ to turn one into the other."""
+    return 0.5 * sum(abs(p.get(k, 0.0) - q.get(k, 0.0)) for k in set(p) | set(q))
+
+
+QUANTITIES = ("steady_iteration_s", "iteration_s", "staleness_mean", "settled_iteration_s")
+
+
 def run_validate(spec: Spec, real_runs: str | None = None) -> dict[str, Any]:
-    """Each validation run for real (unless `real_runs` already holds its run directory,
-    which is then read instead: a model change can be validated again on the same real
-    runs), then simulated with the model calibrated on the first."""
+    """Every validation run for real, `spec.reps` times interleaved (calibration, A, B, ...,
+    calibration, A, B, ...; a run whose directory `real_runs` already holds is read
+    instead, so that a model change can be validated again on the same real runs). Each
+    repetition's runs are then simulated with the model calibrated on that repetition's
+    calibration run, the real run nearest in time and load. Compared: the median over
+    repetitions of the simulated value against the median of the real one, with the real
+    runs' range beside it (is a miss within their own spread?)."""
     import equipoise
 
-    out: dict[str, Any] = {"runs": {}, "real_runs_reused": []}
+    out: dict[str, Any] = {"runs": {}, "real_runs_reused": [], "calibrations": []}
+    configs = validation_runs(spec)
     with tempfile.TemporaryDirectory(prefix="bench-sim-") as name:
         tmp = Path(name)
-        real_root = Path(real_runs) if real_runs else tmp
-        calib_dir = None
-        for label, cfg in validation_runs(spec).items():
-            real_dir = real_root / label
+        root = Path(real_runs) if real_runs else tmp
+        rep = {label: 0 for label in configs}
+
+        def real(label: str) -> dict[str, Any]:
+            real_dir = root / f"rep{rep[label]}" / label
+            rep[label] += 1
             t0 = time.perf_counter()
             if (real_dir / "summary.json").exists():
                 summary = json.loads((real_dir / "summary.json").read_text())
-                out["real_runs_reused"].append(label)
+                out["real_runs_reused"].append(str(real_dir.relative_to(root)))
             else:
-                summary = equipoise.train(cfg, out=real_dir)
-            real_wall = time.perf_counter() - t0
-            calib_dir = calib_dir or real_dir
-            sim = equipoise.simulate(real_dir / "config.toml", out=tmp / f"sim-{label}", calibrate=calib_dir)
-            if real_dir == calib_dir:
-                out["calibration"] = json.loads((Path(sim["run_dir"]) / "calibration.json").read_text())
-            r, s = _numbers(summary, real_dir), _numbers(sim, Path(sim["run_dir"]))
-            out["runs"][label] = {"config": cfg, "real": r, "sim": s, "real_wall_s": real_wall, "sim_s": sim["sim_s"],
-                                  "iteration_s_error": _error(s["iteration_s"], r["iteration_s"]),
-                                  "staleness_error": _error(s["staleness_mean"], r["staleness_mean"], floor=0.05),
-                                  "settled_error": _error(s["settled_iteration_s"], r["settled_iteration_s"])}
-    rows = [[k, v["real"]["iteration_s"], v["sim"]["iteration_s"], v["iteration_s_error"],
-             v["real"]["staleness_mean"], v["sim"]["staleness_mean"], v["staleness_error"],
-             v["real"]["settled_iteration_s"], v["sim"]["settled_iteration_s"]] for k, v in out["runs"].items()]
-    out["table"] = markdown_table(["run", "real s/it", "sim s/it", "error", "real σ mean", "sim σ mean",
-                                   "σ error", "real settled s/it", "sim settled s/it"], rows)
-    errors = [v["iteration_s_error"] for v in out["runs"].values()] + [
-        v["staleness_error"] for v in out["runs"].values() if v["staleness_error"] is not None]
+                summary = equipoise.train(configs[label], out=real_dir)
+            print(f"  real {real_dir.parent.name} {label}: {summary['train_s'] / summary['iterations']:.4f} s/it")
+            return {"dir": real_dir, "summary": summary, "wall_s": time.perf_counter() - t0,
+                    "loadavg": load_average()}
+
+        reals = interleave({label: (lambda label=label: real(label)) for label in configs}, spec.reps)
+        first = next(iter(configs))
+        per: dict[str, dict[str, list]] = {label: {"real": [], "sim": []} for label in configs}
+        for i in range(spec.reps):
+            calib_dir = reals[first][i]["dir"]
+            for label in configs:
+                r = reals[label][i]
+                sim = equipoise.simulate(r["dir"] / "config.toml", out=tmp / f"sim{i}-{label}", calibrate=calib_dir)
+                if label == first:
+                    out["calibrations"].append(json.loads((Path(sim["run_dir"]) / "calibration.json").read_text()))
+                per[label]["real"].append({**_numbers(r["summary"], r["dir"]), "wall_s": r["wall_s"],
+                                           "loadavg": r["loadavg"]})
+                per[label]["sim"].append({**_numbers(sim, Path(sim["run_dir"])), "sim_s": sim["sim_s"]})
+    out["calibration"] = out["calibrations"][0]
+    for label, runs in per.items():
+        entry: dict[str, Any] = {"config": configs[label], "reps": runs}
+        for q in QUANTITIES:
+            for side in ("real", "sim"):
+                vals = [v[q] for v in runs[side] if v[q] is not None]
+                entry[f"{side}_{q}"] = spread(vals) if vals else None
+            r, s = entry[f"real_{q}"], entry[f"sim_{q}"]
+            entry[f"{q}_error"] = (_error(s["median"], r["median"], floor=0.05 if q == "staleness_mean" else 0.0)
+                                   if r and s else None)
+        if any(v["staleness_mean"] > 0 for v in runs["real"]):
+            entry["histogram_tv"] = spread([_tv(a["staleness_histogram"], b["staleness_histogram"])
+                                             for a, b in zip(runs["real"], runs["sim"])])
+        out["runs"][label] = entry
+
+    def cell(entry: dict, q: str) -> str:
+        return fmt_range(entry[f"real_{q}"]) if entry[f"real_{q}"] else "–"
+
+    def sim_cell(entry: dict, q: str) -> Any:
+        return entry[f"sim_{q}"]["median"] if entry[f"sim_{q}"] else None
+
+    rows = [[k, cell(v, "steady_iteration_s"), sim_cell(v, "steady_iteration_s"), v["steady_iteration_s_error"],
+             cell(v, "iteration_s"), sim_cell(v, "iteration_s"), v["iteration_s_error"],
+             cell(v, "staleness_mean"), sim_cell(v, "staleness_mean"), v["staleness_mean_error"],
+             v["histogram_tv"]["median"] if "histogram_tv" in v else None,
+             cell(v, "settled_iteration_s"), sim_cell(v, "settled_iteration_s"), v["settled_iteration_s_error"]]
+            for k, v in out["runs"].items()]
+    out["table"] = markdown_table(["run", "real steady s/it median (range)", "sim", "error",
+                                   "real s/it whole run (range)", "sim", "error", "real σ mean (range)", "sim",
+                                   "error", "σ histogram TV", "real settled s/it (range)", "sim", "error"], rows)
+    errors = [v["steady_iteration_s_error"] for k, v in out["runs"].items() if k != first] + [
+        v["staleness_mean_error"] for v in out["runs"].values()
+        if v["staleness_mean_error"] is not None and v["real_staleness_mean"]["median"] > 0.05]
     out["within_10_percent"] = sum(e <= 0.10 for e in errors)
     out["compared"] = len(errors)
     return out

@@ -114,10 +114,14 @@ class Config:
     sim_compute_s: tuple[float, ...] = (0.002,)  # a: seconds per step, one value for all workers or one per worker
     sim_sample_s: tuple[float, ...] = (0.0002,)  # b: seconds per sample (compute = (a + b·batch) × slowdown)
     sim_noise: float = 0.0  # σ of a lognormal factor on every simulated step (0: none)
+    sim_noise_shared: float = 0.0  # σ of a lognormal factor shared by all steps of an iteration (0: none)
+    sim_noise_shared_corr: float = 0.0  # correlation of consecutive iterations' shared factors, in [0, 1)
     sim_cpu_share: float = 1.0  # part of a step that is the worker's own CPU work, the part a slowdown stretches
     sim_latency_s: float = 0.0002  # one-way latency of every message
     sim_link_mbps: float = 1000.0  # each worker's link, MB/s (0: free)
     sim_server_mbps: float = 1000.0  # MB/s a server at factor 1 receives+applies or sends (0: free)
+    sim_host_cores: int = 0  # emulation host: workers share this many cores (0: each a machine of its own)
+    sim_host_load: float = 0.0  # emulation host: other runnable processes on it, on average
 
     # -- construction -----------------------------------------------------------------
     @classmethod
@@ -332,9 +336,12 @@ class Config:
             if len(v) not in (1, self.workers) or any(not (math.isfinite(x) and x >= 0) for x in v):
                 raise ConfigError(f"{key} = {list(v)} needs one value ≥ 0 for all workers or one per worker "
                                   f"(workers = {self.workers})")
+        if not 0.0 <= self.sim_noise_shared_corr < 1.0:
+            raise ConfigError(f"sim_noise_shared_corr = {self.sim_noise_shared_corr!r} must be in [0, 1)")
         if not 0.0 < self.sim_cpu_share <= 1.0:
             raise ConfigError(f"sim_cpu_share = {self.sim_cpu_share!r} must be in (0, 1]")
-        for key in ("sim_noise", "sim_latency_s", "sim_link_mbps", "sim_server_mbps"):
+        for key in ("sim_noise", "sim_noise_shared", "sim_latency_s", "sim_link_mbps", "sim_server_mbps",
+                    "sim_host_cores", "sim_host_load"):
             if not (math.isfinite(getattr(self, key)) and getattr(self, key) >= 0):
                 raise ConfigError(f"{key} = {getattr(self, key)!r} must be a finite number ≥ 0")
 

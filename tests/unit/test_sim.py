@@ -12,7 +12,8 @@ import pytest
 from equipoise.config import Config, ConfigError
 from equipoise.scenario import Scenario
 from equipoise.sim import calibrate, simulate
-from equipoise.sim.cost import SHAPES, model_tensors_of
+from equipoise.sim.calibrate import _noise
+from equipoise.sim.cost import SHAPES, CostModel, model_tensors_of
 from equipoise.sim.engine import Simulation, WorkerFactors
 from equipoise.telemetry.metrics import read_metrics
 
@@ -169,3 +170,37 @@ def test_sim_keys_are_validated():
         Config.from_dict({"sim_latency_s": -1.0})
     with pytest.raises(ConfigError, match="neighbours"):
         simulate({**BASE, "neighbours": [{"worker": 0}]}, write=False)
+
+
+def test_host_rate_is_the_processor_sharing_fixed_point():
+    # 4 unslowed workers on 2 cores, nothing else running: each runnable all the time,
+    # so each gets 2/4 of a core. With factors [1, 1, 2, 4] the stretched workers sleep
+    # part of their steps, and r solves r = 2 / (2 + 1/(1 + r) + 1/(1 + 3r)).
+    cost = CostModel(Config(workers=4, sim_host_cores=2, sim_cpu_share=0.5))
+    assert cost.host_rate(np.ones(4)) == pytest.approx(0.5, abs=1e-9)
+    r = cost.host_rate(np.array([1.0, 1.0, 2.0, 4.0]))
+    assert r == pytest.approx(2 / (2 + 1 / (1 + r) + 1 / (1 + 3 * r)), abs=1e-8) and 0.5 < r < 1
+    assert cost.host_rate(np.ones(1)) == 1.0  # one worker on two cores: a core of its own
+
+
+def test_host_compute_shares_the_cores_between_steps_as_they_start_and_finish():
+    # One core, ρ = 1: worker 0 starts at 0 with 1 s of CPU work, worker 1 at 0.5 s with
+    # 1 s. Alone until 0.5 (0.5 s done), then half a core each: worker 0 ends at 1.5;
+    # worker 1 has done 0.5 s by then and finishes alone at 2.0.
+    cost = CostModel(Config(workers=2, sim_host_cores=1, sim_cpu_share=1.0))
+    took = cost.host_compute(np.array([0.0, 0.5]), np.array([1.0, 1.0]), np.ones(2))
+    assert took == pytest.approx([1.5, 1.5], abs=1e-9)
+    # a worker at f = 3 sleeps 2 s per CPU second: alone on a core its 1 s step takes 3 s
+    assert cost.host_compute(np.zeros(1), np.ones(1), np.array([3.0])) == pytest.approx([3.0], abs=1e-9)
+
+
+def test_noise_splits_into_a_shared_and_an_own_part():
+    # residuals ±0.2 per iteration shared by its 4 steps, and ±0.1 of each step's own
+    # (two +, two −: the iteration's mean is the shared part exactly; the estimator still
+    # takes off the own/4 variance a mean of 4 independent steps would carry)
+    res = [(k, (0.2 if k % 2 else -0.2) + d) for k in range(100) for d in (0.1, -0.1, 0.1, -0.1)]
+    shared, own, corr = _noise(res)
+    own_var = 4 * 0.01 / 3  # sample variance of (0.1, -0.1, 0.1, -0.1)
+    assert own == pytest.approx(own_var ** 0.5, rel=1e-9)
+    assert shared == pytest.approx((0.04 - own_var / 4) ** 0.5, rel=1e-9)
+    assert corr == 0.0  # the shared part alternates sign: correlation −1, clipped to 0

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import socket
 import statistics
 from pathlib import Path
 from typing import Any
@@ -50,53 +52,103 @@ def calibrate(run_dir: str | Path) -> dict[str, Any]:
     # the CPU share of an unslowed step (the `cpu` its worker reported); 1 if none was
     cpu = [c for r, fs in zip(rows, factors) for c, f in zip(r.get("cpu") or [], fs) if f == 1.0 and c]
     share = min(1.0, max(0.01, statistics.median(cpu))) if cpu else 1.0
+    points = [(k, w, float(r["batch"][i]), float(r["compute_s"][i]) / (1.0 + (f - 1.0) * share))
+              for k, (r, fs) in enumerate(zip(rows, factors)) for i, (w, f) in enumerate(zip(r["workers"], fs))
+              if r["compute_s"][i] and r["batch"][i]]
     xs: dict[int, list[float]] = {}
     ys: dict[int, list[float]] = {}
-    for r, fs in zip(rows, factors):
-        for i, (w, f) in enumerate(zip(r["workers"], fs)):
-            if r["compute_s"][i] and r["batch"][i]:
-                xs.setdefault(w, []).append(float(r["batch"][i]))
-                ys.setdefault(w, []).append(float(r["compute_s"][i]) / (1.0 + (f - 1.0) * share))
+    for _, w, x, y in points:
+        xs.setdefault(w, []).append(x)
+        ys.setdefault(w, []).append(y)
     ranks = range(max(xs) + 1)
     fits = {w: _line(xs[w], ys[w]) for w in xs}
-    a = [fits[w][0] if w in fits else statistics.fmean(f[0] for f in fits.values()) for w in ranks]
-    b = [fits[w][1] if w in fits else statistics.fmean(f[1] for f in fits.values()) for w in ranks]
-    logs = [math.log(y / (a[w] + b[w] * x)) for w in xs for x, y in zip(xs[w], ys[w]) if a[w] + b[w] * x > 0]
-    noise = statistics.pstdev(logs) if len(logs) > 1 else 0.0
+    cores = _emulation_host(run)
+    if cores:  # one machine: its workers differ only by chance, so one line for all
+        pooled = _line([p[2] for p in points], [p[3] for p in points])
+        a, b = [pooled[0]] * len(ranks), [pooled[1]] * len(ranks)
+    else:
+        a = [fits[w][0] if w in fits else statistics.fmean(f[0] for f in fits.values()) for w in ranks]
+        b = [fits[w][1] if w in fits else statistics.fmean(f[1] for f in fits.values()) for w in ranks]
+    shared, noise, corr = _noise([(k, math.log(y / (a[w] + b[w] * x))) for k, w, x, y in points if a[w] + b[w] * x > 0])
+    # other runnable processes on the host: what makes the calibration run's core share ρ
+    # when its workers compete as host_rate says (each at f is runnable 1 / (1 + ρ(f − 1)))
+    competing = statistics.fmean(sum(1.0 / (1.0 + share * (f - 1.0)) for f in fs) for fs in factors)
+    load = max(0.0, cores / share - competing) if cores else 0.0
     server_s, servers_from = _server_cost(cfg, records, scenario)
     tensors = model_tensors_of(cfg)
     keys = {"sim_compute_s": [round(v, 9) for v in a], "sim_sample_s": [round(v, 11) for v in b],
-            "sim_noise": round(noise, 6), "sim_cpu_share": round(share, 4),
+            "sim_noise": round(noise, 6), "sim_noise_shared": round(shared, 6),
+            "sim_noise_shared_corr": round(corr, 4), "sim_cpu_share": round(share, 4),
+            "sim_host_cores": cores, "sim_host_load": round(load, 4),
             "sim_server_mbps": round(1.0 / (server_s * MB), 3) if server_s > 0 else 0.0}
-    target = _mean_iteration_s(run, rows)
+    target = steady_iteration_s(records)
+    if target is None:
+        raise ConfigError(f"--calibrate {str(run)!r}: needs more than {WARMUP} iterations")
     latency = _fit_latency(cfg.replace(**keys), tensors, len(iters), target)
     keys["sim_latency_s"] = round(latency, 9)
     fit = {"run_dir": str(run), "protocol": cfg.protocol, "workers": cfg.workers, "iterations_used": len(rows),
-           "mean_iteration_s": target, "server_cost_from": servers_from,
+           "steady_iteration_s": target, "server_cost_from": servers_from,
            "compute_fit": {str(w): {"a": fits[w][0], "b": fits[w][1], "points": len(xs[w]),
                                     "batch_range": [min(xs[w]), max(xs[w])]} for w in sorted(fits)}}
     return {"keys": keys, "fit": fit}
 
 
-def _mean_iteration_s(run: Path, rows: list[dict]) -> float:
-    """The real run's mean iteration time, train_s / iterations (from its records if it
-    has no summary)."""
+def _noise(residuals: list[tuple[int, float]]) -> tuple[float, float, float]:
+    """(σ shared, σ own, correlation) of log(measured ÷ fitted), split into a part common
+    to an iteration's steps (the host or the job slowed down for everyone: the variance
+    of the iterations' means less what the steps' own spread puts into a mean), the
+    steps' own spread about their iteration's mean, and the lag-1 correlation of the
+    iterations' means (in [0, 0.99]; 0 without a shared part)."""
+    by: dict[int, list[float]] = {}
+    for k, v in residuals:
+        by.setdefault(k, []).append(v)
+    groups = [by[k] for k in sorted(by) if len(by[k]) > 1]
+    if not groups:
+        return 0.0, statistics.pstdev([v for _, v in residuals]) if len(residuals) > 1 else 0.0, 0.0
+    own = statistics.fmean(statistics.variance(g) for g in groups)
+    means = [statistics.fmean(g) for g in groups]
+    common = statistics.pvariance(means) - own / statistics.fmean(len(g) for g in groups) if len(means) > 1 else 0.0
+    corr = 0.0
+    if common > 0 and len(means) > 2:
+        corr = min(0.99, max(0.0, float(np.corrcoef(means[:-1], means[1:])[0, 1])))
+    return math.sqrt(max(0.0, common)), math.sqrt(own), corr
+
+
+def _emulation_host(run: Path) -> int:
+    """The cores of this machine if every worker of the run ran on it (its summary's
+    "nodes"): the run was an emulation, its workers shared these cores; else 0 (each
+    worker had a machine of its own, or the run's host is not known)."""
     try:
-        summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
-        return float(summary["train_s"]) / int(summary["iterations"])
-    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
-        return float(rows[-1]["elapsed"]) / (rows[-1]["iteration"] + 1)
+        nodes = json.loads((run / "summary.json").read_text(encoding="utf-8"))["nodes"]
+        hosts = {v["hostname"] for k, v in nodes.items() if k.startswith("worker")}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return 0
+    return len(os.sched_getaffinity(0)) if hosts == {socket.gethostname()} else 0
+
+
+def steady_iteration_s(records: list[dict]) -> float | None:
+    """Mean seconds per iteration after the first ``WARMUP`` (their records' last
+    ``elapsed`` minus that of iteration WARMUP − 1, over the iterations between): the
+    steady window, without the processes' start-up, which a simulation does not model.
+    None with too few iteration records."""
+    its = [r for r in records if r.get("type") == "iteration" and r.get("elapsed") is not None]
+    n = 1 + max((r["iteration"] for r in its), default=-1)
+    if n <= WARMUP:
+        return None
+    start = max(r["elapsed"] for r in its if r["iteration"] < WARMUP)
+    return (max(r["elapsed"] for r in its) - start) / (n - WARMUP)
 
 
 def _fit_latency(cfg: Config, tensors, iterations: int, target: float) -> float:
     """The one-way latency at which the simulation of the run's own config takes the
-    real mean iteration time: everything of an exchange that the fitted compute and
-    server costs do not explain (messages, serialisation, the coordinator, processes
-    waiting for a core) is charged as latency. The simulated time grows with the
-    latency, so bisection finds it; 0 if the simulation is already slower."""
+    real steady mean iteration time (``steady_iteration_s``): everything of an exchange
+    that the fitted compute and server costs do not explain (messages, serialisation,
+    the coordinator) is charged as latency. The simulated time grows with the latency,
+    so bisection finds it; 0 if the simulation is already slower."""
     def mean_s(latency: float) -> float:
-        sim = Simulation(cfg.replace(sim_latency_s=latency), tensors, iterations)
-        return sim.run()["train_s"] / iterations
+        records: list[dict] = []
+        Simulation(cfg.replace(sim_latency_s=latency), tensors, iterations, emit=records.append).run()
+        return steady_iteration_s(records)
 
     lo, hi = 0.0, max(target, 1e-6)
     if mean_s(lo) >= target:
@@ -123,18 +175,18 @@ def _line(x: list[float], y: list[float]) -> tuple[float, float]:
 
 def _server_cost(cfg: Config, records: list[dict], scenario: Scenario) -> tuple[float, str]:
     """Seconds per byte a server at factor 1 spends, from the "servers" records (busy
-    seconds over bytes, less the emulated slowdown and cap it was charged); the configured
+    seconds over bytes, less the emulated slowdown it was charged) of servers without a
+    bandwidth cap (behind one, the cap's time hides the server's own); the configured
     rate when the run has none (non-barrier protocols are not measured)."""
     per_byte = []
     for r in records:
         if r.get("type") != "servers":
             continue
         for s, busy, nbytes in zip(r["servers"], r["busy_s"], r["bytes"]):
-            if busy > 0 and nbytes > 0:
+            capped = s < len(scenario.server_bandwidth) and scenario.server_bandwidth[s] > 0
+            if busy > 0 and nbytes > 0 and not capped:
                 f = scenario.server_factor(s, r.get("elapsed") or 0.0, r["iteration"])
-                cap = scenario.server_bandwidth[s] if s < len(scenario.server_bandwidth) else 0.0
-                extra = (f - 1.0) / (scenario.server_rate * MB) + (1.0 / (cap * MB) if cap > 0 else 0.0)
-                per_byte.append(max(0.0, busy / nbytes - extra))
+                per_byte.append(max(0.0, busy / nbytes - (f - 1.0) / (scenario.server_rate * MB)))
     if per_byte:
         return statistics.median(per_byte), f"{len(per_byte)} server measurements"
     return (1.0 / (cfg.sim_server_mbps * MB) if cfg.sim_server_mbps else 0.0), "the configured sim_server_mbps"
@@ -144,4 +196,4 @@ def write_calibration(path: Path, fitted: dict[str, Any]) -> None:
     path.write_text(json.dumps(fitted, indent=2) + "\n", encoding="utf-8")
 
 
-__all__ = ["calibrate", "write_calibration"]
+__all__ = ["WARMUP", "calibrate", "steady_iteration_s", "write_calibration"]

@@ -2,28 +2,42 @@
 
 Every time the simulator charges comes from here:
 
-* a worker's step on x samples: (a + b·x) × (1 + (f − 1)·``sim_cpu_share``) × a lognormal
-  noise factor exp(N(0, ``sim_noise``²)); a, b per worker, f its scenario factor
+* a worker's step on x samples: (a + b·x) × (1 + (f − 1)·``sim_cpu_share``) × two
+  lognormal noise factors of mean 1, exp(N(−s²/2, s²)): one of the step's own
+  (s = ``sim_noise``) and one all steps of its iteration share (s = ``sim_noise_shared``,
+  the host or the job slowing down for everyone, correlated from one iteration to the
+  next by ``sim_noise_shared_corr``); a, b per worker, f its scenario factor
   (``slowdown`` × ``trace``). A slowdown stretches only the share of a step that is the
   worker's own CPU work, as the runtime's emulation does (runtime/stretch.py: time spent
   waiting for a core another process of this machine holds is not multiplied); on
   machines of their own the share is 1 and the step takes f·(a + b·x);
+* on an emulation host (``sim_host_cores`` C > 0: every process of the job on one
+  machine, as the validation runs are) the part of a step that is CPU work is shared
+  out: a step's CPU work is c = ρ·(a + b·x) and it takes c / r + (f − 1)·c, r the share
+  of a core a runnable worker gets (processor sharing, ``host_rate``) given the workers
+  computing at the same time and ``sim_host_load`` other runnable processes; the
+  calibration run's r is ρ by construction, so the model is the one above there, and
+  departs from it when fewer or more workers compete for the cores than they did then;
 * a message: ``sim_latency_s`` one way, plus bytes / ``sim_link_mbps`` on the worker's
   link for a push (the gradients) and for a pull (the weights);
 * a server handling B bytes (receiving and applying a push, or sending a pull):
-  B × (1 / ``sim_server_mbps`` + 1 / its ``server_bandwidth`` cap + (f − 1) / ``server_rate``),
-  f its scenario factor — the last two terms are exactly what a real server is charged
-  for its emulated cap and slowdown (runtime/server.py), so a server that is f× slower
-  in a real run is f× slower here.
+  B × max(1 / ``sim_server_mbps`` + (f − 1) / ``server_rate``, (1 − β) / its
+  ``server_bandwidth`` cap), f its scenario factor — what a real server is charged for
+  its emulated slowdown and cap (runtime/server.py): the cap is a token bucket that
+  refills while the server works or sleeps out the slowdown, and β is the share of an
+  iteration's bytes (a push and a pull per worker) its 5 ms burst lets through.
 
 calibrate.py fits these keys to a real run (docs/simulate.md, Calibration).
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..config import Config
+from ..wire.bandwidth import TokenBucket
 
 MB = 1e6
 # Input shape, classes and training samples of each dataset, as load_dataset returns them
@@ -61,6 +75,28 @@ class CostModel:
         self.link = 1.0 / (cfg.sim_link_mbps * MB) if cfg.sim_link_mbps else 0.0  # s per byte
         self.server = 1.0 / (cfg.sim_server_mbps * MB) if cfg.sim_server_mbps else 0.0
         self.rate = cfg.server_rate * MB
+        self.cores, self.load = cfg.sim_host_cores, cfg.sim_host_load
+        self.shared = cfg.sim_noise_shared
+        self.corr = cfg.sim_noise_shared_corr
+        self._shared_rng, self._shared = np.random.default_rng([cfg.seed, 1]), np.ones(0)
+        self._z = self._shared_rng.standard_normal() * self.shared  # stationary from the start
+
+    def common(self, iteration: int) -> float:
+        """The noise factor every step of ``iteration`` shares, exp(z − s²/2) with
+        s = ``sim_noise_shared`` (mean 1) and z an AR(1) series of variance s² whose
+        consecutive values correlate by ``sim_noise_shared_corr`` (a host's load comes
+        and goes in waves longer than an iteration), drawn from a stream of its own
+        (seeded by ``seed``) in iteration order."""
+        if not self.shared:
+            return 1.0
+        while iteration >= len(self._shared):
+            z = self._z
+            more = []
+            for e in self._shared_rng.standard_normal(64):
+                z = self.corr * z + math.sqrt(1.0 - self.corr ** 2) * self.shared * e
+                more.append(math.exp(z - self.shared ** 2 / 2))
+            self._z, self._shared = z, np.concatenate([self._shared, more])
+        return float(self._shared[iteration])
 
     def grow(self, n: int) -> None:
         """Costs for ranks up to n − 1: a joining worker beyond the lists gets their mean."""
@@ -68,11 +104,21 @@ class CostModel:
             self.a = np.concatenate([self.a, np.full(n - len(self.a), self.a.mean())])
             self.b = np.concatenate([self.b, np.full(n - len(self.b), self.b.mean())])
 
+    def work(self, ranks: np.ndarray, batch: np.ndarray, rng: np.random.Generator,
+             iteration: int = 0) -> np.ndarray:
+        """(a + b·x) × the noise factors of each worker of ``ranks`` on ``batch`` samples
+        in ``iteration``: its step at factor 1 as in the calibration run."""
+        t = (self.a[ranks] + self.b[ranks] * batch) * self.common(iteration)
+        return t * rng.lognormal(-self.noise ** 2 / 2, self.noise, len(t)) if self.noise else t
+
     def compute(self, ranks: np.ndarray, batch: np.ndarray, factors: np.ndarray,
-                rng: np.random.Generator) -> np.ndarray:
-        """Seconds each worker of ``ranks`` takes for its step on ``batch`` samples."""
-        t = (self.a[ranks] + self.b[ranks] * batch) * self.stretch(factors)
-        return t * rng.lognormal(0.0, self.noise, len(t)) if self.noise else t
+                rng: np.random.Generator, iteration: int = 0) -> np.ndarray:
+        """Seconds each worker of ``ranks`` takes for its step on ``batch`` samples, all
+        starting together (on an emulation host they share its cores meanwhile)."""
+        work = self.work(ranks, batch, rng, iteration)
+        if self.cores:
+            return self.host_compute(np.zeros(len(work)), work, factors)
+        return work * self.stretch(factors)
 
     def stretch(self, factor):
         """How much longer a step takes at scenario factor ``factor`` (a float or an array)."""
@@ -82,16 +128,81 @@ class CostModel:
         """The ``cpu`` a worker reports at that factor: its CPU time over its step time."""
         return self.share / self.stretch(factor)
 
-    def compute_one(self, w: int, batch: float, factor: float, rng: np.random.Generator) -> float:
-        """``compute`` for one worker (the event loop's path: no arrays of one)."""
-        t = (self.a[w] + self.b[w] * batch) * self.stretch(factor)
-        return t * rng.lognormal(0.0, self.noise) if self.noise else t
+    def compute_one(self, w: int, batch: float, factor: float, rng: np.random.Generator,
+                    others: list[float] | None = None, iteration: int = 0) -> tuple[float, float]:
+        """``compute`` for one worker (the event loop's path: no arrays of one), with the
+        factors of the ``others`` computing when it starts (an emulation host's
+        contention, taken as constant through the step); (seconds, its ``cpu``)."""
+        t = (self.a[w] + self.b[w] * batch) * self.common(iteration)
+        t = t * rng.lognormal(-self.noise ** 2 / 2, self.noise) if self.noise else t
+        if not self.cores:
+            return t * self.stretch(factor), self.cpu(factor)
+        wall = float(self.host_step(t, factor, self.host_rate(np.array([factor] + (others or [])))))
+        return wall, self.share * t / wall if wall > 0 else 1.0
 
-    def server_per_byte(self, factor: float, bandwidth_mbps: float) -> float:
+    def host_rate(self, factors: np.ndarray) -> float:
+        """r: the share of a core each runnable worker gets while the workers at scenario
+        factors ``factors`` compute at once on ``sim_host_cores`` C cores beside
+        ``sim_host_load`` L other runnable processes. A worker at f sleeps (f − 1)·c of
+        its step (the emulation's stretch) and is runnable for c / r of it, so it competes
+        for a core with probability p = 1 / (1 + r·(f − 1)); r = min(1, C / (L + Σ p)),
+        the fixed point of an increasing map, reached from r = 1 by iteration."""
+        f = np.asarray(factors, dtype=float) - 1.0
+        r = 1.0
+        for _ in range(100):
+            new = min(1.0, self.cores / (self.load + float(np.sum(1.0 / (1.0 + r * f)))))
+            if r - new < 1e-9:
+                return new
+            r = new
+        return r
+
+    def host_step(self, work: np.ndarray, factors: np.ndarray, rate: float) -> np.ndarray:
+        """Wall seconds of steps of ``work`` × (a + b·x) at a core share ``rate``: CPU work
+        c = ρ·work at that rate plus the stretch's (f − 1)·c of sleep."""
+        c = self.share * work
+        return c / rate + (factors - 1.0) * c
+
+    def host_compute(self, start: np.ndarray, work: np.ndarray, factors: np.ndarray) -> np.ndarray:
+        """Wall seconds of steps that start at ``start`` with ``work`` (seconds of a + b·x,
+        noise included) under processor sharing of the host's cores: the core share r
+        (``host_rate``) of the workers computing is recomputed whenever one starts or
+        finishes, and each progresses at 1 / (1/r + f − 1) CPU seconds per second."""
+        n = len(start)
+        left = self.share * np.asarray(work, dtype=float)  # CPU seconds still to do
+        f = np.asarray(factors, dtype=float)
+        end = np.full(n, np.inf)
+        t = float(start.min())
+        while np.isinf(end).any():
+            active = (start <= t) & np.isinf(end)
+            waiting = start > t
+            if not active.any():
+                t = float(start[waiting].min())
+                continue
+            speed = 1.0 / (1.0 / self.host_rate(f[active]) + f[active] - 1.0)
+            finish = left[active] / speed
+            dt = min(float(finish.min()), float(start[waiting].min()) - t if waiting.any() else np.inf)
+            idx = np.flatnonzero(active)
+            left[idx] -= speed * dt
+            t += dt
+            end[idx[finish <= dt * (1.0 + 1e-12)]] = t
+        return end - start
+
+    def server_per_byte(self, factor: float, bandwidth_mbps: float, burst_share: float = 0.0) -> float:
         """Seconds a server at scenario factor ``factor`` behind a cap of ``bandwidth_mbps``
-        (0: none) spends per byte it receives or sends."""
-        cap = 1.0 / (bandwidth_mbps * MB) if bandwidth_mbps > 0 else 0.0
-        return self.server + cap + (factor - 1.0) / self.rate
+        (0: none) spends per byte it receives or sends. The cap is a token bucket
+        (wire.bandwidth.TokenBucket) that refills while the server works or sleeps out its
+        slowdown, so a message takes the longer of the two, not their sum; and the share
+        ``burst_share`` of a busy period's bytes that the bucket's burst lets through (it
+        fills while the server idles, as during the workers' compute) passes uncapped."""
+        work = self.server + (factor - 1.0) / self.rate
+        if bandwidth_mbps <= 0:
+            return work
+        return max(work, max(0.0, 1.0 - burst_share) / (bandwidth_mbps * MB))
+
+    def burst_bytes(self, bandwidth_mbps: float) -> float:
+        """Bytes a full bucket of a ``bandwidth_mbps`` cap lets through at once (the
+        runtime's TokenBucket's default burst)."""
+        return TokenBucket(bandwidth_mbps * MB).burst if bandwidth_mbps > 0 else 0.0
 
 
 def _per_worker(values: tuple[float, ...], n: int) -> np.ndarray:

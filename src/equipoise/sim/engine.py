@@ -146,14 +146,20 @@ class Servers:
         self.busy: Counter[int] = Counter()
         self.bytes: Counter[int] = Counter()
         self.version = 0  # the block table's
+        self.update(0.0, 0)
 
-    def _per_byte(self, r: int, elapsed: float, t: int) -> float:
+    def _per_byte(self, r: int, elapsed: float, t: int, load: float = 0.0) -> float:
+        """Server r's seconds per byte; ``load`` its bytes held, of which each worker pushes
+        and pulls a copy an iteration (the share of those its cap's burst lets through)."""
         caps = self.scenario.server_bandwidth
-        return self.cost.server_per_byte(self.scenario.server_factor(r, elapsed, t),
-                                         caps[r] if r < len(caps) else 0.0)
+        cap = caps[r] if r < len(caps) else 0.0
+        per_iteration = 2 * self.cfg.workers * load
+        burst = min(1.0, self.cost.burst_bytes(cap) / per_iteration) if per_iteration > 0 else 0.0
+        return self.cost.server_per_byte(self.scenario.server_factor(r, elapsed, t), cap, burst)
 
     def update(self, elapsed: float, t: int) -> None:
-        self.per_byte = {r: self._per_byte(r, elapsed, t) for r in self.live}
+        loads = np.bincount(self.owner, weights=self.sizes, minlength=max(self.live) + 1)
+        self.per_byte = {r: self._per_byte(r, elapsed, t, loads[r]) for r in self.live}
 
     def used(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(ranks, bytes held, seconds per byte) of the live servers holding blocks."""
@@ -275,7 +281,13 @@ class Simulation:
             r = np.array(ranks)
             x = np.array([sizes[w] for w in ranks], dtype=float)
             f = self.factors.at(prev, t)[r]
-            c = cost.compute(r, x, f, self.rng)
+            if cost.cores:  # an emulation host: the steps share its cores from when each starts
+                work = cost.work(r, x, self.rng, t)
+                c = cost.host_compute(start, work, f)
+                cpu = cost.share * work / np.maximum(c, 1e-300)
+            else:
+                c = cost.compute(r, x, f, self.rng, t)
+                cpu = cost.cpu(f)
             table_wait = np.maximum(0.0, pause - c) if pause else None
             end = start + c + (table_wait if table_wait is not None else 0.0)
             used, loads, per_byte = srv.used()
@@ -306,13 +318,13 @@ class Simulation:
                    "batch": x.astype(int).tolist(), "loss": None,
                    "samples_per_s": x.sum() / (barrier - prev) if barrier > prev else None,
                    "staleness_mean": 0.0, "staleness_max": 0, "compute_s": c.tolist(),
-                   "wait_s": ex_wait.tolist(), "comm_s": ex_comm.tolist(), "cpu": cost.cpu(f).tolist(),
+                   "wait_s": ex_wait.tolist(), "comm_s": ex_comm.tolist(), "cpu": cpu.tolist(),
                    "mem": [0.0] * len(ranks), "version": [t] * len(ranks)}
             if table_wait is not None:
                 rec["table_wait_s"] = table_wait.tolist()
             if cfg.protocol == "lbbsp":
                 self.planner.observe({w: {"samples": int(x[i]), "compute_s": float(c[i]),
-                                          "comm_s": float(ex_comm[i]), "cpu": float(cost.cpu(f[i])),
+                                          "comm_s": float(ex_comm[i]), "cpu": float(cpu[i]),
                                           "mem": 0.0} for i, w in enumerate(ranks)})
                 rec["predictor_mape"] = self.planner.mape()
                 rec["predicted_speed"] = [self.planner.predict(w) for w in ranks]
@@ -379,6 +391,8 @@ class Simulation:
                             table_version=srv.version)
         if pause and psld is not None:
             psld.charge(pause)
+        if actions:
+            srv.update(now, t)  # the loads moved: the servers' burst shares with them
         return pause
 
     def _refusal(self, action) -> str:
@@ -410,7 +424,7 @@ class Simulation:
         table = np.zeros((cap, len(COLUMNS)))  # one row per push, filled in place
         # per-worker state as plain lists (faster than numpy scalars in the event loop)
         pushes, version, slice_of = [0] * n, [0] * n, [0] * n
-        size_of, comp, fac = [0.0] * n, [0.0] * n, [1.0] * n
+        size_of, comp, fac, cpu_of = [0.0] * n, [0.0] * n, [1.0] * n, [1.0] * n
         ex_wait, ex_comm = [0.0] * n, [self._first_exchange()] * n
         plan_at, registered, ended = [0.0] * n, [0.0] * n, [0.0] * n  # plan in; pull at servers; compute done
         blocked: list[tuple[int, int]] = []  # (pull's min version, worker): held by pull_ready
@@ -435,7 +449,8 @@ class Simulation:
             cursor += int(size)
             self.factors.advance(at, it)
             fac[w] = float(self.factors.static[w] * self.factors.trace[w])
-            comp[w] = cost.compute_one(w, size, fac[w], self.rng)
+            others = [fac[v] for e, v in heap if e > at] if cost.cores else None
+            comp[w], cpu_of[w] = cost.compute_one(w, size, fac[w], self.rng, others, it)
             heapq.heappush(heap, (at + comp[w], w))
 
         def serve_pull(w: int, now: float) -> None:
@@ -462,7 +477,7 @@ class Simulation:
             sigmas = sync.take_staleness(w)
             report = float(free.max()) + 2 * lat  # the ack, then the report to the coordinator
             pushes[w] += 1
-            table[row] = (slice_of[w], w, size_of[w], comp[w], ex_wait[w], ex_comm[w], cost.cpu(fac[w]),
+            table[row] = (slice_of[w], w, size_of[w], comp[w], ex_wait[w], ex_comm[w], cpu_of[w],
                           version[w], sum(sigmas), len(sigmas), max(sigmas, default=0), report)
             row += 1
             last = max(last, report)
