@@ -10,6 +10,8 @@ Which server is slow decides how badly a fixed rule does, so a preset names its 
 a server rank, or a placement policy meaning "the server that policy hurts most" — for
 `greedy` the server it gives its largest block, for any other policy the server it gives
 the most bytes (computed from policy/placement.py for the preset's model, not hard-coded).
+Greedy, PSLD and the oracle run in every case; MXNet and BytePS in every case, or (presets
+"full", "full-mlp", to keep them short) only in the case that is their worst server.
 
 Repetitions are interleaved: round 1 runs every (case, policy) once, round 2 again, and
 so on. Each run reports its whole-run seconds per iteration and its "settled" seconds
@@ -49,31 +51,32 @@ class Spec:
     workers: int = 4
     servers: int = 4
     global_batch: int = 128
-    iterations: int = 80
+    iterations: int = 50
     block_size: int = 32768
     bandwidth: float = 200.0  # MB/s per server link
     factor: float = 4.0
     cases: tuple[int | str, ...] = ("greedy", "mxnet", "byteps")  # which server is slow (rank or policy)
     interval: int = 5
-    settled: int = 30
+    settled: int = 20
     scenario: str = "static"
-    switch: int = 70
+    switch: int = 50
     switch_to: int = 2
     policies: tuple[str, ...] = POLICIES
+    every_default: bool = True  # False: run mxnet/byteps only where the case is their worst server
     reps: int = 3
     transport: str = "ipc"
     seed: int = 0
 
 
 MLP = dict(model="mlp-deep")
-DYNAMIC = dict(scenario="dynamic", iterations=140, settled=40, cases=("greedy",),
+DYNAMIC = dict(scenario="dynamic", iterations=100, settled=30, cases=("greedy",),
                policies=("greedy", "psld", "oracle_initial", "oracle"))
 PRESETS = {
     "ci": Spec(dataset="digits", model="mlp", iterations=30, block_size=4000, bandwidth=20.0, settled=10,
                cases=("greedy",), policies=("mxnet", "greedy", "psld", "oracle"), reps=1),
     # the server greedy gives its largest block, and each default's worst server
-    "full": Spec(),
-    "full-mlp": Spec(**MLP),
+    "full": Spec(every_default=False),
+    "full-mlp": Spec(every_default=False, **MLP),
     # every server slowed in turn
     "sweep": Spec(cases=(0, 1, 2, 3)),
     "sweep-mlp": Spec(cases=(0, 1, 2, 3), **MLP),
@@ -114,6 +117,12 @@ def slow_servers(spec: Spec) -> dict[int, list[str]]:
         else:
             out.setdefault(max(range(spec.servers), key=lambda j: (loads[j], -j)), []).append(f"{case}'s most bytes")
     return out
+
+
+def labels(spec: Spec, stands_for: list[str]) -> list[str]:
+    """The policies run in a case: all, or without the defaults whose worst it is not."""
+    return [p for p in spec.policies if spec.every_default or p not in BASELINES[:2]
+            or any(s.startswith(f"{p}'s") for s in stands_for)]
 
 
 def job(spec: Spec, label: str, slow: int, tmp: Path) -> dict[str, Any]:
@@ -223,12 +232,12 @@ def run(preset: str, results_path: str | None = None, plots: str | None = None,
     with tempfile.TemporaryDirectory(prefix="bench-psld-") as name:
         tmp = Path(name)
         systems = {f"{s}/{label}": (lambda s=s, label=label: run_one(spec, label, s, tmp))
-                   for s in slow for label in spec.policies}
+                   for s, stands_for in slow.items() for label in labels(spec, stands_for)}
         runs = interleave(systems, spec.reps)
         for s, stands_for in slow.items():
-            mine = {label: runs[f"{s}/{label}"] for label in spec.policies}
-            keys = [k for k in mine[spec.policies[0]][0] if isinstance(mine[spec.policies[0]][0][k], (int, float))
-                    or k == "settle_iterations"]
+            mine = {label: runs[f"{s}/{label}"] for label in labels(spec, stands_for)}
+            first = next(iter(mine.values()))[0]
+            keys = [k for k in first if isinstance(first[k], (int, float)) or k == "settle_iterations"]
             result["cases"].append({
                 "slow": s, "stands_for": stands_for, "runs": mine, "ratios": round_ratios(mine),
                 "summary": {label: {k: summary([r[k] for r in rs]) for k in keys if k in rs[0]}
