@@ -75,7 +75,8 @@ PRESETS = {
     "ci": Spec(dataset="digits", model="mlp", iterations=30, block_size=4000, bandwidth=20.0, settled=10,
                cases=("greedy",), policies=("mxnet", "greedy", "psld", "oracle"), reps=1),
     # the server greedy gives its largest block, and each default's worst server
-    "full": Spec(every_default=False),
+    "full": Spec(every_default=False, cases=("greedy", "mxnet")),
+    "full-byteps": Spec(every_default=False, cases=("byteps",)),  # the rest of full, run alongside
     "full-mlp": Spec(every_default=False, cases=("greedy", "mxnet"), **MLP),
     "full-mlp-byteps": Spec(every_default=False, cases=("byteps",), **MLP),  # the rest of full-mlp, run alongside
     # every server slowed in turn
