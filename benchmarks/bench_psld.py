@@ -1,18 +1,29 @@
-"""PSLD under a parameter-server straggler (Chen et al., SoCC 2020): iteration time and samples/s
-of every placement policy, side by side in one invocation, against the oracle (the best
+"""PSLD under a parameter-server straggler (Chen et al., SoCC 2020): iteration time of
+every placement policy, interleaved in one invocation, against the oracle (the best
 static assignment for the true server speeds).
 
 Every server sits behind an emulated link of `bandwidth` MB/s (a token bucket in the
-server) and server `slow` is `factor`× slower on top (its link time is multiplied), so
-"4× slower" is exact. The model is the default CNN, whose first fully connected layer
-holds 95% of the parameters: where that layer lands decides the iteration time. The
-slowed server is server 0, the one MXNet's rule and round-robin both give that layer —
-the case PSLD was built for; say so when quoting these numbers.
+server, which block migrations pass too) and the slow server is `factor`× slower on top
+(its link time is multiplied), so "4× slower" is exact.
 
-Scenarios: "static" (one slow server for the whole run) and "dynamic" (the slow server
-changes at `switch` iterations, from a server trace). PSLD is "settled" over the last
-`settled` iterations of a run; after the switch we count the iterations until its
-interval iteration time is back within 1.1× of its settled level.
+Which server is slow decides how badly a fixed rule does, so a preset names its cases:
+a server rank, or a placement policy meaning "the server that policy hurts most" — for
+`greedy` the server it gives its largest block, for any other policy the server it gives
+the most bytes (computed from policy/placement.py for the preset's model, not hard-coded).
+Greedy, PSLD and the oracle run in every case; MXNet and BytePS in every case, or (presets
+"full", "full-mlp", to keep them short) only in the case that is their worst server.
+
+Repetitions are interleaved: round 1 runs every (case, policy) once, round 2 again, and
+so on. Each run reports its whole-run seconds per iteration and its "settled" seconds
+per iteration (the mean over the last `settled` iterations, warm-up and PSLD's first
+moves excluded). Ratios (PSLD against MXNet, BytePS, greedy, and settled against the
+oracle) are computed within each round, then summarised as median (min–max) over rounds.
+
+Scenario "dynamic": the slow server changes at iteration `switch` (a server trace), to
+`switch_to`. Two references then: `oracle` is the best static assignment for the speeds
+after the switch (the ones the settled window measures), `oracle_initial` the best
+static assignment for the speeds before it. `settle iterations` counts the iterations
+after the switch until PSLD's interval iteration time is within 1.1× of its settled level.
 """
 
 from __future__ import annotations
@@ -21,14 +32,16 @@ import json
 import math
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import preset_main, load_average, markdown_table, write_results
+from benchmarks.common import (fmt, fmt_range, interleave, load_average, markdown_table, preset_main, summary,
+                               write_results)
 
 NAME = "bench_psld"
-POLICIES = ("round_robin", "mxnet", "byteps", "greedy", "psld", "oracle")
+POLICIES = ("mxnet", "byteps", "greedy", "psld", "oracle")
+BASELINES = ("mxnet", "byteps", "greedy")
 
 
 @dataclass(frozen=True)
@@ -38,75 +51,128 @@ class Spec:
     workers: int = 4
     servers: int = 4
     global_batch: int = 128
-    iterations: int = 150
+    iterations: int = 50
     block_size: int = 32768
     bandwidth: float = 200.0  # MB/s per server link
     factor: float = 4.0
-    slow: int = 0
+    cases: tuple[int | str, ...] = ("greedy", "mxnet", "byteps")  # which server is slow (rank or policy)
     interval: int = 5
-    settled: int = 50
+    settled: int = 20
     scenario: str = "static"
-    switch: int = 100
+    switch: int = 50
     switch_to: int = 2
     policies: tuple[str, ...] = POLICIES
-    sweep: tuple[int, ...] = ()  # run every policy once with each of these servers slowed
+    every_default: bool = True  # False: run mxnet/byteps only where the case is their worst server
+    reps: int = 3
     transport: str = "ipc"
     seed: int = 0
 
 
+MLP = dict(model="mlp-deep")
+DYNAMIC = dict(scenario="dynamic", iterations=100, settled=30, cases=("greedy",),
+               policies=("greedy", "psld", "oracle_initial", "oracle"))
 PRESETS = {
     "ci": Spec(dataset="digits", model="mlp", iterations=30, block_size=4000, bandwidth=20.0, settled=10,
-               interval=5, policies=("mxnet", "psld", "oracle")),
-    "full": Spec(),
-    "dynamic": Spec(scenario="dynamic", iterations=220, policies=("psld", "oracle")),
-    # Which server is slow decides how badly a fixed rule does: try each in turn.
-    "sweep": Spec(iterations=100, settled=40, policies=("mxnet", "byteps", "psld", "oracle"), sweep=(0, 1, 2, 3)),
+               cases=("greedy",), policies=("mxnet", "greedy", "psld", "oracle"), reps=1),
+    # the server greedy gives its largest block, and each default's worst server
+    "full": Spec(every_default=False, cases=("greedy", "mxnet")),
+    "full-byteps": Spec(every_default=False, cases=("byteps",)),  # the rest of full, run alongside
+    "full-mlp": Spec(every_default=False, cases=("greedy", "mxnet"), **MLP),
+    "full-mlp-byteps": Spec(every_default=False, cases=("byteps",), **MLP),  # the rest of full-mlp, run alongside
+    # every server slowed in turn
+    "sweep": Spec(cases=(0, 1, 2, 3)),
+    "sweep-mlp": Spec(cases=(0, 1, 2, 3), **MLP),
+    "dynamic": Spec(**DYNAMIC),
+    "dynamic-mlp": Spec(**DYNAMIC, **MLP),
 }
 
 
-def job(spec: Spec, policy: str, tmp: Path) -> dict[str, Any]:
+def server_loads(spec: Spec, policy: str) -> tuple[list[int], int]:
+    """Bytes per server under `policy` for the spec's model (equal speeds), and the server
+    of that placement's largest block (lowest key on ties)."""
+    from equipoise.data.load import load_dataset
+    from equipoise.models import build_model
+    from equipoise.policy.placement import placement_blocks
+    from equipoise.runtime.blocks import model_tensors
+
+    data = load_dataset(spec.dataset)
+    model = build_model(spec.model, data.input_shape, data.num_classes)
+    blocks, owner = placement_blocks(policy, model_tensors(model), spec.servers, spec.block_size)
+    loads = [0] * spec.servers
+    for b in blocks:
+        loads[owner[b.key]] += b.nbytes
+    largest = max(blocks, key=lambda b: (b.nbytes, -b.key))
+    return loads, owner[largest.key]
+
+
+def slow_servers(spec: Spec) -> dict[int, list[str]]:
+    """Server rank -> the cases it stands for (a rank, "greedy: largest block" or
+    "<policy>: most bytes"), in the order first named."""
+    out: dict[int, list[str]] = {}
+    for case in spec.cases:
+        if isinstance(case, int):
+            out.setdefault(case, []).append(f"server {case}")
+            continue
+        loads, largest = server_loads(spec, case)
+        if case == "greedy":
+            out.setdefault(largest, []).append("greedy's largest block")
+        else:
+            out.setdefault(max(range(spec.servers), key=lambda j: (loads[j], -j)), []).append(f"{case}'s most bytes")
+    return out
+
+
+def labels(spec: Spec, stands_for: list[str]) -> list[str]:
+    """The policies run in a case: all, or without the defaults whose worst it is not."""
+    return [p for p in spec.policies if spec.every_default or p not in BASELINES[:2]
+            or any(s.startswith(f"{p}'s") for s in stands_for)]
+
+
+def job(spec: Spec, label: str, slow: int, tmp: Path) -> dict[str, Any]:
+    """The config of one run; `label` is a placement, or "oracle_initial" (dynamic)."""
     factors = [1.0] * spec.servers
-    factors[spec.slow] = spec.factor
+    factors[slow] = spec.factor
+    after = [1.0] * spec.servers
+    after[spec.switch_to] = spec.factor
+    dynamic = spec.scenario == "dynamic"
+    # The oracle is placed for the speeds the settled window sees (after any switch).
+    known = after if dynamic and label == "oracle" else factors
     cfg = dict(model=spec.model, dataset=spec.dataset, workers=spec.workers, servers=spec.servers,
                global_batch=spec.global_batch, iterations=spec.iterations, block_size=spec.block_size,
-               placement=policy, server_slowdown=factors, server_rate=spec.bandwidth,
-               server_bandwidth=[spec.bandwidth] * spec.servers, psld_interval=spec.interval,
-               psld_epsilon=0.0 if spec.scenario == "static" else 0.05,
+               placement="oracle" if label == "oracle_initial" else label, server_slowdown=known,
+               server_rate=spec.bandwidth, server_bandwidth=[spec.bandwidth] * spec.servers,
+               psld_interval=spec.interval, psld_epsilon=0.05 if dynamic else 0.0,
                eval_every=0, checkpoint_every=0, progress=False, timeout=300.0, transport=spec.transport,
+               heartbeat_s=10.0,  # a loaded machine can starve a process for seconds: not a lost peer
                seed=spec.seed, lr=0.02)
-    if spec.scenario == "dynamic":
-        rows = ["iteration,server,factor"]
-        rows += [f"0,{s},{factors[s]}" for s in range(spec.servers)]
-        rows += [f"{spec.switch},{spec.slow},1.0", f"{spec.switch},{spec.switch_to},{spec.factor}"]
-        path = tmp / "server_trace.csv"
+    if dynamic:  # the trace covers every server, so it, not server_slowdown, sets the speeds
+        rows = ["iteration,server,factor"] + [f"0,{s},{factors[s]}" for s in range(spec.servers)]
+        rows += [f"{spec.switch},{slow},1.0", f"{spec.switch},{spec.switch_to},{spec.factor}"]
+        path = tmp / f"server_trace_{slow}.csv"
         path.write_text("\n".join(rows) + "\n")
         cfg["server_trace"] = str(path)
-        cfg.pop("server_slowdown")
     return cfg
 
 
-def run_policy(spec: Spec, policy: str, tmp: Path) -> dict[str, Any]:
+def run_one(spec: Spec, label: str, slow: int, tmp: Path) -> dict[str, Any]:
     import equipoise
 
-    out = tmp / f"{policy}-{time.monotonic_ns()}"
-    summary = equipoise.train(job(spec, policy, tmp), out=out)
+    out = tmp / f"{label}-{slow}-{time.monotonic_ns()}"
+    result = equipoise.train(job(spec, label, slow, tmp), out=out)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     iters = [r for r in records if r.get("type") == "iteration"]
     servers = [r for r in records if r.get("type") == "servers" and r.get("iteration_s")]
     moves = [r for r in records if r.get("type") == "event" and r.get("event") == "block_moved"]
     waits = [max(r["table_wait_s"]) for r in iters if r.get("table_wait_s")]
     last = [r["iteration_s"] for r in servers if r["iteration"] > spec.iterations - spec.settled]
-    settled_s = sum(last) / len(last) if last else math.nan
-    result = {"policy": policy, "samples_per_s": summary["samples_per_s"], "train_s": summary["train_s"],
-              "iteration_s_mean": summary["train_s"] / max(len(iters), 1), "settled_iteration_s": settled_s,
-              "moves": len(moves), "pause_s_max": max((m["pause_s"] for m in moves), default=0.0),
-              "pause_s_mean": sum(m["pause_s"] for m in moves) / len(moves) if moves else 0.0,
-              "worker_pause_s_max": max(waits, default=0.0),
-              "final_accuracy": summary["final_accuracy"], "run_dir": str(out),
-              "interval_iteration_s": [[r["iteration"], r["iteration_s"]] for r in servers]}
+    run = {"iteration_s": result["train_s"] / max(len(iters), 1),
+           "settled_iteration_s": sum(last) / len(last) if last else math.nan,
+           "samples_per_s": result["samples_per_s"], "moves": len(moves),
+           "pause_s_max": max((m["pause_s"] for m in moves), default=0.0),
+           "worker_pause_s_max": max(waits, default=0.0), "final_accuracy": result["final_accuracy"],
+           "run_dir": str(out), "interval_iteration_s": [[r["iteration"], r["iteration_s"]] for r in servers]}
     if spec.scenario == "dynamic":
-        result["settle_iterations"] = settle_after(servers, spec)
-    return result
+        run["settle_iterations"] = settle_after(servers, spec)
+    return run
 
 
 def settle_after(servers: list[dict], spec: Spec) -> int | None:
@@ -123,76 +189,82 @@ def settle_after(servers: list[dict], spec: Spec) -> int | None:
     return None
 
 
-def table(results: dict[str, dict], oracle: dict) -> str:
+def round_ratios(runs: dict[str, list[dict]]) -> dict[str, dict]:
+    """PSLD's speed-ups in each round (baseline s / PSLD s, whole run and settled) and
+    its settled time × each reference's, summarised over the rounds."""
+    psld = runs.get("psld")
+    if not psld:
+        return {}
+    out = {}
+    for base in BASELINES:
+        for key, suffix in (("iteration_s", ""), ("settled_iteration_s", " settled")):
+            if base in runs:
+                out[f"psld speed-up × {base}{suffix}"] = summary(
+                    [b[key] / p[key] for b, p in zip(runs[base], psld)])
+    for ref in ("oracle", "oracle_initial"):
+        if ref in runs:
+            out[f"psld settled × {ref}"] = summary(
+                [p["settled_iteration_s"] / o["settled_iteration_s"] for p, o in zip(psld, runs[ref])])
+    return out
+
+
+def case_table(case: dict) -> str:
     rows = []
-    for name, r in results.items():
-        rows.append([name, r["iteration_s_mean"], r["settled_iteration_s"],
-                     r["settled_iteration_s"] / oracle["settled_iteration_s"], r["samples_per_s"], r["moves"],
-                     r["pause_s_max"], r["worker_pause_s_max"], r.get("settle_iterations", "–")])
-    return markdown_table(["placement", "iteration s (whole run)", "iteration s (settled)", "settled × oracle",
-                           "samples/s", "block moves", "longest migration s", "longest worker pause s",
-                           "settle iterations"], rows)
+    for label, s in case["summary"].items():
+        rows.append([label, fmt_range(s["iteration_s"]), fmt_range(s["settled_iteration_s"]),
+                     fmt(s["samples_per_s"]["median"]), fmt_range(s["moves"]), fmt(s["worker_pause_s_max"]["max"]),
+                     fmt_range(s["settle_iterations"]) if "settle_iterations" in s else "–"])
+    return markdown_table(["placement", "s/iteration, whole run", "s/iteration, settled", "samples/s",
+                           "block moves", "longest worker pause s (max)", "settle iterations"], rows)
 
 
-def run_sweep(spec: Spec, preset: str, results_path: str | None) -> dict[str, Any]:
-    """Every policy with each server in `spec.sweep` slowed; the geometric mean over the
-    sweep of each policy's whole-run iteration time relative to PSLD's."""
-    from dataclasses import replace
-
-    result: dict[str, Any] = {"preset": preset, "spec": asdict(spec), "loadavg_at_start": load_average(), "runs": []}
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="bench-psld-") as name:
-        for slow in spec.sweep:
-            one = replace(spec, slow=slow)
-            for p in spec.policies:
-                r = run_policy(one, p, Path(name))
-                r.pop("run_dir")
-                r["slow"] = slow
-                result["runs"].append(r)
-    by = {(r["slow"], r["policy"]): r for r in result["runs"]}
-    ratios = {}
-    for p in spec.policies:
-        logs = [math.log(by[(s, p)]["iteration_s_mean"] / by[(s, "psld")]["iteration_s_mean"]) for s in spec.sweep]
-        ratios[p] = math.exp(sum(logs) / len(logs))
-    for s in spec.sweep:
-        rows.append([s] + [by[(s, p)]["iteration_s_mean"] for p in spec.policies])
-    rows.append(["geo-mean × psld"] + [ratios[p] for p in spec.policies])
-    result["vs_psld_geomean"] = ratios
-    print(f"## PSLD sweep, preset {preset}: {spec.model}, {spec.servers} servers behind {spec.bandwidth} MB/s, "
-          f"one {spec.factor}× slower (each in turn), {spec.iterations} iterations; whole-run s per iteration\n")
-    print(markdown_table(["slow server"] + list(spec.policies), rows))
-    print(f"\nwrote {write_results(f'{NAME}_{preset}', result, results_path)}")
-    return result
+def ratio_table(cases: list[dict]) -> str:
+    names = list(dict.fromkeys(n for c in cases for n in c["ratios"]))
+    rows = [[f"{c['slow']} ({', '.join(c['stands_for'])})"] + [fmt_range(c["ratios"][n]) if n in c["ratios"] else "–"
+                                                             for n in names] for c in cases]
+    return markdown_table(["slow server"] + names, rows)
 
 
-def run(preset: str, results_path: str | None = None, plots: str | None = None) -> dict[str, Any]:
-    spec = PRESETS[preset]
-    if spec.sweep:
-        return run_sweep(spec, preset, results_path)
-    result: dict[str, Any] = {"preset": preset, "spec": asdict(spec), "loadavg_at_start": load_average()}
+def run(preset: str, results_path: str | None = None, plots: str | None = None,
+        reps: int | None = None) -> dict[str, Any]:
+    spec = PRESETS[preset] if reps is None else replace(PRESETS[preset], reps=reps)
+    slow = slow_servers(spec)
+    result: dict[str, Any] = {"preset": preset, "spec": asdict(spec), "loadavg_at_start": load_average(),
+                              "ratios_computed": "within each round, then median (min–max) over rounds",
+                              "cases": []}
     with tempfile.TemporaryDirectory(prefix="bench-psld-") as name:
         tmp = Path(name)
-        results = {p: run_policy(spec, p, tmp) for p in spec.policies}
-        oracle = results["oracle"]
-        for r in results.values():
-            r["vs_oracle"] = r["settled_iteration_s"] / oracle["settled_iteration_s"]
-            r["speedup_vs_mxnet"] = (results["mxnet"]["iteration_s_mean"] / r["iteration_s_mean"]
-                                     if "mxnet" in results else None)
-        if plots and "psld" in results:
+        systems = {f"{s}/{label}": (lambda s=s, label=label: run_one(spec, label, s, tmp))
+                   for s, stands_for in slow.items() for label in labels(spec, stands_for)}
+        runs = interleave(systems, spec.reps)
+        for s, stands_for in slow.items():
+            mine = {label: runs[f"{s}/{label}"] for label in labels(spec, stands_for)}
+            first = next(iter(mine.values()))[0]
+            keys = [k for k in first if isinstance(first[k], (int, float)) or k == "settle_iterations"]
+            result["cases"].append({
+                "slow": s, "stands_for": stands_for, "runs": mine, "ratios": round_ratios(mine),
+                "summary": {label: {k: summary([r[k] for r in rs]) for k in keys if k in rs[0]}
+                            for label, rs in mine.items()}})
+        if plots and "psld" in spec.policies:
             from equipoise.report.plots import plot_servers
-            result["plot"] = str(plot_servers(results["psld"]["run_dir"],
-                                              Path(plots) / f"psld-{spec.scenario}-servers.png"))
-        print(f"## PSLD benchmark, preset {preset}: {spec.model} on {spec.dataset}, {spec.workers} workers, "
-              f"{spec.servers} servers behind {spec.bandwidth} MB/s links, server {spec.slow} {spec.factor}× slower"
-              + (f", moving to server {spec.switch_to} at iteration {spec.switch}" if spec.scenario == "dynamic" else "")
-              + f", {spec.iterations} iterations\n")
-        print(table(results, oracle))
-        for r in results.values():
-            r.pop("run_dir")
-        result["results"] = results
+            result["plot"] = str(plot_servers(runs[f"{next(iter(slow))}/psld"][-1]["run_dir"],
+                                              Path(plots) / f"psld-{preset}-servers.png"))
+        for case in result["cases"]:
+            for rs in case["runs"].values():
+                for r in rs:
+                    r.pop("run_dir")
+    print(f"## PSLD benchmark, preset {preset}: {spec.model} on {spec.dataset}, {spec.workers} workers, "
+          f"{spec.servers} servers behind {spec.bandwidth} MB/s links, one {spec.factor}× slower"
+          + (f" until iteration {spec.switch}, then server {spec.switch_to}" if spec.scenario == "dynamic" else "")
+          + f"; {spec.iterations} iterations, settled = last {spec.settled}; {spec.reps} interleaved rounds; "
+            "median (min–max)\n")
+    for case in result["cases"]:
+        print(f"### server {case['slow']} slow ({', '.join(case['stands_for'])})\n\n{case_table(case)}\n")
+    print(f"### PSLD's ratios, per round then median (min–max)\n\n{ratio_table(result['cases'])}")
     print(f"\nwrote {write_results(f'{NAME}_{preset}', result, results_path)}")
     return result
 
 
 if __name__ == "__main__":
-    preset_main(__doc__, PRESETS, run, "folder for the per-server plot (e.g. docs/img)")
+    preset_main(__doc__, PRESETS, run, "folder for the per-server plot of PSLD's last run (e.g. docs/img)",
+                reps=True)

@@ -250,13 +250,20 @@ __all__ = ["RESULTS_DIR", "DirtyCheckout", "fmt", "fmt_range", "free_port", "git
            "timed", "write_results"]
 
 
-def preset_main(doc: str, presets: Mapping[str, Any], run: Callable[..., Any], plots_help: str) -> None:
-    """The command line of a preset benchmark: --preset, --results, --plots."""
+def preset_main(doc: str, presets: Mapping[str, Any], run: Callable[..., Any], plots_help: str,
+                reps: bool = False) -> None:
+    """The command line of a preset benchmark: --preset, --results, --plots, and with
+    `reps` --reps (rounds of interleaved repetitions; default: the preset's), passed to
+    `run` as reps=."""
     import argparse
 
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--preset", choices=sorted(presets), default="ci")
     parser.add_argument("--results", default=None, help="JSON path (default benchmarks/results/)")
     parser.add_argument("--plots", default=None, help=plots_help)
+    if reps:
+        parser.add_argument("--reps", type=int, default=None, help="interleaved rounds (default: the preset's)")
     args = parser.parse_args()
-    run(args.preset, args.results, args.plots)
+    if reps and args.reps is not None and args.reps < 1:
+        parser.error(f"--reps {args.reps}: must be ≥ 1")
+    run(args.preset, args.results, args.plots, **({"reps": args.reps} if reps else {}))

@@ -194,3 +194,27 @@ def test_results_folder_refuses_a_dirty_checkout(tmp_path, monkeypatch):
 def test_summary_is_median_min_max_of_the_finite_values():
     s = common.summary([3.0, 1.0, math.nan, 2.0])
     assert (s["median"], s["min"], s["max"], s["n"]) == (2.0, 1.0, 3.0, 3)
+
+
+def test_psld_slow_servers_come_from_the_placement_rules():
+    from benchmarks import bench_psld
+
+    # cnn on 28×28: MXNet keeps the 401,408-element layer whole on server (index·9973) mod 4 = 0,
+    # BytePS's djb2 hash of its name picks server 1; greedy's first (largest) block goes to server 0
+    spec = bench_psld.Spec(cases=("greedy", "mxnet", "byteps", 2))
+    assert bench_psld.slow_servers(spec) == {0: ["greedy's largest block", "mxnet's most bytes"],
+                                             1: ["byteps's most bytes"], 2: ["server 2"]}
+
+
+def test_psld_ratios_are_taken_within_each_round():
+    from benchmarks import bench_psld
+
+    def rounds(*pairs):
+        return [{"iteration_s": a, "settled_iteration_s": b} for a, b in pairs]
+
+    runs = {"psld": rounds((1.0, 1.0), (2.0, 1.0)), "mxnet": rounds((4.0, 4.0), (4.0, 2.0)),
+            "oracle": rounds((0.5, 0.5), (1.0, 1.0))}
+    r = bench_psld.round_ratios(runs)
+    assert r["psld speed-up × mxnet"]["values"] == [4.0, 2.0]
+    assert r["psld speed-up × mxnet settled"]["values"] == [4.0, 2.0]
+    assert r["psld settled × oracle"]["values"] == [2.0, 1.0] and r["psld settled × oracle"]["median"] == 1.5

@@ -71,6 +71,7 @@ def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     [
         ("mlp", (1, 28, 28)),
         ("mlp", (3, 32, 32)),
+        ("mlp-deep", (1, 28, 28)),
         ("cnn", (1, 28, 28)),
         ("cnn", (3, 32, 32)),
         ("cnn", (1, 8, 8)),
@@ -91,12 +92,15 @@ def test_mlp_and_cnn_layers() -> None:
     mlp = build_model("mlp", (1, 28, 28), 10)
     linears = [m for m in mlp.modules() if isinstance(m, nn.Linear)]
     assert [(l.in_features, l.out_features) for l in linears] == [(784, 256), (256, 10)]
+    deep = build_model("mlp-deep", (1, 28, 28), 10)
+    linears = [m for m in deep.modules() if isinstance(m, nn.Linear)]
+    assert [(l.in_features, l.out_features) for l in linears] == [(784, 512), (512, 512), (512, 512), (512, 10)]
     cnn = build_model("cnn", (1, 28, 28), 10)
     forbidden = (nn.modules.batchnorm._BatchNorm, nn.Dropout, nn.GroupNorm, nn.LayerNorm)
     assert not any(isinstance(m, forbidden) for m in cnn.modules())
 
 
-@pytest.mark.parametrize("name", ["mlp", "cnn"])
+@pytest.mark.parametrize("name", ["mlp", "mlp-deep", "cnn"])
 def test_pure_models_are_batch_independent(name: str) -> None:
     """Per-sample outputs don't depend on what else is in the batch (no BN/dropout)."""
     torch.manual_seed(1)

@@ -12,11 +12,12 @@ from collections.abc import Callable
 
 from torch import nn
 
-from equipoise.models.zoo import build_cnn, build_mlp, build_resnet20
+from equipoise.models.zoo import build_cnn, build_mlp, build_mlp_deep, build_resnet20
 
-MODELS = ("mlp", "cnn", "resnet20")
+MODELS = ("mlp", "mlp-deep", "cnn", "resnet20")
 BUILDERS: dict[str, Callable[[tuple[int, int, int], int], nn.Module]] = {
     "mlp": build_mlp,
+    "mlp-deep": build_mlp_deep,
     "cnn": build_cnn,
     "resnet20": build_resnet20,
 }

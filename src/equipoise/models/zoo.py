@@ -1,6 +1,6 @@
 """The built-in architectures.
 
-``mlp`` and ``cnn`` have no normalisation or dropout layers: their output is a
+``mlp``, ``mlp-deep`` and ``cnn`` have no normalisation or dropout layers: their output is a
 pure function of the parameters and the input, so distributed BSP can be checked
 against single-process SGD exactly.
 
@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 MLP_HIDDEN = 256
+DEEP_MLP_HIDDEN = (512, 512, 512)
 CNN_CHANNELS = (32, 64)
 CNN_HIDDEN = 128
 MIN_SIDE = 4
@@ -35,6 +36,21 @@ def build_mlp(input_shape: tuple[int, int, int], num_classes: int) -> nn.Sequent
         nn.ReLU(),
         nn.Linear(MLP_HIDDEN, num_classes),
     )
+
+
+def build_mlp_deep(input_shape: tuple[int, int, int], num_classes: int) -> nn.Sequential:
+    """Flatten -> three Linear(·, 512) + ReLU -> Linear(512, num_classes): for 1x28x28,
+    0.40 M + 0.26 M + 0.26 M parameters in its first three layers, so its weight is
+    spread over several large tensors (unlike ``cnn``, whose first fully connected layer
+    holds most of it)."""
+    channels, height, width = input_shape
+    layers: list[nn.Module] = [nn.Flatten()]
+    width_in = channels * height * width
+    for hidden in DEEP_MLP_HIDDEN:
+        layers += [nn.Linear(width_in, hidden), nn.ReLU()]
+        width_in = hidden
+    layers.append(nn.Linear(width_in, num_classes))
+    return nn.Sequential(*layers)
 
 
 def build_cnn(input_shape: tuple[int, int, int], num_classes: int) -> nn.Sequential:

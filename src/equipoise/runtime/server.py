@@ -200,7 +200,9 @@ class Server:
 
     def _on_migrate(self, peer: bytes, msg: Message) -> None:
         """Hand blocks, with their optimizer state, to the server at `to`. Only at a
-        barrier (nothing pending), so no update is lost or applied twice."""
+        barrier (nothing pending), so no update is lost or applied twice. The bytes pass
+        this server's emulated link, then the receiver's (store and forward: a move
+        takes the sum of the two link times)."""
         keys = [int(k) for k in msg.fields["keys"]]
         store = self.store
         if not self.sync.can_migrate() or self.held:
@@ -212,6 +214,8 @@ class Server:
         t0 = self.clock.now()
         moved = set(keys)
         tensors = pack(values={k: store.values[k] for k in keys}, states=states_for(store.optim_state(), moved))
+        nbytes = _nbytes(tensors.values())
+        self._charge(nbytes, t0)  # out through this server's emulated link, as a pull's reply is
         conn = self.transport.connect(str(msg.fields["to"]))
         try:
             conn.send(Message("adopt", {"blocks": [store.blocks[k].to_list() for k in keys],
@@ -226,12 +230,13 @@ class Server:
             raise PushError(f"server {self.rank}: {msg.fields['to']} refused the blocks: "
                             f"{reply.fields.get('message', reply.type)}")
         self._rebuild([b for k, b in store.blocks.items() if k not in moved], {}, {})
-        nbytes = _nbytes(tensors.values())
         self.listener.send(peer, Message("ack", {"version": self.sync.published(), "bytes": nbytes,
                                                  "seconds": self.clock.now() - t0}))
 
     def _on_adopt(self, peer: bytes, msg: Message) -> None:
-        """Take over blocks from another server, values and optimizer state."""
+        """Take over blocks from another server, values and optimizer state; the bytes
+        come in through this server's emulated link, as a push does."""
+        t0 = self.clock.now()
         f = msg.fields
         store = self.store
         if not store.blocks:  # an empty server saw no updates: it joins the sender's version
@@ -247,6 +252,7 @@ class Server:
         sent = values_of(msg.tensors)
         self._rebuild(list(store.blocks.values()) + blocks, {b.key: sent[b.key] for b in blocks},
                       states_of(msg.tensors))
+        self._charge(_nbytes(msg.tensors.values()), t0)
         self.listener.send(peer, Message("ack", {"version": self.sync.published()}))
 
     def _rebuild(self, blocks: list[Block], extra_values: dict, extra_state: dict) -> None:
