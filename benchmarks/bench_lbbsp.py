@@ -115,11 +115,13 @@ def steady_window(metrics: Path, warmup: int) -> dict[str, Any]:
     if len(recs) <= warmup or warmup < 1:
         raise ValueError(f"{metrics}: {len(recs)} iteration records, need more than warmup = {warmup}")
     window = recs[warmup:]
-    seconds = window[-1]["time"] - recs[warmup - 1]["time"]
+    # Under ASP an iteration's record is written when its last report arrives, so records
+    # may finish out of order: the window runs from the last of the warm-up ones to the last.
+    seconds = max(r["elapsed"] for r in recs) - max(r["elapsed"] for r in recs[:warmup])
     samples = sum(sum(b for b in r["batch"] if b) for r in window)
     per: dict[int, dict[str, list[float]]] = {}
     for r in window:
-        for w, b, c in zip(r["workers"], r["batch"], r.get("compute_s", [None] * len(r["workers"]))):
+        for w, b, c in zip(r["workers"], r["batch"], r.get("compute_s") or [None] * len(r["workers"])):
             if b:
                 per.setdefault(int(w), {"batch": [], "compute_s": []})["batch"].append(b)
                 if c is not None:
@@ -210,10 +212,12 @@ def _attempt(fn) -> dict[str, Any]:
 def summarise(rounds: list[dict[str, Any]], spec: Spec) -> dict[str, Any]:
     """Median (min–max) over rounds of every system's samples/s, the ideal and the ratios;
     `results` keeps each system's median samples/s where compare_commits looks for it."""
-    names = [n for n in (*spec.systems, "ideal") if n in rounds[0]]
-    systems = {n: summary([r[n]["samples_per_s"] for r in rounds]) for n in names}
-    ratios = {k: summary([r["ratios"].get(k, float("nan")) for r in rounds]) for k in rounds[0]["ratios"]}
-    errors = {n: r[n]["error"] for r in rounds for n in names if "error" in r[n]}
+    nan = float("nan")
+    names = [n for n in (*spec.systems, "ideal") if any(n in r for r in rounds)]
+    systems = {n: summary([r.get(n, {}).get("samples_per_s", nan) for r in rounds]) for n in names}
+    keys = dict.fromkeys(k for r in rounds for k in r["ratios"])
+    ratios = {k: summary([r["ratios"].get(k, nan) for r in rounds]) for k in keys}
+    errors = {n: r[n]["error"] for r in rounds for n in names if "error" in r.get(n, {})}
     return {"systems": systems, "ratios": ratios, "errors": errors,
             "results": {n: {"samples_per_s": s["median"]} for n, s in systems.items() if n != "ideal"},
             "ideal_samples_per_s": systems["ideal"]["median"] if "ideal" in systems else None}
@@ -224,9 +228,8 @@ def compute_by_factor(rounds: list[dict[str, Any]], spec: Spec) -> dict[str, Any
     DDP (the same stretch over the same window: they should agree)."""
     out: dict[str, Any] = {}
     for name in ("bsp", "ddp"):
-        per = [r[name]["compute_s"] for r in rounds if name in r and "compute_s" in r[name]]
-        out[name] = {str(w): statistics.median(float(p[w] if w in p else p[str(w)]) for p in per)
-                     for w in range(spec.workers)} if per else {}
+        per = [r[name]["compute_s"] for r in rounds if "compute_s" in r.get(name, {})]
+        out[name] = {str(w): statistics.median(float(p[w]) for p in per) for w in range(spec.workers)} if per else {}
     return out
 
 
@@ -270,8 +273,7 @@ def make_plots(last: dict[str, Any], folder: Path) -> list[Path]:
 def table(res: dict[str, Any]) -> str:
     rows = [[n, fmt_range(s)] for n, s in res["systems"].items()]
     rows += [[k, fmt_range(s)] for k, s in res["ratios"].items()]
-    return markdown_table(["system or ratio", f"median (min–max) of {len(next(iter(res['systems'].values()))['values'])}"],
-                          rows)
+    return markdown_table(["system or ratio", "median (min–max) over rounds"], rows)
 
 
 def run(preset: str, results_path: str | None = None, plots: str | None = None) -> dict[str, Any]:

@@ -85,6 +85,8 @@ def run_ddp_straggler(spec: Any) -> dict[str, Any]:
     per step and the final training loss (mean of the last 10 iterations over ranks)."""
     import torch.multiprocessing as torch_mp
 
+    if not 0 < spec.warmup < spec.iterations:
+        raise ValueError(f"warmup = {spec.warmup} must be in (0, iterations = {spec.iterations})")
     results = torch_mp.get_context("spawn").SimpleQueue()
     with scoped_env(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo"):
         torch_mp.start_processes(_rank, args=(spec, free_port(), results),
