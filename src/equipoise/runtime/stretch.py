@@ -106,7 +106,9 @@ class Stretch:
     def local(self) -> Iterator[None]:
         """Local work of the step outside the forward and backward passes (unpacking
         pulled weights, packing pushes, the report): afterwards, sleep (f − 1)·m × its
-        CPU time."""
+        CPU time, m the multiplier of the last step started (unpacking a pull comes before
+        the next `start`). These short sleeps are not counted in `slept` and an oversleep
+        of theirs is not carried."""
         t0 = self.cpu()
         yield
         if self.factor > 1.0:
