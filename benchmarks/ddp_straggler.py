@@ -31,7 +31,7 @@ def _rank(rank: int, spec: Any, port: int, results: Any) -> None:
 
     from equipoise.data import SliceSampler, load_dataset
     from equipoise.models import build_model
-    from equipoise.runtime.stretch import Stretch
+    from equipoise.runtime.stretch import Stretch, noise_seed
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -41,7 +41,7 @@ def _rank(rank: int, spec: Any, port: int, results: Any) -> None:
         torch.manual_seed(spec.seed)
         net = build_model(spec.model, data.input_shape, data.num_classes)
         model = DistributedDataParallel(net)
-        stretch = Stretch(net, noise=spec.noise, seed=spec.seed * 7919 + rank)
+        stretch = Stretch(net, noise=spec.noise, seed=noise_seed(spec.seed, rank))
         stretch.factor = spec.base * float(spec.slowdown[rank])
         compute: list[float] = []
 

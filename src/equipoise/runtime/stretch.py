@@ -58,6 +58,12 @@ HISTORY = 15  # steps whose CPU time per sample make "usual"
 WARMUP = 3  # steps before the history is trusted
 
 
+def noise_seed(seed: int, rank: int) -> int:
+    """The seed of worker `rank`'s noise generator in a job seeded `seed` (equipoise's
+    workers and the DDP baseline's ranks draw the same noise)."""
+    return seed * 7919 + rank
+
+
 class Stretch:
     """Hooks that make `model`'s steps last about `factor` × their usual compute time.
 
@@ -167,4 +173,4 @@ class Stretch:
             self._carry = min(0.0, want)
 
 
-__all__ = ["Stretch"]
+__all__ = ["Stretch", "noise_seed"]

@@ -30,7 +30,7 @@ from ..scenario import Scenario
 from ..wire import Message, PeerTimeout, Transport
 from .blocks import read_pushes, write_values
 from .client import ClientError, PSClient, Pulled, receive
-from .stretch import Stretch
+from .stretch import Stretch, noise_seed
 
 
 def _clamp01(x: float) -> float:
@@ -86,7 +86,7 @@ class Worker:
             self.client.set_table(welcome.fields["table"], welcome.fields["servers"])
             self.model = build_model(cfg.model, data.input_shape, data.num_classes)
             self.model.train()
-            self.stretch = Stretch(self.model, noise=cfg.slowdown_noise, seed=cfg.seed * 7919 + self.rank)
+            self.stretch = Stretch(self.model, noise=cfg.slowdown_noise, seed=noise_seed(cfg.seed, self.rank))
             self._mem_total = psutil.virtual_memory().total
             sampler = SliceSampler(len(data), cfg.global_batch, cfg.seed)
             while True:
