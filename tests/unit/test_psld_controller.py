@@ -54,6 +54,16 @@ def test_an_idle_server_keeps_its_measured_rate():
                    for a in actions)
 
 
+def test_a_settled_placement_is_left_alone_unless_exploration_is_drawn():
+    # Equal servers, balanced loads (500 bytes each): no exploit move cuts the predicted
+    # maximum, so without exploration (epsilon 0) PSLD keeps the placement, every time.
+    sizes, table = [400, 100, 400, 100, 250, 250, 500], [0, 0, 1, 1, 2, 2, 3]
+    c = Psld(sizes, epsilon=0.0, seed=1)
+    for _ in range(20):
+        assert c.decide(table, LIVE, {r: 100.0 for r in LIVE}, 1.0) == []
+    assert c.trial is None and c.log == []
+
+
 def test_exploration_adds_a_server_when_allowed_and_removes_it_if_unused():
     c = Psld(SIZES, epsilon=1.0, max_servers=5, seed=3)
     seen = set()

@@ -13,9 +13,11 @@ trial:
 * exploit: the descending-best-fit moves (``exploit_moves``) that cut the predicted
   maximum server time max_j L_j / r_j, if they cut it by more than ``threshold`` and
   are not a plan undone within the last ``tabu_decisions`` decisions;
-* explore (probability ``epsilon``, or when exploiting finds nothing): add a server
+* explore (probability ``epsilon``, drawn before exploiting): add a server
   (probability 1/2 while fewer than ``max_servers`` run), else move a random block of
-  the slowest server to a random other server.
+  the slowest server to a random other server. When exploiting finds nothing worth a
+  trial the placement stays as it is: a settled placement is not disturbed every other
+  interval by a random move (and its undo), only now and then.
 
 Adding a server is not judged by itself: the new server holds nothing until a later
 exploit moves blocks onto it (a server never measured is assumed as fast as the best
@@ -114,16 +116,15 @@ class Psld:
         speeds = [rates[r] for r in live]
         index = {r: i for i, r in enumerate(live)}
         owner = [index[s] for s in table]
-        if self.rng.random() >= self.epsilon:  # exploit
-            moves, new_owner = exploit_moves(self.sizes, owner, speeds)
-            now = predicted_time(server_loads(self.sizes, owner, len(live)), speeds)
-            then = predicted_time(server_loads(self.sizes, new_owner, len(live)), speeds)
-            plan = tuple(MoveBlock(m.block, live[m.src], live[m.dst]) for m in moves)
-            if plan and then < now * (1 - self.threshold) and plan not in self.tabu:
-                return self._start(list(plan), iteration_s)
-            if plan and plan in self.tabu:
-                return []  # the best plan was just tried and undone: keep what we have
-        return self._explore(table, live, rates, iteration_s)
+        if self.rng.random() < self.epsilon:
+            return self._explore(table, live, rates, iteration_s)
+        moves, new_owner = exploit_moves(self.sizes, owner, speeds)
+        now = predicted_time(server_loads(self.sizes, owner, len(live)), speeds)
+        then = predicted_time(server_loads(self.sizes, new_owner, len(live)), speeds)
+        plan = tuple(MoveBlock(m.block, live[m.src], live[m.dst]) for m in moves)
+        if plan and then < now * (1 - self.threshold) and plan not in self.tabu:
+            return self._start(list(plan), iteration_s)
+        return []  # nothing worth a trial (or the best plan was just undone): keep the placement
 
     def charge(self, pause_s: float) -> None:
         """Add ``pause_s``, the pause the current trial's migration cost, to the trial
