@@ -69,16 +69,21 @@ class Spec:
 
 
 MLP = dict(model="mlp-deep")
+# The placement targets are about server links deciding the iteration time. At 200 MB/s
+# this machine's compute does (greedy within 1.14x of the oracle: no placement could be
+# 1.5x greedy), so the "full" presets run at 50 MB/s; "full-200" keeps the faster links.
+LINK_BOUND = dict(every_default=False, bandwidth=50.0)
 DYNAMIC = dict(scenario="dynamic", iterations=100, settled=30, cases=("greedy",),
                policies=("greedy", "psld", "oracle_initial", "oracle"))
 PRESETS = {
     "ci": Spec(dataset="digits", model="mlp", iterations=30, block_size=4000, bandwidth=20.0, settled=10,
                cases=("greedy",), policies=("mxnet", "greedy", "psld", "oracle"), reps=1),
     # the server greedy gives its largest block, and each default's worst server
-    "full": Spec(every_default=False, cases=("greedy", "mxnet")),
-    "full-byteps": Spec(every_default=False, cases=("byteps",)),  # the rest of full, run alongside
-    "full-mlp": Spec(every_default=False, cases=("greedy", "mxnet"), **MLP),
-    "full-mlp-byteps": Spec(every_default=False, cases=("byteps",), **MLP),  # the rest of full-mlp, run alongside
+    "full": Spec(cases=("greedy", "mxnet"), **LINK_BOUND),
+    "full-byteps": Spec(cases=("byteps",), **LINK_BOUND),  # the rest of full, run alongside
+    "full-mlp": Spec(cases=("greedy", "mxnet"), **LINK_BOUND, **MLP),
+    "full-mlp-byteps": Spec(cases=("byteps",), **LINK_BOUND, **MLP),  # the rest of full-mlp, run alongside
+    "full-200": Spec(every_default=False, cases=("greedy", "mxnet")),  # links fast enough that compute decides
     # every server slowed in turn
     "sweep": Spec(cases=(0, 1, 2, 3)),
     "sweep-mlp": Spec(cases=(0, 1, 2, 3), **MLP),
