@@ -285,3 +285,24 @@ def test_copy_mode_allows_mutation_after_send():
         g0.zero_()
         _, got = listener.recv(5)
         assert torch.equal(got.tensors["g0"], torch.ones(1_000_000))
+
+
+def test_zmq_reply_is_lent_until_every_zero_copy_frame_is_read():
+    """A listener's send returns done(), which must stay False while ZeroMQ may still read
+    any frame sent zero-copy — here a 40 MB frame followed by a small (copied) last one,
+    so tracking only the last frame would say done at once. The peer does not read yet:
+    40 MB cannot fit in loopback socket buffers, so the big frame is still being read."""
+    with ZmqTransport() as transport:
+        listener = transport.listen()
+        conn = transport.connect(listener.address)
+        conn.send(PING)
+        peer, _ = listener.recv(5)
+        big, small = torch.ones(10_000_000), torch.ones(2)
+        done = listener.send(peer, Message("params", {"version": 1, "held_s": 0.0}, {"a": big, "b": small}))
+        assert not done()
+        reply = conn.recv(10)  # reading it lets ZeroMQ finish with the frames
+        assert torch.equal(reply.tensors["a"], big) and torch.equal(reply.tensors["b"], small)
+        deadline = time.monotonic() + 10
+        while not done() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert done()
