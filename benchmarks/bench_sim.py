@@ -93,7 +93,25 @@ def _numbers(summary: dict, run_dir: Path) -> dict[str, Any]:
             "staleness_histogram": {str(k): v / max(1, sum(hist.values())) for k, v in sorted(hist.items())},
             "samples_per_s": summary["samples_per_s"], "barrier_wait_fraction": summary["barrier_wait_fraction"],
             "settled_iteration_s": statistics.fmean(r["iteration_s"] for r in tail) if tail else None,
-            "block_moves": sum(1 for r in records if r.get("event") == "block_moved")}
+            "block_moves": sum(1 for r in records if r.get("event") == "block_moved"),
+            "workers": _per_worker_steps(records)}
+
+
+def _per_worker_steps(records: list[dict]) -> list[dict[str, float]]:
+    """Per worker rank, medians over the steady iterations (from 2 on): batch, core share
+    (cpu) and CPU milliseconds per sample (compute_s × cpu / batch) — what the cost model
+    charges a step, to compare real steps with simulated ones term by term."""
+    steps = [r for r in records if r.get("type") == "iteration" and r.get("iteration", 0) >= 2]
+    out: list[dict[str, float]] = []
+    for k in range(len(steps[0]["batch"]) if steps else 0):
+        rows = [(r["batch"][k], r["compute_s"][k], r["cpu"][k]) for r in steps
+                if k < len(r.get("cpu") or []) and r["batch"][k] and r["compute_s"][k] is not None
+                and r["cpu"][k] is not None]
+        if rows:
+            out.append({"batch": statistics.median(b for b, _, _ in rows),
+                        "cpu": statistics.median(c for _, _, c in rows),
+                        "cpu_ms_per_sample": statistics.median(1e3 * s * c / b for b, s, c in rows)})
+    return out
 
 
 def _error(sim: float | None, real: float | None, floor: float = 0.0) -> float | None:
