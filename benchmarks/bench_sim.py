@@ -98,20 +98,22 @@ def _numbers(summary: dict, run_dir: Path) -> dict[str, Any]:
 
 
 def _per_worker_steps(records: list[dict]) -> list[dict[str, float]]:
-    """Per worker rank, medians over the steady iterations (from 2 on): batch, core share
-    (cpu) and CPU milliseconds per sample (compute_s × cpu / batch) — what the cost model
-    charges a step, to compare real steps with simulated ones term by term."""
-    steps = [r for r in records if r.get("type") == "iteration" and r.get("iteration", 0) >= 2]
-    out: list[dict[str, float]] = []
-    for k in range(len(steps[0]["batch"]) if steps else 0):
-        rows = [(r["batch"][k], r["compute_s"][k], r["cpu"][k]) for r in steps
-                if k < len(r.get("cpu") or []) and r["batch"][k] and r["compute_s"][k] is not None
-                and r["cpu"][k] is not None]
-        if rows:
-            out.append({"batch": statistics.median(b for b, _, _ in rows),
-                        "cpu": statistics.median(c for _, _, c in rows),
-                        "cpu_ms_per_sample": statistics.median(1e3 * s * c / b for b, s, c in rows)})
-    return out
+    """Per worker rank, medians over the steady iterations (calibrate.py's window): batch,
+    core share (cpu) and CPU milliseconds per sample (compute_s × cpu / batch) — what the
+    cost model charges a step, to compare real steps with simulated ones term by term."""
+    from equipoise.sim.calibrate import WARMUP
+
+    per: dict[int, list[tuple[float, float, float]]] = {}
+    for r in records:
+        if r.get("type") != "iteration" or r.get("iteration", 0) < WARMUP:
+            continue
+        for k, (b, s, c) in enumerate(zip(r["batch"], r.get("compute_s") or [], r.get("cpu") or [])):
+            if b and s is not None and c is not None:
+                per.setdefault(k, []).append((b, s, c))
+    return [{"batch": statistics.median(b for b, _, _ in rows),
+             "cpu": statistics.median(c for _, _, c in rows),
+             "cpu_ms_per_sample": statistics.median(1e3 * s * c / b for b, s, c in rows)}
+            for _, rows in sorted(per.items())]
 
 
 def _error(sim: float | None, real: float | None, floor: float = 0.0) -> float | None:
