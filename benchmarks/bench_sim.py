@@ -68,7 +68,9 @@ def validation_runs(spec: Spec) -> dict[str, dict[str, Any]]:
                 timeout=300.0)
     slow = [1.0, 1.0, 2.0, 4.0]
     return {  # folder name: config
-        "calibration-bsp": dict(base, protocol="bsp"),
+        # unequal batches and one stretched worker: the per-step cost a, the per-sample b and
+        # the stretch's own CPU overhead can each be told apart (docs/simulate.md, Calibration)
+        "calibration-bsp": dict(base, protocol="bsp", batch_split=[48, 40, 24, 16], slowdown=[1.0, 1.0, 1.0, 2.0]),
         "bsp-slowdown-1124": dict(base, protocol="bsp", slowdown=slow),
         "lbbsp-slowdown-1124": dict(base, protocol="lbbsp", slowdown=slow),
         "ssp2-slowdown-1113": dict(base, protocol="ssp", staleness_bound=2, slowdown=[1.0, 1.0, 1.0, 3.0]),
