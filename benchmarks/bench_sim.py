@@ -4,7 +4,10 @@ no one can rent.
 Presets:
 
 * ``validate``: real jobs on this machine (Fashion-MNIST, the CNN, 4 workers): BSP with
-  no stragglers (the calibration run), BSP and LB-BSP under slowdown [1, 1, 2, 4], SSP
+  batches [56, 40, 16, 16] and the last worker 3× slower (the calibration run: unequal
+  batches tell a from b, a stretched worker beside an unstretched one of its batch gives
+  the stretch's CPU overhead, and the 56-sample worker, not the stretched one, decides
+  its iterations), BSP and LB-BSP under slowdown [1, 1, 2, 4], SSP
   (s = 2) and 2-softsync, and BSP with PSLD placement and one server 4× slower, each
   ``reps`` times, interleaved (all six, then all six again, ...). Each repetition's runs
   are simulated (their own config.toml) with the cost model fitted to that repetition's
@@ -68,9 +71,10 @@ def validation_runs(spec: Spec) -> dict[str, dict[str, Any]]:
                 timeout=300.0)
     slow = [1.0, 1.0, 2.0, 4.0]
     return {  # folder name: config
-        # unequal batches and one stretched worker: the per-step cost a, the per-sample b and
-        # the stretch's own CPU overhead can each be told apart (docs/simulate.md, Calibration)
-        "calibration-bsp": dict(base, protocol="bsp", batch_split=[48, 40, 24, 16], slowdown=[1.0, 1.0, 1.0, 2.0]),
+        # unequal batches and one stretched worker beside an unstretched one of its batch: the
+        # per-step cost a, the per-sample b and the stretch's CPU overhead can each be told
+        # apart (docs/simulate.md, Calibration)
+        "calibration-bsp": dict(base, protocol="bsp", batch_split=[56, 40, 16, 16], slowdown=[1.0, 1.0, 1.0, 3.0]),
         "bsp-slowdown-1124": dict(base, protocol="bsp", slowdown=slow),
         "lbbsp-slowdown-1124": dict(base, protocol="lbbsp", slowdown=slow),
         "ssp2-slowdown-1113": dict(base, protocol="ssp", staleness_bound=2, slowdown=[1.0, 1.0, 1.0, 3.0]),

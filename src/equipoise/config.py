@@ -122,6 +122,8 @@ class Config:
     sim_server_mbps: float = 1000.0  # MB/s a server at factor 1 receives+applies or sends (0: free)
     sim_host_cores: int = 0  # emulation host: workers share this many cores (0: each a machine of its own)
     sim_host_load: float = 0.0  # emulation host: other runnable processes on it, on average
+    sim_host_exchange: float = 1.0  # emulation host: runnable processes a worker's exchange keeps busy
+    sim_stretch_cpu: float = 0.0  # κ: an emulated slowdown f adds κ·(1 − 1/f) to a step's CPU work
 
     # -- construction -----------------------------------------------------------------
     @classmethod
@@ -341,7 +343,7 @@ class Config:
         if not 0.0 < self.sim_cpu_share <= 1.0:
             raise ConfigError(f"sim_cpu_share = {self.sim_cpu_share!r} must be in (0, 1]")
         for key in ("sim_noise", "sim_noise_shared", "sim_latency_s", "sim_link_mbps", "sim_server_mbps",
-                    "sim_host_cores", "sim_host_load"):
+                    "sim_host_cores", "sim_host_load", "sim_host_exchange", "sim_stretch_cpu"):
             if not (math.isfinite(getattr(self, key)) and getattr(self, key) >= 0):
                 raise ConfigError(f"{key} = {getattr(self, key)!r} must be a finite number ≥ 0")
 

@@ -194,6 +194,68 @@ def test_host_compute_shares_the_cores_between_steps_as_they_start_and_finish():
     assert cost.host_compute(np.zeros(1), np.ones(1), np.array([3.0])) == pytest.approx([3.0], abs=1e-9)
 
 
+def test_a_stretched_step_does_more_cpu_work_by_the_fitted_overhead():
+    # ρ = 0.5, κ = 0.2: at f = 3 a step's CPU work is × m = 1 + 0.2·(1 − 1/3); the step is
+    # its other part (1 − ρ) plus the inflated CPU part × f; at f = 1 nothing changes.
+    cost = CostModel(Config(sim_cpu_share=0.5, sim_stretch_cpu=0.2))
+    m = 1 + 0.2 * 2 / 3
+    assert cost.inflate(3.0) == pytest.approx(m, abs=1e-12) and cost.inflate(1.0) == 1.0
+    assert cost.stretch(3.0) == pytest.approx(0.5 + 0.5 * m * 3, abs=1e-12)
+    assert cost.cpu(3.0) == pytest.approx(0.5 * m / (0.5 + 1.5 * m), abs=1e-12)
+    # an emulation host, alone on its core at f = 3: CPU work m, then the stretch's 2m of sleep
+    host = CostModel(Config(workers=1, sim_host_cores=1, sim_cpu_share=1.0, sim_stretch_cpu=0.2))
+    assert host.host_compute(np.zeros(1), np.ones(1), np.array([3.0])) == pytest.approx([3 * m], abs=1e-12)
+
+
+def test_stretch_overhead_is_fitted_against_unstretched_steps_of_several_batches():
+    # CPU seconds of a step = (a + b·x)·(1 + κ·(1 − 1/f)) exactly, on batches 48, 32, 16
+    # unstretched and 32 at f = 3 (the validate preset's calibration run): the line
+    # through the unstretched steps is a + b·x, the stretched step's excess over it is
+    # κ·2/3, and every point divided back lies on (a + b·x) / ρ. The wall times and core
+    # shares vary: only their product, CPU seconds, may matter.
+    from equipoise.sim.calibrate import _cpu_points
+
+    a, b, kappa, rho = 0.007, 0.0009, 0.2, 0.6
+    steps = []
+    for k in range(10):
+        for w, (x, f) in enumerate([(48, 1.0), (32, 1.0), (16, 1.0), (32, 3.0)]):
+            cpu_s = (a + b * x) * (1 + kappa * (1 - 1 / f))
+            wall = cpu_s * (2 + 0.1 * k + w)
+            steps.append((k, w, float(x), wall, cpu_s / wall, f))
+    points, fitted, source = _cpu_points(steps, rho)
+    assert fitted == pytest.approx(kappa, rel=1e-9) and "10 stretched steps" in source
+    assert all(y == pytest.approx((a + b * x) / rho, rel=1e-9) for _, _, x, y in points)
+    _, none, why = _cpu_points([s for s in steps if s[5] == 1.0], rho)
+    assert none == 0.0 and "no stretched step" in why
+
+
+def test_stream_steps_share_the_host_cores_as_they_overlap():
+    # ASP, two equal workers on one core, ρ = 1, messages free (no latency, links or
+    # server cost): both compute all the time, so each gets half the core and a step of
+    # 0.01 CPU seconds takes 0.02 s, cpu 0.5. (Sharing fixed at a step's start would give
+    # the first worker to start a core of its own for its whole step.)
+    _, iters, _ = run(protocol="asp", workers=2, servers=1, global_batch=64, iterations=10, sim_host_cores=1,
+                      sim_cpu_share=1.0, sim_latency_s=0.0, sim_link_mbps=0.0, sim_server_mbps=0.0,
+                      sim_compute_s=[0.01], sim_sample_s=[0.0])
+    steps = [(c, u) for r in iters for c, u in zip(r["compute_s"], r["cpu"])]
+    assert len(steps) == 20
+    assert all(c == pytest.approx(0.02, abs=1e-12) and u == pytest.approx(0.5, abs=1e-9) for c, u in steps)
+
+
+def test_a_worker_in_an_exchange_holds_a_share_of_the_host():
+    # ASP, two workers on one core, worker 1 slowed 3× (sim_cpu_share 1): when
+    # worker 0 computes while worker 1's exchange runs, sim_host_exchange = 1 counts
+    # that exchange as a runnable process, so worker 0 gets less of the core than with 0.
+    keys = dict(protocol="asp", workers=2, servers=1, global_batch=64, iterations=20, sim_host_cores=1,
+                sim_cpu_share=1.0, sim_latency_s=0.002, sim_link_mbps=0.0, sim_server_mbps=0.0,
+                sim_compute_s=[0.01], sim_sample_s=[0.0], slowdown=[1.0, 3.0])
+    shares = {}
+    for lam in (0.0, 1.0):
+        _, iters, _ = run(sim_host_exchange=lam, **keys)
+        shares[lam] = np.mean([c for r in iters for w, c in zip(r["workers"], r["cpu"]) if w == 0])
+    assert shares[1.0] < shares[0.0]
+
+
 def test_noise_splits_into_a_shared_and_an_own_part():
     # residuals ±0.2 per iteration shared by its 4 steps, and ±0.1 of each step's own
     # (two +, two −: the iteration's mean is the shared part exactly; the estimator still

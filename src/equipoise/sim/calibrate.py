@@ -52,17 +52,22 @@ def calibrate(run_dir: str | Path) -> dict[str, Any]:
     # the CPU share of an unslowed step (the `cpu` its worker reported); 1 if none was
     cpu = [c for r, fs in zip(rows, factors) for c, f in zip(r.get("cpu") or [], fs) if f == 1.0 and c]
     share = min(1.0, max(0.01, statistics.median(cpu))) if cpu else 1.0
-    points = [(k, w, float(r["batch"][i]), float(r["compute_s"][i]) / (1.0 + (f - 1.0) * share))
-              for k, (r, fs) in enumerate(zip(rows, factors)) for i, (w, f) in enumerate(zip(r["workers"], fs))
-              if r["compute_s"][i] and r["batch"][i]]
+    cores = _emulation_host(run)
+    steps = [(k, w, float(r["batch"][i]), float(r["compute_s"][i]), float((r.get("cpu") or [0.0] * len(fs))[i]), f)
+             for k, (r, fs) in enumerate(zip(rows, factors)) for i, (w, f) in enumerate(zip(r["workers"], fs))
+             if r["compute_s"][i] and r["batch"][i]]
+    ranks = range(max(w for _, w, *_ in steps) + 1)
+    overhead, overhead_from = 0.0, "not fitted: separate machines (a slowdown of their own costs no extra CPU)"
+    if cores and cpu:  # one machine: fit its steps' CPU seconds, the host model shares them out
+        points, overhead, overhead_from = _cpu_points(steps, share)
+    else:
+        points = [(k, w, x, y / (1.0 + (f - 1.0) * share)) for k, w, x, y, _, f in steps]
     xs: dict[int, list[float]] = {}
     ys: dict[int, list[float]] = {}
     for _, w, x, y in points:
         xs.setdefault(w, []).append(x)
         ys.setdefault(w, []).append(y)
-    ranks = range(max(xs) + 1)
     fits = {w: _line(xs[w], ys[w]) for w in xs}
-    cores = _emulation_host(run)
     if cores:  # one machine: its workers differ only by chance, so one line for all
         pooled = _line([p[2] for p in points], [p[3] for p in points])
         a, b = [pooled[0]] * len(ranks), [pooled[1]] * len(ranks)
@@ -70,27 +75,74 @@ def calibrate(run_dir: str | Path) -> dict[str, Any]:
         a = [fits[w][0] if w in fits else statistics.fmean(f[0] for f in fits.values()) for w in ranks]
         b = [fits[w][1] if w in fits else statistics.fmean(f[1] for f in fits.values()) for w in ranks]
     shared, noise, corr = _noise([(k, math.log(y / (a[w] + b[w] * x))) for k, w, x, y in points if a[w] + b[w] * x > 0])
-    # other runnable processes on the host: what makes the calibration run's core share ρ
-    # when its workers compete as host_rate says (each at f is runnable 1 / (1 + ρ(f − 1)))
-    competing = statistics.fmean(sum(1.0 / (1.0 + share * (f - 1.0)) for f in fs) for fs in factors)
-    load = max(0.0, cores / share - competing) if cores else 0.0
     server_s, servers_from = _server_cost(cfg, records, scenario)
     tensors = model_tensors_of(cfg)
     keys = {"sim_compute_s": [round(v, 9) for v in a], "sim_sample_s": [round(v, 11) for v in b],
             "sim_noise": round(noise, 6), "sim_noise_shared": round(shared, 6),
             "sim_noise_shared_corr": round(corr, 4), "sim_cpu_share": round(share, 4),
-            "sim_host_cores": cores, "sim_host_load": round(load, 4),
+            "sim_stretch_cpu": round(overhead, 4), "sim_host_cores": cores, "sim_host_load": 0.0,
             "sim_server_mbps": round(1.0 / (server_s * MB), 3) if server_s > 0 else 0.0}
     target = steady_iteration_s(records)
     if target is None:
         raise ConfigError(f"--calibrate {str(run)!r}: needs more than {WARMUP} iterations")
+    if cores:
+        plain = [c for _, _, _, _, c, f in steps if f == 1.0 and c]
+        keys["sim_host_load"] = round(_fit_load(cfg.replace(**keys), tensors, len(iters), statistics.fmean(plain)), 4)
     latency = _fit_latency(cfg.replace(**keys), tensors, len(iters), target)
     keys["sim_latency_s"] = round(latency, 9)
     fit = {"run_dir": str(run), "protocol": cfg.protocol, "workers": cfg.workers, "iterations_used": len(rows),
-           "steady_iteration_s": target, "server_cost_from": servers_from,
+           "steady_iteration_s": target, "server_cost_from": servers_from, "stretch_cpu_from": overhead_from,
            "compute_fit": {str(w): {"a": fits[w][0], "b": fits[w][1], "points": len(xs[w]),
                                     "batch_range": [min(xs[w]), max(xs[w])]} for w in sorted(fits)}}
     return {"keys": keys, "fit": fit}
+
+
+def _cpu_points(steps: list[tuple], share: float) -> tuple[list[tuple[int, int, float, float]], float, str]:
+    """An emulation host's steps as points (iteration, rank, batch, CPU seconds ÷ ρ) of
+    one line a + b·x, and the stretch's CPU overhead κ (cost.py). The line is fitted to
+    the unstretched steps (a run whose steps have several batch sizes tells a from b),
+    κ to the stretched ones' excess over it: CPU = (a + b·x)·(1 + κ·(1 − 1/f)), the
+    median over the stretched steps, ≥ 0; their points are then divided by that
+    factor. With no stretched step, or no unstretched one, κ = 0."""
+    plain = [(x, c * y) for _, _, x, y, c, f in steps if f == 1.0 and c]
+    stretched = [(x, c * y, f) for _, _, x, y, c, f in steps if f > 1.0 and c]
+    overhead, source = 0.0, "not fitted: the run has no stretched step"
+    if plain and stretched:
+        a, b = _line([x for x, _ in plain], [c for _, c in plain])
+        excess = [(c / (a + b * x) - 1.0) / (1.0 - 1.0 / f) for x, c, f in stretched if a + b * x > 0]
+        if excess:
+            overhead = max(0.0, statistics.median(excess))
+            source = f"{len(excess)} stretched steps against {len(plain)} unstretched ones"
+    elif stretched:
+        source = "not fitted: the run has no unstretched step"
+    points = [(k, w, x, c * y / share / (1.0 + overhead * (1.0 - 1.0 / max(f, 1.0))))
+              for k, w, x, y, c, f in steps if c]
+    return points, overhead, source
+
+
+def _fit_load(cfg: Config, tensors, iterations: int, target: float) -> float:
+    """``sim_host_load``: the other runnable processes at which the simulated run's
+    unstretched steps get the core share (mean ``cpu``) the real ones got, by bisection
+    (the share falls as the load grows); 0 if the simulation's is already lower."""
+    scenario = Scenario.of(cfg)
+
+    def share(load: float) -> float:
+        records: list[dict] = []
+        Simulation(cfg.replace(sim_host_load=load), tensors, iterations, emit=records.append).run()
+        vals = [c for r in records if r.get("type") == "iteration" and r["iteration"] >= WARMUP
+                for w, c in zip(r["workers"], r["cpu"])
+                if scenario.worker_factor(w, elapsed=r["elapsed"], iteration=r["iteration"]) == 1.0]
+        return statistics.fmean(vals) if vals else 1.0
+
+    lo, hi = 0.0, float(cfg.workers + cfg.servers + 1)
+    if share(lo) <= target:
+        return 0.0
+    while share(hi) > target and hi < 1e4:
+        hi *= 2
+    for _ in range(25):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if share(mid) > target else (lo, mid)
+    return (lo + hi) / 2
 
 
 def _noise(residuals: list[tuple[int, float]]) -> tuple[float, float, float]:

@@ -11,13 +11,20 @@ Every time the simulator charges comes from here:
   worker's own CPU work, as the runtime's emulation does (runtime/stretch.py: time spent
   waiting for a core another process of this machine holds is not multiplied); on
   machines of their own the share is 1 and the step takes f·(a + b·x);
+* a stretched step does more CPU work than an unstretched one: ×(1 + κ·(1 − 1/f)) at
+  factor f > 1 (κ = ``sim_stretch_cpu``; 0 on machines that are slow of themselves). An
+  emulated slowdown sleeps through the step (runtime/stretch.py), and a worker that wakes
+  from a sleep finds its caches cooled by the other processes of the host that ran
+  meanwhile, more so the larger the part of its step it sleeps (1 − 1/f); the stretch
+  then multiplies that extra CPU work too;
 * on an emulation host (``sim_host_cores`` C > 0: every process of the job on one
   machine, as the validation runs are) the part of a step that is CPU work is shared
-  out: a step's CPU work is c = ρ·(a + b·x) and it takes c / r + (f − 1)·c, r the share
-  of a core a runnable worker gets (processor sharing, ``host_rate``) given the workers
-  computing at the same time and ``sim_host_load`` other runnable processes; the
-  calibration run's r is ρ by construction, so the model is the one above there, and
-  departs from it when fewer or more workers compete for the cores than they did then;
+  out: a step's CPU work is c = ρ·(a + b·x) (× the factor above) and it takes
+  c / r + (f − 1)·c, r the share of a core a runnable worker gets (processor sharing,
+  ``host_rate``) given the workers computing at the same time, ``sim_host_exchange``
+  runnable processes for each worker in an exchange (on one machine a message is CPU
+  work: the copies, ZeroMQ's I/O threads, the server applying a push) and
+  ``sim_host_load`` other runnable processes;
 * a message: ``sim_latency_s`` one way, plus bytes / ``sim_link_mbps`` on the worker's
   link for a push (the gradients) and for a pull (the weights);
 * a server handling B bytes (receiving and applying a push, or sending a pull):
@@ -76,6 +83,8 @@ class CostModel:
         self.server = 1.0 / (cfg.sim_server_mbps * MB) if cfg.sim_server_mbps else 0.0
         self.rate = cfg.server_rate * MB
         self.cores, self.load = cfg.sim_host_cores, cfg.sim_host_load
+        self.exchange = cfg.sim_host_exchange
+        self.overhead = cfg.sim_stretch_cpu
         self.shared = cfg.sim_noise_shared
         self.corr = cfg.sim_noise_shared_corr
         self._shared_rng, self._shared = np.random.default_rng([cfg.seed, 1]), np.ones(0)
@@ -120,47 +129,58 @@ class CostModel:
             return self.host_compute(np.zeros(len(work)), work, factors)
         return work * self.stretch(factors)
 
+    def inflate(self, factor):
+        """The CPU work of a step at scenario factor ``factor`` over that at factor 1:
+        1 + κ·(1 − 1/f) for f > 1 (the emulation's cooled caches), else 1."""
+        f = np.maximum(np.asarray(factor, dtype=float), 1.0)
+        m = 1.0 + self.overhead * (1.0 - 1.0 / f)
+        return float(m) if m.ndim == 0 else m
+
+    def cpu_work(self, work, factor):
+        """CPU seconds of steps of ``work`` seconds of a + b·x (noise included) at
+        scenario factor ``factor``: ρ·work, more when stretched (``inflate``)."""
+        return self.share * work * self.inflate(factor)
+
     def stretch(self, factor):
-        """How much longer a step takes at scenario factor ``factor`` (a float or an array)."""
-        return 1.0 + (factor - 1.0) * self.share
+        """How much longer a step takes at scenario factor ``factor`` (a float or an array):
+        its CPU part ρ, inflated, × f, plus the rest."""
+        return 1.0 + self.share * (self.inflate(factor) * factor - 1.0)
 
     def cpu(self, factor):
         """The ``cpu`` a worker reports at that factor: its CPU time over its step time."""
-        return self.share / self.stretch(factor)
+        return self.share * self.inflate(factor) / self.stretch(factor)
 
     def compute_one(self, w: int, batch: float, factor: float, rng: np.random.Generator,
-                    others: list[float] | None = None, iteration: int = 0) -> tuple[float, float]:
-        """``compute`` for one worker (the event loop's path: no arrays of one), with the
-        factors of the ``others`` computing when it starts (an emulation host's
-        contention, taken as constant through the step); (seconds, its ``cpu``)."""
+                    iteration: int = 0) -> float:
+        """Seconds of a + b·x (noise included) of one worker's step (the event loop's
+        path: no arrays of one): its step at factor 1 without an emulation host, as in
+        ``work``."""
         t = (self.a[w] + self.b[w] * batch) * self.common(iteration)
-        t = t * rng.lognormal(-self.noise ** 2 / 2, self.noise) if self.noise else t
-        if not self.cores:
-            return t * self.stretch(factor), self.cpu(factor)
-        wall = float(self.host_step(t, factor, self.host_rate(np.array([factor] + (others or [])))))
-        return wall, self.share * t / wall if wall > 0 else 1.0
+        return t * rng.lognormal(-self.noise ** 2 / 2, self.noise) if self.noise else t
 
-    def host_rate(self, factors: np.ndarray) -> float:
+    def host_rate(self, factors: np.ndarray, others: float = 0.0) -> float:
         """r: the share of a core each runnable worker gets while the workers at scenario
         factors ``factors`` compute at once on ``sim_host_cores`` C cores beside
-        ``sim_host_load`` L other runnable processes. A worker at f sleeps (f − 1)·c of
-        its step (the emulation's stretch) and is runnable for c / r of it, so it competes
-        for a core with probability p = 1 / (1 + r·(f − 1)); r = min(1, C / (L + Σ p)),
-        the fixed point of an increasing map, reached from r = 1 by iteration."""
+        ``sim_host_load`` L + ``others`` other runnable processes. A worker at f sleeps
+        (f − 1)·c of its step (the emulation's stretch) and is runnable for c / r of it,
+        so it competes for a core with probability p = 1 / (1 + r·(f − 1));
+        r = min(1, C / (L + others + Σ p)), the fixed point of an increasing map, reached
+        from r = 1 by iteration."""
         f = np.asarray(factors, dtype=float) - 1.0
+        load = self.load + others
         r = 1.0
         for _ in range(100):
-            new = min(1.0, self.cores / (self.load + float(np.sum(1.0 / (1.0 + r * f)))))
+            new = min(1.0, self.cores / (load + float(np.sum(1.0 / (1.0 + r * f)))))
             if r - new < 1e-9:
                 return new
             r = new
         return r
 
-    def host_step(self, work: np.ndarray, factors: np.ndarray, rate: float) -> np.ndarray:
-        """Wall seconds of steps of ``work`` × (a + b·x) at a core share ``rate``: CPU work
-        c = ρ·work at that rate plus the stretch's (f − 1)·c of sleep."""
-        c = self.share * work
-        return c / rate + (factors - 1.0) * c
+    def host_speed(self, factors: np.ndarray, others: float = 0.0) -> np.ndarray:
+        """CPU seconds per second of steps at ``factors`` computing at once (host_rate's
+        r): a step of CPU work c takes c / r + (f − 1)·c, so 1 / (1/r + f − 1)."""
+        f = np.asarray(factors, dtype=float)
+        return 1.0 / (1.0 / self.host_rate(f, others) + f - 1.0)
 
     def host_compute(self, start: np.ndarray, work: np.ndarray, factors: np.ndarray) -> np.ndarray:
         """Wall seconds of steps that start at ``start`` with ``work`` (seconds of a + b·x,
@@ -168,8 +188,8 @@ class CostModel:
         (``host_rate``) of the workers computing is recomputed whenever one starts or
         finishes, and each progresses at 1 / (1/r + f − 1) CPU seconds per second."""
         n = len(start)
-        left = self.share * np.asarray(work, dtype=float)  # CPU seconds still to do
         f = np.asarray(factors, dtype=float)
+        left = self.cpu_work(np.asarray(work, dtype=float), f)  # CPU seconds still to do
         end = np.full(n, np.inf)
         t = float(start.min())
         while np.isinf(end).any():
@@ -178,7 +198,7 @@ class CostModel:
             if not active.any():
                 t = float(start[waiting].min())
                 continue
-            speed = 1.0 / (1.0 / self.host_rate(f[active]) + f[active] - 1.0)
+            speed = self.host_speed(f[active])
             finish = left[active] / speed
             dt = min(float(finish.min()), float(start[waiting].min()) - t if waiting.any() else np.inf)
             idx = np.flatnonzero(active)

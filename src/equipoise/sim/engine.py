@@ -23,9 +23,12 @@ Two engines, both vectorised over servers:
   in one update, σ = 0), so ``ServerSync``'s per-push bookkeeping (which only detects
   faults a simulation cannot make) is not run: its O(λ) duplicate check per push would
   make 10,000 workers quadratic.
-* asp, softsync, ssp: an event queue (``heapq`` of (time, worker) tuples, one entry per
-  worker) of compute completions; each push is accepted by the shared ``ServerSync``
-  and queued at every server, each pull is answered when ``pull_ready`` allows.
+* asp, softsync, ssp: an event queue (``heapq`` of (time, kind, worker, stamp) tuples, one
+  entry per worker) of compute completions; each push is accepted by the shared
+  ``ServerSync`` and queued at every server, each pull is answered when ``pull_ready``
+  allows. On an emulation host the steps' starts are events too and the cores are
+  shared out anew at each start and finish (host.py), which moves the predicted
+  completions (the stale ones carry an old stamp and are skipped).
 
 One iteration's worker exchange, as runtime/worker.py does it: after computing, a worker
 sends its pull (barrier protocols: first) and its push, waits for the acks, sends its
@@ -50,8 +53,10 @@ from ..policy.sync import ServerSync, make_sync_policy
 from ..runtime.planner import Planner, PlanSettings
 from ..scenario import BlockMove, Scenario, ServerRemove, WorkerJoin, WorkerLeave
 from .cost import CostModel, state_copies
+from .host import HostCores
 
 Emit = Callable[[dict[str, Any]], None]
+FINISH, START = 0, 1  # kinds of the stream engine's events (a finish first at equal times)
 COLUMNS = ("start", "worker", "batch", "compute", "wait", "comm", "cpu", "version", "sig_sum", "sig_n",
            "sig_max", "report")  # what the stream engine keeps of each push
 
@@ -284,7 +289,7 @@ class Simulation:
             if cost.cores:  # an emulation host: the steps share its cores from when each starts
                 work = cost.work(r, x, self.rng, t)
                 c = cost.host_compute(start, work, f)
-                cpu = cost.share * work / np.maximum(c, 1e-300)
+                cpu = cost.cpu_work(work, f) / np.maximum(c, 1e-300)
             else:
                 c = cost.compute(r, x, f, self.rng, t)
                 cpu = cost.cpu(f)
@@ -428,9 +433,15 @@ class Simulation:
         ex_wait, ex_comm = [0.0] * n, [self._first_exchange()] * n
         plan_at, registered, ended = [0.0] * n, [0.0] * n, [0.0] * n  # plan in; pull at servers; compute done
         blocked: list[tuple[int, int]] = []  # (pull's min version, worker): held by pull_ready
-        heap: list[tuple[float, int]] = []
+        heap: list[tuple[float, int, int, int]] = []  # (time, FINISH or START, worker, stamp)
         cursor, row, last, t_now, active = 0, 0, 0.0, -1, n
         over_link = lat + total * link
+        host = HostCores(cost, n) if cost.cores else None
+        work_of = [0.0] * n
+
+        def reschedule(now: float) -> None:
+            for at, v in host.schedule(now):
+                heapq.heappush(heap, (at, FINISH, v, host.stamp))
 
         def begin(w: int, at: float) -> None:
             """Worker w has its plan and weights at `at`: take a slice and compute."""
@@ -438,6 +449,8 @@ class Simulation:
             if cursor >= end_pos:
                 active -= 1
                 sync.members(active, retired=[w])
+                if host:
+                    host.idle()
                 return
             it = cursor // X
             if it != t_now and self.scenario.server_trace is not None:  # servers may change speed
@@ -449,9 +462,13 @@ class Simulation:
             cursor += int(size)
             self.factors.advance(at, it)
             fac[w] = float(self.factors.static[w] * self.factors.trace[w])
-            others = [fac[v] for e, v in heap if e > at] if cost.cores else None
-            comp[w], cpu_of[w] = cost.compute_one(w, size, fac[w], self.rng, others, it)
-            heapq.heappush(heap, (at + comp[w], w))
+            work = cost.compute_one(w, size, fac[w], self.rng, it)
+            if host:  # its wall time depends on who computes meanwhile: known when it ends
+                work_of[w] = work
+                heapq.heappush(heap, (at, START, w, 0))
+            else:
+                comp[w], cpu_of[w] = work * cost.stretch(fac[w]), cost.cpu(fac[w])
+                heapq.heappush(heap, (at + comp[w], FINISH, w, 0))
 
         def serve_pull(w: int, now: float) -> None:
             """The servers answer w's pull (after what they hold) from `now`; w computes again
@@ -468,7 +485,15 @@ class Simulation:
         for w in range(n):
             begin(w, ex_comm[w])
         while heap:
-            end, w = heapq.heappop(heap)
+            end, kind, w, stamp = heapq.heappop(heap)
+            if host:
+                if kind == START:
+                    host.start(w, end, work_of[w], fac[w])
+                    reschedule(end)
+                    continue
+                if stamp != host.stamp:
+                    continue  # predicted before the cores were shared out anew
+                comp[w], cpu_of[w] = host.finish(w, end)
             arrive = end + over_link
             free = np.maximum(free, arrive) + serve  # the push, on every server
             sync.accept(w, version[w], int(size_of[w]))
@@ -483,9 +508,15 @@ class Simulation:
             last = max(last, report)
             ended[w], registered[w], plan_at[w] = end, arrive, report + lat
             heapq.heappush(blocked, (policy.pull_version(pushes[w], slice_of[w] // X), w))
+            if host:
+                host.idle()  # held back until its pull is ready: not runnable
             while blocked and sync.pull_ready(blocked[0][0]):  # this pull, or ones the push released
                 _, v = heapq.heappop(blocked)
+                if host:
+                    host.idle(-1)
                 serve_pull(v, arrive)
+            if host:
+                reschedule(end)
         tail = sync.flush()
         if tail is not None:
             sync.on_applied(tail)
