@@ -11,12 +11,12 @@ Every time the simulator charges comes from here:
   worker's own CPU work, as the runtime's emulation does (runtime/stretch.py: time spent
   waiting for a core another process of this machine holds is not multiplied); on
   machines of their own the share is 1 and the step takes f·(a + b·x);
-* a stretched step does more CPU work than an unstretched one: ×(1 + κ·(1 − 1/f)) at
+* a stretched step may do more CPU work than an unstretched one: ×(1 + κ·(1 − 1/f)) at
   factor f > 1 (κ = ``sim_stretch_cpu``; 0 on machines that are slow of themselves). An
-  emulated slowdown sleeps through the step (runtime/stretch.py), and a worker that wakes
-  from a sleep finds its caches cooled by the other processes of the host that ran
-  meanwhile, more so the larger the part of its step it sleeps (1 − 1/f); the stretch
-  then multiplies that extra CPU work too;
+  emulated slowdown sleeps through the step (runtime/stretch.py), and each wake-up may
+  cost CPU (caches cooled by the host's other processes meanwhile, more so the larger
+  the part of its step it sleeps, 1 − 1/f); the stretch then multiplies that extra CPU
+  work too;
 * on an emulation host (``sim_host_cores`` C > 0: every process of the job on one
   machine, as the validation runs are) the part of a step that is CPU work is shared
   out: a step's CPU work is c = ρ·(a + b·x) (× the factor above) and it takes

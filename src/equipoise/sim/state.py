@@ -1,0 +1,157 @@
+"""The simulated job's state that the two engines (engine.py) share: every worker's
+scenario factor, the protocol state one ``ServerSync`` keeps for all servers, and the
+servers' blocks, costs and measurements."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+from ..config import Config
+from ..policy.placement import placement_blocks
+from ..policy.sync import ServerSync
+from ..scenario import Scenario
+from .cost import CostModel, state_copies
+
+
+class WorkerFactors:
+    """Every worker's scenario factor (static ``slowdown`` × ``trace``), kept current as
+    time or iterations advance by applying the trace's rows in order: the values of
+    ``Scenario.worker_factor`` for all workers at once, without a lookup per worker."""
+
+    def __init__(self, scenario: Scenario, n: int):
+        self.scenario, self.k = scenario, 0
+        self.static = np.ones(0)
+        self.trace = np.ones(0)
+        self.grow(n)
+
+    def grow(self, n: int) -> None:
+        """Factors for ranks up to n − 1 (workers that joined); the trace is applied again
+        from its first row at the next ``at``, so rows already passed reach them too."""
+        old = len(self.static)
+        if n > old:
+            s = self.scenario.slowdown
+            self.static = np.concatenate([self.static, [s.factor(w) if s else 1.0 for w in range(old, n)]])
+            self.trace, self.k = np.ones(n), 0
+
+    def advance(self, elapsed: float, iteration: int) -> None:
+        """Apply the trace's rows due by ``elapsed`` seconds or ``iteration`` (its unit)."""
+        trace = self.scenario.trace
+        if trace is not None:
+            at = elapsed if trace.unit == "time" else iteration
+            rows, n = trace.rows, len(self.trace)
+            while self.k < len(rows) and rows[self.k][0] <= at:
+                _, w, f = rows[self.k]
+                if w < n:
+                    self.trace[w] = f
+                self.k += 1
+
+    def at(self, elapsed: float, iteration: int) -> np.ndarray:
+        """Every worker's factor at that point (applied in order: points never go back)."""
+        self.advance(elapsed, iteration)
+        return self.static * self.trace
+
+
+class _Sync(ServerSync):
+    """``ServerSync`` with the SSP clock's minimum kept up to date, so that ``published``
+    is O(1) instead of a min over every worker's clock (clocks only grow, one at a time)."""
+
+    def __init__(self, policy, workers: int):
+        super().__init__(policy, workers)
+        self._at = Counter(self.clocks.values())
+        self._min = 0
+
+    def _advance(self) -> None:
+        while self.clocks and self._at[self._min] == 0:
+            self._min += 1
+
+    def on_applied(self, update) -> None:
+        if not self.policy.clocked:
+            return super().on_applied(update)
+        before = {p.worker: self.clocks[p.worker] for p in update.pushes if p.worker in self.clocks}
+        super().on_applied(update)
+        for w, c in before.items():
+            self._at[c] -= 1
+            self._at[self.clocks[w]] += 1
+        self._advance()
+
+    def members(self, workers: int, retired=()) -> None:
+        gone = [self.clocks[w] for w in retired if w in self.clocks]
+        super().members(workers, retired)
+        for c in gone:
+            self._at[c] -= 1
+        self._advance()
+
+    def published(self) -> int:
+        if self.policy.clocked and self.clocks:
+            return self._min
+        return self.version
+
+
+class Servers:
+    """Blocks, the server of each, the live servers, their costs and what they did since
+    the last measurement."""
+
+    def __init__(self, cfg: Config, tensors, cost: CostModel, scenario: Scenario):
+        self.cfg, self.cost, self.scenario = cfg, cost, scenario
+        self.live = list(range(cfg.servers))
+        self.per_byte = {r: self._per_byte(r, 0.0, 0) for r in self.live}
+        rates = [1.0 / max(self.per_byte[r], 1e-300) for r in self.live]
+        blocks, owner = placement_blocks(cfg.placement, tensors, cfg.servers, cfg.block_size, rates)
+        self.sizes = np.array([b.nbytes for b in blocks], dtype=float)
+        self.owner = np.array(owner, dtype=int)
+        self.total = float(self.sizes.sum())
+        self.busy: Counter[int] = Counter()
+        self.bytes: Counter[int] = Counter()
+        self.version = 0  # the block table's
+        self.update(0.0, 0)
+
+    def _per_byte(self, r: int, elapsed: float, t: int, load: float = 0.0) -> float:
+        """Server r's seconds per byte; ``load`` its bytes held, of which each worker pushes
+        and pulls a copy an iteration (the share of those its cap's burst lets through)."""
+        caps = self.scenario.server_bandwidth
+        cap = caps[r] if r < len(caps) else 0.0
+        per_iteration = 2 * self.cfg.workers * load
+        burst = min(1.0, self.cost.burst_bytes(cap) / per_iteration) if per_iteration > 0 else 0.0
+        return self.cost.server_per_byte(self.scenario.server_factor(r, elapsed, t), cap, burst)
+
+    def update(self, elapsed: float, t: int) -> None:
+        loads = np.bincount(self.owner, weights=self.sizes, minlength=max(self.live) + 1)
+        self.per_byte = {r: self._per_byte(r, elapsed, t, loads[r]) for r in self.live}
+
+    def used(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(ranks, bytes held, seconds per byte) of the live servers holding blocks."""
+        loads = np.bincount(self.owner, weights=self.sizes, minlength=max(self.live) + 1)
+        ranks = np.array([r for r in self.live if loads[r] > 0])
+        return ranks, loads[ranks], np.array([self.per_byte[r] for r in ranks])
+
+    def charge(self, ranks: np.ndarray, busy: np.ndarray, nbytes: np.ndarray) -> None:
+        for r, s, b in zip(ranks.tolist(), busy.tolist(), nbytes.tolist()):
+            self.busy[r] += s
+            self.bytes[r] += b
+
+    def move(self, block: int, dst: int) -> tuple[int, float]:
+        """Move one block; (bytes moved with its optimizer state, seconds it took)."""
+        src = int(self.owner[block])
+        nbytes = int(self.sizes[block]) * state_copies(self.cfg)
+        self.owner[block] = dst
+        return nbytes, nbytes * (self.per_byte[src] + self.per_byte[dst]) + 2 * self.cost.latency
+
+    def measure(self, t: int, elapsed: float, iteration_s: float | None) -> tuple[dict, dict[int, float]]:
+        """A "servers" record (as runtime/servers.py writes it) and PSLD's throughputs."""
+        ranks = sorted(self.live)
+        loads = np.bincount(self.owner, weights=self.sizes, minlength=max(ranks) + 1)
+        blocks = np.bincount(self.owner, minlength=max(ranks) + 1)
+        thr = {r: self.bytes[r] / self.busy[r] for r in ranks if self.busy[r] > 0 and self.bytes[r] > 0}
+        rec = {"type": "servers", "iteration": t, "elapsed": elapsed, "servers": ranks,
+               "load_bytes": [int(loads[r]) for r in ranks], "blocks": [int(blocks[r]) for r in ranks],
+               "busy_s": [self.busy[r] for r in ranks], "bytes": [int(self.bytes[r]) for r in ranks],
+               "throughput_mbps": [thr.get(r, 0.0) / 1e6 for r in ranks], "iteration_s": iteration_s,
+               "table_version": self.version}
+        self.busy.clear()
+        self.bytes.clear()
+        return rec, thr
+
+
+__all__ = ["Servers", "WorkerFactors"]  # and _Sync, for engine.py
