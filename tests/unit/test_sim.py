@@ -124,6 +124,50 @@ def test_calibration_recovers_a_known_cost_model(tmp_path):
     assert fitted["sim_server_mbps"] == pytest.approx(250.0, rel=1e-6)
 
 
+def _as_if_run_here(run_dir):
+    """Mark a simulated run's workers as having run on this machine (its summary's
+    "nodes"), as a real emulation run's are: calibration then fits the host model."""
+    import socket
+
+    path = run_dir / "summary.json"
+    summary = json.loads(path.read_text())
+    summary["nodes"] = {f"worker{w}": {"hostname": socket.gethostname()} for w in range(summary["workers"])}
+    path.write_text(json.dumps(summary))
+
+
+def test_calibration_recovers_a_known_emulation_host_model(tmp_path):
+    # One host of 2 cores with 0.7 other runnable processes, ρ = 0.6, κ = 0.2, the validate
+    # preset's calibration design (unequal batches, the last worker 3× slower beside one
+    # of its batch): without noise the fit is exact. The line comes back in the units of
+    # the fitted ρ (the unslowed steps' median core share), so its CPU seconds, a·ρ and
+    # b·ρ, are what must match; κ to its rounding (4 places), the load to the bisection's
+    # bracket and rounding (well under 1e-3).
+    a, b, rho = 0.005, 0.001, 0.6
+    simulate({**BASE, "protocol": "bsp", "workers": 4, "global_batch": 128, "batch_split": [56, 40, 16, 16],
+              "slowdown": [1, 1, 1, 3], "iterations": 20, "sim_host_cores": 2, "sim_host_load": 0.7,
+              "sim_cpu_share": rho, "sim_stretch_cpu": 0.2, "sim_compute_s": [a], "sim_sample_s": [b]},
+             out=tmp_path / "known")
+    _as_if_run_here(tmp_path / "known")
+    fitted = calibrate(tmp_path / "known")
+    keys = fitted["keys"]
+    assert keys["sim_host_cores"] == 2
+    assert keys["sim_stretch_cpu"] == pytest.approx(0.2, abs=1e-4)
+    assert keys["sim_compute_s"][0] * keys["sim_cpu_share"] == pytest.approx(a * rho, rel=1e-3)
+    assert keys["sim_sample_s"][0] * keys["sim_cpu_share"] == pytest.approx(b * rho, rel=1e-3)
+    assert keys["sim_host_load"] == pytest.approx(0.7, abs=1e-3)
+    assert "unslowed steps" in fitted["fit"]["host_load_from"]
+
+
+def test_calibration_of_a_host_run_without_unslowed_steps_leaves_the_load_alone(tmp_path):
+    # every worker slowed: no step shows the host's share at factor 1, so no load is fitted
+    simulate({**BASE, "protocol": "bsp", "workers": 2, "slowdown": [2, 2], "iterations": 10, "sim_host_cores": 2,
+              "sim_host_load": 0.5}, out=tmp_path / "slowed")
+    _as_if_run_here(tmp_path / "slowed")
+    fitted = calibrate(tmp_path / "slowed")
+    assert fitted["keys"]["sim_host_load"] == 0.0
+    assert fitted["fit"]["host_load_from"] == "not fitted: no unslowed step reported its cpu"
+
+
 def test_run_directory_is_marked_simulated_and_reported(tmp_path):
     from equipoise.report import report
 

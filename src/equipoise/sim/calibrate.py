@@ -44,11 +44,8 @@ def calibrate(run_dir: str | Path) -> dict[str, Any]:
     if not rows:
         raise ConfigError(f"--calibrate {str(run)!r}: metrics.jsonl has no iteration records")
     scenario = Scenario.of(cfg)
-    factors = []
-    prev = 0.0
-    for r in rows:
-        factors.append([scenario.worker_factor(w, elapsed=prev, iteration=r["iteration"]) for w in r["workers"]])
-        prev = r.get("elapsed") or prev
+    of = _factors(iters, scenario)
+    factors = [of[r["iteration"]] for r in rows]
     # the CPU share of an unslowed step (the `cpu` its worker reported); 1 if none was
     cpu = [c for r, fs in zip(rows, factors) for c, f in zip(r.get("cpu") or [], fs) if f == 1.0 and c]
     share = min(1.0, max(0.01, statistics.median(cpu))) if cpu else 1.0
@@ -85,13 +82,18 @@ def calibrate(run_dir: str | Path) -> dict[str, Any]:
     target = steady_iteration_s(records)
     if target is None:
         raise ConfigError(f"--calibrate {str(run)!r}: needs more than {WARMUP} iterations")
-    if cores:
-        plain = [c for _, _, _, _, c, f in steps if f == 1.0 and c]
-        keys["sim_host_load"] = round(_fit_load(cfg.replace(**keys), tensors, len(iters), statistics.fmean(plain)), 4)
-    latency = _fit_latency(cfg.replace(**keys), tensors, len(iters), target)
-    keys["sim_latency_s"] = round(latency, 9)
+    plain = [c for _, _, _, _, c, f in steps if f == 1.0 and c]
+    load_from = "not fitted: separate machines"
+    for _ in range(2 if cores and plain else 1):  # the load and the latency move each other's fit a little
+        if cores and plain:
+            keys["sim_host_load"] = round(_fit_load(cfg.replace(**keys), tensors, len(iters), statistics.fmean(plain)), 4)
+            load_from = f"the mean core share of {len(plain)} unslowed steps"
+        elif cores:
+            load_from = "not fitted: no unslowed step reported its cpu"
+        keys["sim_latency_s"] = round(_fit_latency(cfg.replace(**keys), tensors, len(iters), target), 9)
     fit = {"run_dir": str(run), "protocol": cfg.protocol, "workers": cfg.workers, "iterations_used": len(rows),
            "steady_iteration_s": target, "server_cost_from": servers_from, "stretch_cpu_from": overhead_from,
+           "host_load_from": load_from,
            "compute_fit": {str(w): {"a": fits[w][0], "b": fits[w][1], "points": len(xs[w]),
                                     "batch_range": [min(xs[w]), max(xs[w])]} for w in sorted(fits)}}
     return {"keys": keys, "fit": fit}
@@ -120,6 +122,16 @@ def _cpu_points(steps: list[tuple], share: float) -> tuple[list[tuple[int, int, 
     return points, overhead, source
 
 
+def _factors(iters: dict[int, dict], scenario: Scenario) -> dict[int, list[float]]:
+    """Each iteration record's workers' scenario factors as the run applied them: at the
+    iteration and at the elapsed time it began (the previous record's end)."""
+    out, prev = {}, 0.0
+    for t in sorted(iters):
+        out[t] = [scenario.worker_factor(w, elapsed=prev, iteration=t) for w in iters[t]["workers"]]
+        prev = iters[t].get("elapsed") or prev
+    return out
+
+
 def _fit_load(cfg: Config, tensors, iterations: int, target: float) -> float:
     """``sim_host_load``: the other runnable processes at which the simulated run's
     unstretched steps get the core share (mean ``cpu``) the real ones got, by bisection
@@ -129,9 +141,9 @@ def _fit_load(cfg: Config, tensors, iterations: int, target: float) -> float:
     def share(load: float) -> float:
         records: list[dict] = []
         Simulation(cfg.replace(sim_host_load=load), tensors, iterations, emit=records.append).run()
-        vals = [c for r in records if r.get("type") == "iteration" and r["iteration"] >= WARMUP
-                for w, c in zip(r["workers"], r["cpu"])
-                if scenario.worker_factor(w, elapsed=r["elapsed"], iteration=r["iteration"]) == 1.0]
+        iters = {r["iteration"]: r for r in records if r.get("type") == "iteration"}
+        of = _factors(iters, scenario)
+        vals = [c for t, r in iters.items() if t >= WARMUP for c, f in zip(r["cpu"], of[t]) if f == 1.0]
         return statistics.fmean(vals) if vals else 1.0
 
     lo, hi = 0.0, float(cfg.workers + cfg.servers + 1)

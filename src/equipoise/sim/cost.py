@@ -2,13 +2,13 @@
 
 Every time the simulator charges comes from here:
 
-* a worker's step on x samples: (a + b·x) × (1 + (f − 1)·``sim_cpu_share``) × two
+* a worker's step on x samples: (a + b·x) × (1 + ρ·(m·f − 1)) × two
   lognormal noise factors of mean 1, exp(N(−s²/2, s²)): one of the step's own
   (s = ``sim_noise``) and one all steps of its iteration share (s = ``sim_noise_shared``,
   the host or the job slowing down for everyone, correlated from one iteration to the
-  next by ``sim_noise_shared_corr``); a, b per worker, f its scenario factor
-  (``slowdown`` × ``trace``). A slowdown stretches only the share of a step that is the
-  worker's own CPU work, as the runtime's emulation does (runtime/stretch.py: time spent
+  next by ``sim_noise_shared_corr``); a, b per worker, ρ = ``sim_cpu_share``, f its
+  scenario factor (``slowdown`` × ``trace``), m the stretch's CPU factor (next item). A
+  slowdown stretches only the share of a step that is the worker's own CPU work, as the runtime's emulation does (runtime/stretch.py: time spent
   waiting for a core another process of this machine holds is not multiplied); on
   machines of their own the share is 1 and the step takes f·(a + b·x);
 * a stretched step may do more CPU work than an unstretched one: ×(1 + κ·(1 − 1/f)) at
@@ -23,8 +23,9 @@ Every time the simulator charges comes from here:
   c / r + (f − 1)·c, r the share of a core a runnable worker gets (processor sharing,
   ``host_rate``) given the workers computing at the same time, ``sim_host_exchange``
   runnable processes for each worker in an exchange (on one machine a message is CPU
-  work: the copies, ZeroMQ's I/O threads, the server applying a push) and
-  ``sim_host_load`` other runnable processes;
+  work: the copies, ZeroMQ's I/O threads, the server applying a push; counted in the
+  event engine, host.py, where exchanges overlap steps) and ``sim_host_load`` other
+  runnable processes;
 * a message: ``sim_latency_s`` one way, plus bytes / ``sim_link_mbps`` on the worker's
   link for a push (the gradients) and for a pull (the weights);
 * a server handling B bytes (receiving and applying a push, or sending a pull):
@@ -131,7 +132,9 @@ class CostModel:
 
     def inflate(self, factor):
         """The CPU work of a step at scenario factor ``factor`` over that at factor 1:
-        1 + κ·(1 − 1/f) for f > 1 (the emulation's cooled caches), else 1."""
+        1 + κ·(1 − 1/f) for f > 1 (the emulation's wake-ups), else 1."""
+        if not self.overhead:  # the event loop's scalar path, as cheap as it was without κ
+            return 1.0
         f = np.maximum(np.asarray(factor, dtype=float), 1.0)
         m = 1.0 + self.overhead * (1.0 - 1.0 / f)
         return float(m) if m.ndim == 0 else m
@@ -150,11 +153,8 @@ class CostModel:
         """The ``cpu`` a worker reports at that factor: its CPU time over its step time."""
         return self.share * self.inflate(factor) / self.stretch(factor)
 
-    def compute_one(self, w: int, batch: float, factor: float, rng: np.random.Generator,
-                    iteration: int = 0) -> float:
-        """Seconds of a + b·x (noise included) of one worker's step (the event loop's
-        path: no arrays of one): its step at factor 1 without an emulation host, as in
-        ``work``."""
+    def work_one(self, w: int, batch: float, rng: np.random.Generator, iteration: int = 0) -> float:
+        """``work`` for one worker (the event loop's path: no arrays of one)."""
         t = (self.a[w] + self.b[w] * batch) * self.common(iteration)
         return t * rng.lognormal(-self.noise ** 2 / 2, self.noise) if self.noise else t
 

@@ -23,12 +23,15 @@ Two engines, both vectorised over servers:
   in one update, σ = 0), so ``ServerSync``'s per-push bookkeeping (which only detects
   faults a simulation cannot make) is not run: its O(λ) duplicate check per push would
   make 10,000 workers quadratic.
-* asp, softsync, ssp: an event queue (``heapq`` of (time, kind, worker, stamp) tuples, one
-  entry per worker) of compute completions; each push is accepted by the shared
+* asp, softsync, ssp: an event queue (``heapq`` of (time, kind, worker, stamp) tuples) of
+  compute completions, one per worker; each push is accepted by the shared
   ``ServerSync`` and queued at every server, each pull is answered when ``pull_ready``
   allows. On an emulation host the steps' starts are events too and the cores are
-  shared out anew at each start and finish (host.py), which moves the predicted
-  completions (the stale ones carry an old stamp and are skipped).
+  shared out anew at each start and finish (host.py), which moves every predicted
+  completion: only the earliest is queued, and one queued before the last change
+  carries an old stamp and is skipped. (Who is runnable changes at the event that
+  decides it — a worker held back by SSP's bound from its step's end, one that is done
+  from its last push — not a message's time later.)
 
 One iteration's worker exchange, as runtime/worker.py does it: after computing, a worker
 sends its pull (barrier protocols: first) and its push, waits for the acks, sends its
@@ -301,8 +304,9 @@ class Simulation:
         work_of = [0.0] * n
 
         def reschedule(now: float) -> None:
-            for at, v in host.schedule(now):
-                heapq.heappush(heap, (at, FINISH, v, host.stamp))
+            nxt = host.schedule(now)
+            if nxt is not None:
+                heapq.heappush(heap, (nxt[0], FINISH, nxt[1], host.stamp))
 
         def begin(w: int, at: float) -> None:
             """Worker w has its plan and weights at `at`: take a slice and compute."""
@@ -311,7 +315,7 @@ class Simulation:
                 active -= 1
                 sync.members(active, retired=[w])
                 if host:
-                    host.idle()
+                    host.block()  # done: from this event on (not from its plan's arrival)
                 return
             it = cursor // X
             if it != t_now and self.scenario.server_trace is not None:  # servers may change speed
@@ -323,7 +327,7 @@ class Simulation:
             cursor += int(size)
             self.factors.advance(at, it)
             fac[w] = float(self.factors.static[w] * self.factors.trace[w])
-            work = cost.compute_one(w, size, fac[w], self.rng, it)
+            work = cost.work_one(w, size, self.rng, it)
             if host:  # its wall time depends on who computes meanwhile: known when it ends
                 work_of[w] = work
                 heapq.heappush(heap, (at, START, w, 0))
@@ -370,11 +374,11 @@ class Simulation:
             ended[w], registered[w], plan_at[w] = end, arrive, report + lat
             heapq.heappush(blocked, (policy.pull_version(pushes[w], slice_of[w] // X), w))
             if host:
-                host.idle()  # held back until its pull is ready: not runnable
+                host.block()  # held back until its pull is ready: not runnable (from its step's end)
             while blocked and sync.pull_ready(blocked[0][0]):  # this pull, or ones the push released
                 _, v = heapq.heappop(blocked)
                 if host:
-                    host.idle(-1)
+                    host.release()
                 serve_pull(v, arrive)
             if host:
                 reschedule(end)

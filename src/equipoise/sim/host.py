@@ -6,8 +6,9 @@ The barrier engine shares the cores over one iteration's steps at once
 share of a core each computing worker gets (``CostModel.host_rate``) is recomputed at
 every start and finish, from the workers computing then and the workers in an exchange
 (each keeps ``sim_host_exchange`` processes runnable: on one machine a message is CPU
-work), and every computing worker's predicted finish moves with it. A prediction made
-before the last change is stale: ``stamp`` tells the event loop which to skip.
+work), and every computing worker's predicted finish moves with it, so only the earliest
+one is queued. A prediction made before the last change is stale: ``stamp`` tells the
+event loop which to skip.
 """
 
 from __future__ import annotations
@@ -46,29 +47,38 @@ class HostCores:
         self.exchanging -= 1
 
     def finish(self, w: int, now: float) -> tuple[float, float]:
-        """Worker w's step ends at ``now`` and its exchange begins: (its wall seconds,
-        its ``cpu``, CPU seconds over wall seconds)."""
+        """Worker w's step ends at ``now`` and its exchange begins: (its wall seconds, its
+        ``cpu``: CPU seconds over wall seconds, 0 for a step of no work)."""
         self._advance(now)
         self.computing.remove(w)
         self.exchanging += 1
         took = now - self.began[w]
-        return took, float(self.cpu[w] / took) if took > 0 else 1.0
+        return took, float(self.cpu[w] / took) if took > 0 else 0.0
 
-    def idle(self, k: int = 1) -> None:
-        """k workers leave their exchange without computing: held back by the protocol
-        (blocked, not runnable) or done."""
-        self.exchanging -= k
+    def block(self) -> None:
+        """A worker leaves its exchange without computing: held back by the protocol
+        until its pull is ready, or done (not runnable)."""
+        self.exchanging -= 1
+        assert self.exchanging >= 0, "more workers left an exchange than were in one"
 
-    def schedule(self, now: float) -> list[tuple[float, int]]:
-        """The computing workers' finish times from ``now`` at the current shares (the
-        predictions made before are stale from here: ``stamp`` moves on)."""
+    def release(self) -> None:
+        """A worker held back by the protocol goes on with its exchange."""
+        self.exchanging += 1
+
+    def schedule(self, now: float) -> tuple[float, int] | None:
+        """The next finish from ``now`` at the current shares: (time, worker), None if no
+        worker computes. Every start and finish shares the cores out anew, so only the
+        earliest prediction can come true; the ones made before are stale from here
+        (``stamp`` moves on)."""
         self._advance(now)
         self.stamp += 1
         if not self.computing:
-            return []
+            return None
         idx = np.array(self.computing)
-        self.speed[idx] = self.cost.host_speed(self.factor[idx], self.cost.exchange * max(0, self.exchanging))
-        return list(zip((now + self.left[idx] / self.speed[idx]).tolist(), self.computing))
+        self.left[idx] = np.maximum(self.left[idx], 0.0)  # rounding at equal times
+        self.speed[idx] = self.cost.host_speed(self.factor[idx], self.cost.exchange * self.exchanging)
+        k = int(np.argmin(self.left[idx] / self.speed[idx]))
+        return now + float(self.left[idx[k]] / self.speed[idx[k]]), int(idx[k])
 
 
 __all__ = ["HostCores"]
