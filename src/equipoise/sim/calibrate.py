@@ -46,16 +46,17 @@ def calibrate(run_dir: str | Path) -> dict[str, Any]:
     scenario = Scenario.of(cfg)
     of = _factors(iters, scenario)
     factors = [of[r["iteration"]] for r in rows]
-    # the CPU share of an unslowed step (the `cpu` its worker reported); 1 if none was
-    cpu = [c for r, fs in zip(rows, factors) for c, f in zip(r.get("cpu") or [], fs) if f == 1.0 and c]
-    share = min(1.0, max(0.01, statistics.median(cpu))) if cpu else 1.0
     cores = _emulation_host(run)
+    # (iteration, rank, batch, compute_s, cpu, factor) of each step that computed
     steps = [(k, w, float(r["batch"][i]), float(r["compute_s"][i]), float((r.get("cpu") or [0.0] * len(fs))[i]), f)
              for k, (r, fs) in enumerate(zip(rows, factors)) for i, (w, f) in enumerate(zip(r["workers"], fs))
              if r["compute_s"][i] and r["batch"][i]]
+    # the CPU share of an unslowed step (the `cpu` its worker reported); 1 if none was
+    plain = [c for _, _, _, _, c, f in steps if f == 1.0 and c]
+    share = min(1.0, max(0.01, statistics.median(plain))) if plain else 1.0
     ranks = range(max(w for _, w, *_ in steps) + 1)
     overhead, overhead_from = 0.0, "not fitted: separate machines (a slowdown of their own costs no extra CPU)"
-    if cores and cpu:  # one machine: fit its steps' CPU seconds, the host model shares them out
+    if cores and plain:  # one machine: fit its steps' CPU seconds, the host model shares them out
         points, overhead, overhead_from = _cpu_points(steps, share)
     else:
         points = [(k, w, x, y / (1.0 + (f - 1.0) * share)) for k, w, x, y, _, f in steps]
@@ -82,7 +83,6 @@ def calibrate(run_dir: str | Path) -> dict[str, Any]:
     target = steady_iteration_s(records)
     if target is None:
         raise ConfigError(f"--calibrate {str(run)!r}: needs more than {WARMUP} iterations")
-    plain = [c for _, _, _, _, c, f in steps if f == 1.0 and c]
     load_from = "not fitted: separate machines"
     for _ in range(2 if cores and plain else 1):  # the load and the latency move each other's fit a little
         if cores and plain:
