@@ -103,16 +103,7 @@ def _server_main(coordinator: str, log_path: str, keys: dict | None) -> None:
 # -- message generation ------------------------------------------------------------------------
 
 def header(mtype: Any, fields: Any, table: Any = (), **extra: Any) -> bytes:
-    from equipoise.wire import WIRE_VERSION
-
-    return msgpack.packb({"v": WIRE_VERSION, "t": mtype, "f": fields, "x": list(table), **extra},
-                         use_bin_type=True)
-
-
-def on_the_wire(frames: list[bytes]) -> list[bytes]:
-    """A generated message (header first, as it is built and mutated here) in the order
-    equipoise sends frames: the tensors, then the header."""
-    return [*frames[1:], *frames[:1]]
+    return msgpack.packb({"v": 1, "t": mtype, "f": fields, "x": list(table), **extra}, use_bin_type=True)
 
 
 def entry(name: str = "g0", dtype: str = "float32", shape: Any = (NUMEL,)) -> list:
@@ -120,8 +111,7 @@ def entry(name: str = "g0", dtype: str = "float32", shape: Any = (NUMEL,)) -> li
 
 
 class Generator:
-    """Fuzz messages as lists of frames, the header first (`on_the_wire` puts it last when
-    sending, as equipoise does); `version` is the version the server is at (only
+    """Fuzz messages as lists of frames; `version` is the version the server is at (only
     the valid worker advances it, to `horizon` at most), `recent` the frames of the
     worker's last pushes. A fuzz message may reach the server after the worker's next
     push (they travel on different sockets), so "future" versions lie beyond `horizon`."""
@@ -156,7 +146,7 @@ class Generator:
         if kind == 1:  # valid msgpack, not a header
             return [msgpack.packb(r.choice([[1, 2], 5, "ping", None, {"t": "ping"}, {1: 2}, b"x" * 9]))]
         if kind == 2:  # a header map with a bad envelope
-            h = {"v": 2, "t": "ping", "f": {}, "x": []}
+            h = {"v": 1, "t": "ping", "f": {}, "x": []}
             key = r.choice(list(h))
             if r.random() < 0.5:
                 del h[key]
@@ -462,7 +452,7 @@ class Fuzz:
         deadline = time.monotonic() + SEND_TIMEOUT
         while True:
             try:
-                sock.send_multipart(on_the_wire(frames), flags=zmq.NOBLOCK)
+                sock.send_multipart(frames, flags=zmq.NOBLOCK)
                 return
             except zmq.Again:
                 if time.monotonic() > deadline:
@@ -478,7 +468,7 @@ class Fuzz:
             while sock.poll(0, zmq.POLLIN):
                 frames = sock.recv_multipart()
                 try:
-                    h = msgpack.unpackb(frames[-1], raw=False)
+                    h = msgpack.unpackb(frames[0], raw=False)
                     self.replies[h["t"]] += 1
                     if h["t"] == "error":
                         self.errors[kind_of(h["f"]["message"])] += 1
@@ -489,7 +479,7 @@ class Fuzz:
                 frames = sock.recv_multipart()
                 mtype = waiting.pop(0) if waiting else "<none sent>"
                 try:
-                    h = msgpack.unpackb(frames[-1], raw=False)
+                    h = msgpack.unpackb(frames[0], raw=False)
                     text = h["f"]["message"] if h["t"] == "error" else f"a {h['t']!r} reply"
                 except Exception:
                     text = "an undecodable reply"
@@ -576,8 +566,7 @@ class Fuzz:
         self.checks += 1
         self.held.append(int(pong.fields.get("held", -1)))
         self.gen.version = v + 1
-        sent = [bytes(memoryview(f)) for f in encode(push)]
-        self.gen.recent = (self.gen.recent + [[sent[-1], *sent[:-1]]])[-16:]  # header first, as generated
+        self.gen.recent = (self.gen.recent + [[bytes(memoryview(f)) for f in encode(push)]])[-16:]
 
     def _sample(self) -> None:
         if not self.proc.is_alive():
@@ -612,7 +601,7 @@ class Fuzz:
                     frames = self.gen.make(category)
                     j = rng.randrange(len(self.strangers))
                     try:  # never blocks: a stranger that cannot queue is just dropped
-                        self.strangers[j][0].send_multipart(on_the_wire(frames), flags=zmq.NOBLOCK)
+                        self.strangers[j][0].send_multipart(frames, flags=zmq.NOBLOCK)
                     except zmq.Again:
                         self.stranger_unsent += 1
                     if rng.random() < 0.5:  # a fresh identity next time

@@ -13,7 +13,6 @@ import zmq
 
 import equipoise
 
-from equipoise.wire import WIRE_VERSION
 from equipoise.wire.auth import secure_connection
 
 from .helpers import all_gone, capture_job_keys, descendants, records, role_pid, set_args, start_cli, wait_for
@@ -48,14 +47,14 @@ def test_malformed_messages_are_logged_and_the_server_serves_on(tmp_path, monkey
     log = run / "logs" / "server0.log"
     address = wait_for(lambda: log.exists() and re.search(r"listening on (\S+)", log.read_text()),
                        60, "server 0 to listen").group(1)
-    header = lambda t, f, x=(): msgpack.packb({"v": WIRE_VERSION, "t": t, "f": f, "x": list(x)})
+    header = lambda t, f, x=(): msgpack.packb({"v": 1, "t": t, "f": f, "x": list(x)})
     nan = torch.full((4,), float("nan")).numpy().tobytes()
     for frames in (
         [b"\xc1garbage"],                                                  # not msgpack
         [msgpack.packb({"v": 99, "t": "pull", "f": {}, "x": []})],          # wrong version
-        [b"short", header("pull", {"worker": 0, "min_version": 0}, [["b0", "float32", [1000]]])],  # truncated
+        [header("pull", {"worker": 0, "min_version": 0}, [["b0", "float32", [1000]]]), b"short"],  # truncated
         [header("nonsense", {})],                                           # unknown type
-        [nan, header("push", {"worker": 0, "version": 0, "samples": 4}, [["g0", "float32", [4]]])],
+        [header("push", {"worker": 0, "version": 0, "samples": 4}, [["g0", "float32", [4]]]), nan],
     ):
         _send_raw(address, frames, keys["worker"])
     thread.join(timeout=100)

@@ -13,7 +13,6 @@ import torch
 import zmq
 
 from equipoise.wire import (
-    WIRE_VERSION,
     InMemoryTransport,
     JobKeys,
     Message,
@@ -127,9 +126,9 @@ class RawPeer:
 BAD_FRAMES = [
     [b"\xc1garbage"],
     [msgpack.packb({"v": 99, "t": "ping", "f": {}, "x": []})],
-    [msgpack.packb({"v": WIRE_VERSION, "t": "nope", "f": {}, "x": []})],
-    [msgpack.packb({"v": WIRE_VERSION, "t": "ack", "f": {}, "x": []})],
-    [b"\0" * 3, msgpack.packb({"v": WIRE_VERSION, "t": "ping", "f": {}, "x": [["a", "float32", [4]]]})],
+    [msgpack.packb({"v": 1, "t": "nope", "f": {}, "x": []})],
+    [msgpack.packb({"v": 1, "t": "ack", "f": {}, "x": []})],
+    [msgpack.packb({"v": 1, "t": "ping", "f": {}, "x": [["a", "float32", [4]]]}), b"\0" * 3],
 ]
 
 

@@ -1,12 +1,9 @@
 """Wire messages and their pickle-free codec.
 
-A message travels as a list of frames: frames 0..k−1 hold the raw bytes of each
-tensor listed in ``"x"`` (in order, C-contiguous, native little-endian byte order)
-and the last frame is a msgpack header
-``{"v": WIRE_VERSION, "t": type, "f": fields, "x": [[name, dtype, shape], ...]}``.
-The header goes last: in raw pyzmq on loopback, a frame of a few dozen bytes (the size
-of a push's or a params reply's header) sent ahead of a multi-megabyte frame slows the
-big frame's transfer, and sent after it does not (docs/architecture.md, Wire format).
+A message travels as a list of frames: frame 0 is a msgpack header
+``{"v": WIRE_VERSION, "t": type, "f": fields, "x": [[name, dtype, shape], ...]}``
+and frames 1..k hold the raw bytes of each tensor listed in ``"x"`` (in order,
+C-contiguous, native little-endian byte order).
 
 Contracts:
 
@@ -33,7 +30,7 @@ import torch
 
 from .schema import SCHEMA, check_fields
 
-WIRE_VERSION = 2
+WIRE_VERSION = 1
 DEFAULT_MAX_BYTES = 1 << 30
 MAX_HEADER_BYTES = 1 << 20
 MAX_DIMS = 64
@@ -128,7 +125,7 @@ def _tensor_frame(name: str, t: Any) -> tuple[list, memoryview]:
 
 
 def encode(msg: Message) -> list:
-    """Encode ``msg`` into frames ``[tensor views..., header bytes]``.
+    """Encode ``msg`` into frames ``[header bytes, tensor views...]``.
 
     Validates the message like :func:`decode` would (type, required fields,
     plain field data, tensor dtypes); raises :class:`WireError` if invalid.
@@ -150,7 +147,7 @@ def encode(msg: Message) -> list:
         raise WireError(f"fields cannot be packed: {exc}") from None
     if len(packed) > MAX_HEADER_BYTES:
         raise WireError(f"header of {len(packed)} bytes exceeds {MAX_HEADER_BYTES}")
-    return [*frames, packed]
+    return [packed, *frames]
 
 
 def frames_nbytes(frames: Sequence[Any]) -> int:
@@ -248,13 +245,13 @@ def decode(frames: Sequence[Any], *, max_bytes: int = DEFAULT_MAX_BYTES) -> Mess
     total = sum(v.nbytes for v in views)
     if total > max_bytes:
         raise WireError(f"message of {total} bytes exceeds max_bytes {max_bytes}")
-    header = _unpack_header(views[-1])
+    header = _unpack_header(views[0])
     _check_header(header)
     entries = [_parse_entry(e) for e in header["x"]]
     if len(views) - 1 != len(entries):
-        raise WireError(f"header lists {len(entries)} tensors but {len(views) - 1} frames precede it")
+        raise WireError(f"header lists {len(entries)} tensors but {len(views) - 1} frames follow")
     tensors: dict[str, torch.Tensor] = {}
-    for view, (name, dtype, shape) in zip(views[:-1], entries):
+    for view, (name, dtype, shape) in zip(views[1:], entries):
         if name in tensors:
             raise WireError(f"duplicate tensor name {name!r}")
         expected = math.prod(shape) * dtype.itemsize
