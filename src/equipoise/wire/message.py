@@ -3,7 +3,11 @@
 A message travels as a list of frames: frame 0 is a msgpack header
 ``{"v": WIRE_VERSION, "t": type, "f": fields, "x": [[name, dtype, shape], ...]}``
 and frames 1..k hold the raw bytes of each tensor listed in ``"x"`` (in order,
-C-contiguous, native little-endian byte order).
+C-contiguous, native little-endian byte order). A header with tensor frames behind it
+is padded to ``MIN_HEADER_BYTES`` with a ``"p"`` entry of zero bytes, which decoding
+ignores: in raw pyzmq on loopback, a frame of a few dozen bytes (a push's or a params
+reply's header) ahead of a multi-megabyte frame slows the big frame's transfer, and a
+frame of a few hundred bytes does not.
 
 Contracts:
 
@@ -31,6 +35,7 @@ import torch
 from .schema import SCHEMA, check_fields
 
 WIRE_VERSION = 1
+MIN_HEADER_BYTES = 256  # a header with tensors behind it is padded to this ("p": zeros)
 DEFAULT_MAX_BYTES = 1 << 30
 MAX_HEADER_BYTES = 1 << 20
 MAX_DIMS = 64
@@ -145,6 +150,9 @@ def encode(msg: Message) -> list:
         packed = msgpack.packb(header, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
         raise WireError(f"fields cannot be packed: {exc}") from None
+    if frames and len(packed) < MIN_HEADER_BYTES:  # see the module's docstring
+        header["p"] = bytes(MIN_HEADER_BYTES - len(packed) - 4)  # "p" and a bin8 length: 4 bytes
+        packed = msgpack.packb(header, use_bin_type=True)
     if len(packed) > MAX_HEADER_BYTES:
         raise WireError(f"header of {len(packed)} bytes exceeds {MAX_HEADER_BYTES}")
     return [packed, *frames]
