@@ -273,6 +273,7 @@ __all__ = [
     "DEFAULT_MAX_BYTES",
     "DTYPES",
     "MAX_HEADER_BYTES",
+    "MIN_HEADER_BYTES",
     "Message",
     "SCHEMA",
     "WIRE_VERSION",
