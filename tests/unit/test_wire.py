@@ -139,6 +139,13 @@ def test_a_header_with_tensors_behind_it_is_padded_and_padding_is_optional():
     bare = msgpack.unpackb(frames[0], raw=False)
     del bare["p"]
     assert_same(decode([msgpack.packb(bare, use_bin_type=True), *frames[1:]]), msg)
+    # headers of every size near the bound: padded to it exactly, or left as they are
+    # when the padding's own 4 bytes would not fit (never an error)
+    for k in range(150, 270):
+        pad = Message("push", {"worker": 1, "version": 2, "samples": 3, "note": "n" * k}, {"g": torch.arange(8.0)})
+        head = encode(pad)[0]
+        assert len(head) == MIN_HEADER_BYTES or len(head) > MIN_HEADER_BYTES - 4
+        assert_same(decode(encode(pad)), pad)
 
 
 def test_decoded_tensors_are_writable_and_zero_copy_on_writable_frames():

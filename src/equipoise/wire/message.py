@@ -150,7 +150,7 @@ def encode(msg: Message) -> list:
         packed = msgpack.packb(header, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
         raise WireError(f"fields cannot be packed: {exc}") from None
-    if frames and len(packed) < MIN_HEADER_BYTES:  # see the module's docstring
+    if frames and len(packed) <= MIN_HEADER_BYTES - 4:  # see the module's docstring
         header["p"] = bytes(MIN_HEADER_BYTES - len(packed) - 4)  # "p" and a bin8 length: 4 bytes
         packed = msgpack.packb(header, use_bin_type=True)
     if len(packed) > MAX_HEADER_BYTES:
