@@ -58,13 +58,16 @@ def test_ssp_never_exceeds_its_bound_with_a_slow_worker(tmp_path, s):
 def test_overlap_applies_every_gradient_once(tmp_path, protocol):
     knobs = {"staleness_bound": 2} if protocol == "ssp" else {}
     summary = equipoise.train(dict(protocol=protocol, overlap=True, dataset="digits", model="mlp",
-                                   workers=4, servers=2, global_batch=64, iterations=30, lr=0.02,
+                                   workers=4, servers=2, global_batch=64, iterations=60, lr=0.02,
                                    lr_modulation="per_gradient", eval_every=0, checkpoint_every=0,
                                    progress=False, timeout=60.0, **knobs), out=tmp_path / "run")
-    assert summary["samples"] == 30 * 64
+    assert summary["samples"] == 60 * 64
     hist = {int(k): v for k, v in summary["staleness_histogram"].items()}
-    assert sum(hist.values()) == 30 * 4 * 2
+    assert sum(hist.values()) == 60 * 4 * 2
     if protocol == "ssp":
         # with overlap a pull asks for the clock of the step after next, so σ ≤ s holds
         assert max(hist) <= 2, hist
-    assert summary["final_accuracy"] > 0.5  # digits: chance is 0.1
+    # digits: chance is 0.1. 60 × 64 = 3,840 samples, about 2.5 passes over its 1,500:
+    # at 30 iterations the SSP run, whose order of updates depends on timing, once ended
+    # at 0.44 on a loaded machine
+    assert summary["final_accuracy"] > 0.5
