@@ -69,5 +69,5 @@ def test_overlap_applies_every_gradient_once(tmp_path, protocol):
         assert max(hist) <= 2, hist
     # digits: chance is 0.1. 60 × 64 = 3,840 samples, about 2.5 passes over its 1,500:
     # at 30 iterations the SSP run, whose order of updates depends on timing, once ended
-    # at 0.44 on a loaded machine
+    # at 0.44 in a full suite run
     assert summary["final_accuracy"] > 0.5
