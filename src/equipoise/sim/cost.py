@@ -123,12 +123,10 @@ class CostModel:
 
     def compute(self, ranks: np.ndarray, batch: np.ndarray, factors: np.ndarray,
                 rng: np.random.Generator, iteration: int = 0) -> np.ndarray:
-        """Seconds each worker of ``ranks`` takes for its step on ``batch`` samples, all
-        starting together (on an emulation host they share its cores meanwhile)."""
-        work = self.work(ranks, batch, rng, iteration)
-        if self.cores:
-            return self.host_compute(np.zeros(len(work)), work, factors)
-        return work * self.stretch(factors)
+        """Seconds each worker of ``ranks`` takes for its step on ``batch`` samples, each on
+        a machine of its own (an emulation host's steps are shared out by ``host_compute``
+        and host.py instead)."""
+        return self.work(ranks, batch, rng, iteration) * self.stretch(factors)
 
     def inflate(self, factor):
         """The CPU work of a step at scenario factor ``factor`` over that at factor 1:
