@@ -3,28 +3,32 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
+import torch
+
 from .config import Config, ConfigError, EquipoiseWarning, read_toml, to_toml
-from .data import load_dataset
+from .data import DataError
+from .models import build_model
+from .spec import callable_spec
 from .runtime.checkpoint import load_checkpoint
 from .runtime.launch.local import run_local
 from .telemetry.metrics import json_safe
+from .workload import SampleError, StepError, Workload, load_workload
 
 ConfigLike = Config | Mapping[str, Any] | str | Path | None
 
 
 def resolve_config(config: ConfigLike = None, **overrides: Any) -> Config:
     """A Config from a Config, a mapping of keys, or a TOML path, plus keyword overrides.
-    `model` may also be a callable (a function or nn.Module class) returning the model."""
-    if "model" in overrides:
-        overrides["model"] = model_spec(overrides["model"])
-    if isinstance(config, Mapping) and "model" in config:
-        config = {**config, "model": model_spec(config["model"])}
+    `model`, `dataset`, `loss`, `metrics` and `collate` may also be top-level callables
+    (a function, an nn.Module or Dataset class): they become specs every process imports."""
+    overrides = _specs(overrides)
+    if isinstance(config, Mapping):
+        config = _specs(config)
     if isinstance(config, Config):
         return config.replace(**overrides) if overrides else config
     if isinstance(config, (str, Path)):
@@ -45,9 +49,7 @@ def train(config: ConfigLike = None, *, out: str | Path | None = None,
         run_dir = Path(resume)
         if not (run_dir / "config.toml").exists():
             raise ConfigError(f"--resume {str(run_dir)!r} is not a run directory (no config.toml)")
-        extra = _as_dict(config, overrides)
-        if "model" in extra:
-            extra["model"] = model_spec(extra["model"])
+        extra = _specs(_as_dict(config, overrides))
         cfg = Config.load(run_dir / "config.toml", extra)
         ckpt = load_checkpoint(run_dir)
     else:
@@ -56,7 +58,7 @@ def train(config: ConfigLike = None, *, out: str | Path | None = None,
         ckpt = None
     for advice in cfg.warnings():
         warnings.warn(advice, EquipoiseWarning, stacklevel=2)
-    data = load_dataset(cfg.dataset, cfg.data_dir or None, seed=cfg.seed)
+    data = check_workload(cfg)
     if cfg.global_batch > len(data):
         raise ConfigError(f"global_batch = {cfg.global_batch} is more than the {len(data)} "
                           f"training samples of dataset {cfg.dataset!r}")
@@ -104,23 +106,58 @@ def model_spec(model: Any) -> str:
     """The config string for a model: names pass through; a callable becomes
     'module:qualname', or 'path/to/script.py:qualname' when defined in the running script
     (servers and workers import it from there); relative script paths become absolute."""
-    if isinstance(model, str):
-        path, sep, attr = model.rpartition(":")
-        if sep and path.endswith(".py"):
-            return f"{Path(path).resolve()}:{attr}"
-        return model
-    if not callable(model):
-        raise ConfigError(f"model = {model!r} is neither a name, a spec nor a callable")
-    module = getattr(model, "__module__", None)
-    qualname = getattr(model, "__qualname__", "")
-    if not module or "<locals>" in qualname or "<lambda>" in qualname:
-        raise ConfigError(f"model = {model!r} must be defined at the top level of a module or script")
-    if module == "__main__":
-        main = sys.modules["__main__"]
-        if not getattr(main, "__file__", None):
-            raise ConfigError(f"model = {model!r} is defined interactively; put it in a file")
-        return f"{Path(main.__file__).resolve()}:{qualname}"
-    return f"{module}:{qualname}"
+    return callable_spec(model, "model", ConfigError)
+
+
+USER_CODE = ("model", "dataset", "loss", "metrics", "collate")
+
+
+def _specs(values: Mapping[str, Any]) -> dict:
+    """`values` with every user-code key that holds a callable turned into its spec."""
+    out = dict(values)
+    for key in USER_CODE:
+        value = out.get(key)
+        if value is None or isinstance(value, str):
+            if isinstance(value, str) and ":" in value:
+                out[key] = callable_spec(value, key, ConfigError)
+            continue
+        if key == "dataset" and not callable(value) and hasattr(value, "__getitem__"):
+            raise ConfigError(f"dataset = {type(value).__name__} instance: pass its class or a function "
+                              "that returns it (every worker builds its dataset in its own process)")
+        out[key] = callable_spec(value, key, ConfigError)
+    return out
+
+
+def check_workload(cfg: Config) -> Workload:
+    """Build the job's workload here and try it on a batch of two samples — a model
+    built, the loss computed, the metrics on the evaluation set — so that a user's
+    mistake is one line naming the spec before any process starts. Returns it."""
+    work = load_workload(cfg)
+    try:
+        n = min(2, len(work))
+        batch = work.fetch(work.train, torch.arange(n))
+        torch.manual_seed(cfg.seed)
+        model = build_model(cfg.model, work.input_shape, work.num_classes)
+        model.train()
+        step = work.loss_of(model, batch, n)
+        if not step.objective.requires_grad:
+            raise StepError(f"loss {work.names['loss']!r} does not depend on the model's parameters "
+                            "(its result has no gradient)")
+        names = set()
+        if work.eval is not None:
+            m = min(2, work.num_eval)
+            with torch.no_grad():
+                model.eval()
+                names = set(work.batch_metrics(model, work.fetch(work.eval, torch.arange(m), "eval"), m))
+    except SampleError as exc:
+        raise DataError(str(exc)) from None
+    if cfg.target:
+        if work.eval is None:
+            raise ConfigError(f"target = {cfg.target}: dataset {cfg.dataset!r} has no evaluation set")
+        if cfg.target["metric"] not in {f"test_{k}" for k in names}:
+            raise ConfigError(f"target metric {cfg.target['metric']!r} is not one of the evaluation's "
+                              f"{', '.join(sorted(f'test_{k}' for k in names))}")
+    return work
 
 
 def _as_dict(config: ConfigLike, overrides: Mapping[str, Any]) -> dict:

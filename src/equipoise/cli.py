@@ -90,6 +90,7 @@ def _report(args: argparse.Namespace) -> int:
 
 def _simulate(args: argparse.Namespace) -> int:
     from .data import DataError
+    from .workload import StepError
     from .models import ModelError
     from .sim import simulate
 
@@ -146,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         return _simulate(args)
     from . import api
     from .data import DataError
+    from .workload import StepError
     from .models import ModelError
     from .runtime.checkpoint import CheckpointError
     from .runtime.rpc import JobError
@@ -169,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             summary = api.train(args.config, resume=args.resume, **overrides)
         else:
             summary = api.train(args.config, out=args.out, **overrides)
-    except (ConfigError, DataError, ModelError, CheckpointError, CgroupError, OSError) as exc:
+    except (ConfigError, DataError, ModelError, StepError, CheckpointError, CgroupError, OSError) as exc:
         print(f"equipoise: error: {exc}", file=sys.stderr)
         return 2
     except JobError as exc:

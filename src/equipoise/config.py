@@ -63,8 +63,14 @@ class Config:
     lr_step_size: int = 100
     lr_gamma: float = 0.1
     model: str = "cnn"
-    dataset: str = "fashion-mnist"
+    dataset: str = "fashion-mnist"  # a built-in name, or a provider: "file.py:fn" | "pkg.mod:fn"
     data_dir: str = ""
+    loss: str = ""  # the step: "file.py:fn", fn(model, batch) -> mean | (sum, count); "": cross-entropy
+    metrics: str = ""  # "file.py:fn", fn(model, batch) -> {name: number | (sum, count)}; "": loss (+ accuracy)
+    collate: str = ""  # "file.py:fn" turning a list of items into a batch; "": torch's default_collate
+    loader_workers: int = 0  # threads reading the next slice's samples while this one computes
+    target: dict = field(default_factory=dict)  # {metric = "test_loss", below = 1.6} or {..., above = x}
+    stop_at_target: bool = False  # end the job once the target is met
     seed: int = 0
     eval_every: int = 100
     eval_samples: int = 0  # periodic evaluations use the first N test samples (0: all)
@@ -130,12 +136,13 @@ class Config:
     def from_dict(cls, values: Mapping[str, Any]) -> "Config":
         """Build and validate a Config; unknown keys and wrongly typed values raise."""
         known = {f.name: f for f in fields(cls)}
-        values = _derive_global_batch(values)
+        values = _derive_global_batch(flatten_tables(values))
         kwargs: dict[str, Any] = {}
         for key, value in values.items():
             if key not in known:
                 raise ConfigError(f"unknown config key {key!r} (known keys: {', '.join(known)})")
             kwargs[key] = (_coerce_resources(key, value) if key in RESOURCE_KEYS
+                           else _coerce_target(value) if key == "target"
                            else _coerce(key, value, known[key].default))
         cfg = cls(**kwargs)
         cfg.validate()
@@ -171,7 +178,16 @@ class Config:
         _choice("protocol", self.protocol, PROTOCOLS)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         _choice("lr_schedule", self.lr_schedule, SCHEDULES)
-        _choice("dataset", self.dataset, DATASETS)
+        if self.dataset not in DATASETS and ":" not in self.dataset:
+            raise ConfigError(f"dataset = {self.dataset!r} is neither one of {', '.join(DATASETS)} nor a "
+                              "provider spec 'file.py:function' or 'package.module:function'")
+        for key in ("loss", "metrics", "collate"):
+            if getattr(self, key) and ":" not in getattr(self, key):
+                raise ConfigError(f"{key} = {getattr(self, key)!r} is not a 'file.py:function' or "
+                                  "'package.module:function' spec (\"\" for the default)")
+        if self.stop_at_target and not self.target:
+            raise ConfigError("stop_at_target = true needs a target, e.g. target = {metric = \"test_loss\", "
+                              "below = 1.6}")
         _choice("batch_policy", self.batch_policy, BATCH_POLICIES)
         _choice("predictor", self.predictor, PREDICTORS)
         _choice("transport", self.transport, ("tcp", "ipc"))
@@ -199,7 +215,7 @@ class Config:
             _at_least(key, getattr(self, key), 1)
         for key in ("iterations", "seed", "eval_every", "eval_samples", "checkpoint_every", "lr_step_size",
                     "max_batch", "worker_batch", "reference_batch", "softsync_n", "staleness_bound",
-                    "psld_max_servers", "worker_restarts", "snapshot_every"):
+                    "psld_max_servers", "worker_restarts", "snapshot_every", "loader_workers"):
             _at_least(key, getattr(self, key), 0)
         _at_least("heartbeat_s", self.heartbeat_s, 0.0)
         _at_least("psld_interval", self.psld_interval, 1)
@@ -468,6 +484,58 @@ def _coerce_resources(key: str, value: Any) -> dict:
     return {k: float(v) for k, v in value.items()}
 
 
+def _coerce_target(value: Any) -> dict:
+    """{metric = NAME, below = X} or {metric = NAME, above = X}; NAME is an evaluation
+    record's key (test_<metric>) or the metric's own name (test_ is added)."""
+    if value in ({}, None):
+        return {}
+    ok = (isinstance(value, Mapping) and set(value) in ({"metric", "below"}, {"metric", "above"})
+          and isinstance(value["metric"], str) and value["metric"])
+    bound = value.get("below", value.get("above")) if ok else None
+    if not ok or isinstance(bound, bool) or not isinstance(bound, (int, float)) or not math.isfinite(bound):
+        raise ConfigError(f"target = {value!r} should be {{metric = \"test_loss\", below = 1.6}} or "
+                          "{metric = NAME, above = NUMBER}")
+    metric = value["metric"] if value["metric"].startswith("test_") else f"test_{value['metric']}"
+    return {"metric": metric, **{k: float(v) for k, v in value.items() if k != "metric"}}
+
+
+# TOML tables grouping keys (docs/configuration.md): [table] key -> the flat key. Every
+# flat key stays valid on its own; a key given both ways is refused.
+TABLES: dict[str, dict[str, str]] = {
+    "data": {"name": "dataset", "dataset": "dataset", "dir": "data_dir", "loss": "loss", "metrics": "metrics",
+             "collate": "collate", "loader_workers": "loader_workers", "model": "model"},
+    "eval": {"every": "eval_every", "samples": "eval_samples", "target": "target",
+             "stop_at_target": "stop_at_target", "checkpoint_every": "checkpoint_every"},
+    "servers": {"count": "servers", "slowdown": "server_slowdown", "trace": "server_trace",
+                "rate": "server_rate", "bandwidth": "server_bandwidth", "events": "server_events",
+                "resources": "server_resources", "placement": "placement", "block_size": "block_size",
+                "replication": "replication", "psld_interval": "psld_interval",
+                "psld_epsilon": "psld_epsilon", "psld_max_servers": "psld_max_servers"},
+    "ray": {"address": "ray_address", "strategy": "ray_strategy", "data": "ray_data",
+            "worker_resources": "worker_resources", "server_resources": "server_resources"},
+    "sim": {},  # filled below: every sim_* key without its prefix
+}
+
+
+def flatten_tables(values: Mapping[str, Any]) -> dict[str, Any]:
+    """`values` with every TOML table of TABLES expanded into its flat keys."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if key in TABLES and isinstance(value, Mapping):
+            for sub, v in value.items():
+                flat = TABLES[key].get(sub)
+                if flat is None:
+                    raise ConfigError(f"unknown key {sub!r} in [{key}] (known: {', '.join(TABLES[key])})")
+                if flat in out or (flat in values and flat != key):
+                    raise ConfigError(f"{flat} is given twice: as {key}.{sub} and on its own")
+                out[flat] = v
+        else:
+            if key in out:
+                raise ConfigError(f"{key} is given twice: in a table and on its own")
+            out[key] = value
+    return out
+
+
 def _choice(key: str, value: str, options: tuple[str, ...]) -> None:
     if value not in options:
         raise ConfigError(f"{key} = {value!r} is not one of {', '.join(options)}")
@@ -483,4 +551,6 @@ def _positive(key: str, value: float) -> None:
         raise ConfigError(f"{key} = {value!r} must be a positive number")
 
 
-__all__ = ["Config", "ConfigError", "EquipoiseWarning", "parse_override", "read_toml", "to_toml", "PROTOCOLS"]
+TABLES["sim"] = {f.name[len("sim_"):]: f.name for f in fields(Config) if f.name.startswith("sim_")}
+
+__all__ = ["TABLES", "flatten_tables", "Config", "ConfigError", "EquipoiseWarning", "parse_override", "read_toml", "to_toml", "PROTOCOLS"]

@@ -8,10 +8,13 @@ that amplify rounding (Adam turns a rounding difference in a near-zero gradient 
 step of up to the learning rate):
 
 - iteration t's samples [tX, (t+1)X) are cut into the workers' slices, in worker order;
-  each slice's gradient is the mean loss over the slice, computed on its own (same shapes,
-  same `cfg.threads`, same per-slice seed as a worker, hence the same kernels);
-- the slice gradients are combined as a server combines them: weights nᵢ/X in worker
-  order, out = g₀·w₀, then out += gᵢ·wᵢ (floating point buffers likewise);
+  each slice's gradient is the job's step (`Workload.loss_of`: the mean loss over the
+  slice's units) computed on its own (same shapes, same `cfg.threads`, same per-slice
+  seed as a worker, hence the same kernels);
+- the slice gradients are combined as a server combines them: weights cᵢ/Σc in worker
+  order, cᵢ the units slice i's loss averaged over (its samples nᵢ unless the loss
+  returns (sum, count)), out = g₀·w₀, then out += gᵢ·wᵢ (floating point buffers
+  likewise, weighted nᵢ/X);
 - the optimizer is the job's `torch.optim` optimizer stepping the model's tensors cut into
   the job's blocks, with the learning rate of the samples applied so far.
 
@@ -25,27 +28,29 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .config import Config
-from .data import SliceSampler, load_dataset
+from .data import SliceSampler
 from .data.sampler import SEED_STRIDE
 from .models import build_model
 from .policy.batching import equal_split
 from .policy.schedule import learning_rate
+from .policy.sync import SyncPolicy
 from .runtime.blocks import model_blocks, read_pushes, read_values, write_values
 from .telemetry.metrics import read_metrics
+from .workload import as_workload
 
 
 def train_reference(cfg: Config, iterations: int | None = None, data=None,
                     splits: Sequence[Sequence[int]] | None = None) -> nn.Module:
-    """Run `iterations` (default: the job's total) steps; return the model.
+    """Run `iterations` (default: the job's total) steps; return the model. `data`: the
+    job's `Workload` (or a built-in `Dataset` in memory), else it is built from `cfg`.
 
     `splits[t]` lists the batch size of each worker at iteration t, in worker order (a
     run's `run_splits`); it must sum to the global batch. Without it, a BSP job's fixed
     split: `batch_split`, else the global batch cut equally among `workers`."""
-    data = data if data is not None else load_dataset(cfg.dataset, cfg.data_dir or None, seed=cfg.seed)
+    data = as_workload(cfg, data)
     total = cfg.total_iterations(len(data))
     steps = total if iterations is None else iterations
     if splits is None:
@@ -76,18 +81,22 @@ def train_reference(cfg: Config, iterations: int | None = None, data=None,
             sizes = [int(n) for n in splits[t] if n > 0]
             if sum(sizes) != X:
                 raise ValueError(f"splits[{t}] = {list(splits[t])} does not sum to {X}")
-            pushes, start = [], t * X
+            pushes, counts, start = [], [], t * X
             for n in sizes:
                 write_values(model, blocks, values)  # the weights (and buffers) a worker pulls
-                x, y = data.train_batch(sampler.positions(start, n))
+                batch = data.fetch(data.train, sampler.positions(start, n))
                 torch.default_generator.manual_seed(cfg.seed * SEED_STRIDE + start)
                 model.zero_grad(set_to_none=False)
-                F.cross_entropy(model(x), y).backward()
+                step = data.loss_of(model, batch, n)
+                step.objective.backward()
                 pushes.append({k: p.clone() for k, p in read_pushes(model, blocks).items()})
+                counts.append(step.count)
                 start += n
-            weights = [n / X for n in sizes]
+            weights = SyncPolicy.weights(counts)
+            by_samples = SyncPolicy.weights([float(n) for n in sizes])
             for b in blocks:
-                combined = _weighted_sum([p[b.key] for p in pushes], weights)
+                combined = _weighted_sum([p[b.key] for p in pushes],
+                                         weights if b.kind == "param" else by_samples)
                 if b.kind == "param":
                     params[b.key].grad = combined
                 else:

@@ -4,8 +4,8 @@
 (iteration, offset, size) into the sample indices a worker trains on.
 """
 
-from equipoise.data.dataset import DataError, Dataset
+from equipoise.data.dataset import ArraySplit, DataError, Dataset
 from equipoise.data.load import DATASETS, DEFAULT_DIRS, load_dataset
 from equipoise.data.sampler import SliceSampler
 
-__all__ = ["DATASETS", "DEFAULT_DIRS", "DataError", "Dataset", "SliceSampler", "load_dataset"]
+__all__ = ["ArraySplit", "DATASETS", "DEFAULT_DIRS", "DataError", "Dataset", "SliceSampler", "load_dataset"]

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import inspect
 import operator
-import sys
-from pathlib import Path
 from collections.abc import Callable
 
 from torch import nn
 
+from equipoise.spec import accepted_kwargs, resolve
 from equipoise.models.zoo import build_cnn, build_mlp, build_mlp_deep, build_resnet20
 
 MODELS = ("mlp", "mlp-deep", "cnn", "resnet20")
@@ -47,59 +43,7 @@ def _check_shape(spec: str, input_shape: tuple[int, int, int], num_classes: int)
 
 
 def _resolve(spec: str) -> Callable[..., object]:
-    """The callable named by ``package.module:function`` (dots allowed after the
-    colon for nested attributes); ModelError if it cannot be imported or found."""
-    module_name, _, attr_path = spec.rpartition(":")
-    if not module_name or not attr_path:
-        raise ModelError(f"model spec {spec!r}: expected 'package.module:function' or 'path/file.py:function'")
-    try:
-        target: object = (_import_file(module_name) if module_name.endswith(".py")
-                          else importlib.import_module(module_name))
-    except Exception as exc:  # an import-time failure of user code of any kind
-        raise ModelError(
-            f"model spec {spec!r}: cannot import {module_name!r}: {type(exc).__name__}: {_one_line(exc)}"
-        ) from exc
-    for attr in attr_path.split("."):
-        if not hasattr(target, attr):
-            raise ModelError(f"model spec {spec!r}: {module_name!r} has no attribute {attr_path!r}")
-        target = getattr(target, attr)
-    if not callable(target):
-        raise ModelError(f"model spec {spec!r}: {attr_path!r} is not callable")
-    return target
-
-
-def _import_file(path: str) -> object:
-    """Import a user's script by path, under a name other than ``__main__`` so its
-    ``if __name__ == "__main__":`` block does not run again in server or worker processes."""
-    file = Path(path).resolve()
-    name = f"equipoise_user_{abs(hash(str(file)))}"
-    if name in sys.modules:
-        return sys.modules[name]
-    if not file.is_file():
-        raise FileNotFoundError(f"no such file {str(file)!r}")
-    module_spec = importlib.util.spec_from_file_location(name, file)
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[name] = module
-    try:
-        module_spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
-
-
-def _accepted_kwargs(function: Callable[..., object], offered: dict[str, object]) -> dict[str, object]:
-    """The subset of ``offered`` keyword arguments that ``function`` accepts
-    (all of them if it takes ``**kwargs``; none if its signature is unknown)."""
-    try:
-        parameters = inspect.signature(function).parameters.values()
-    except (TypeError, ValueError):
-        return {}
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
-        return dict(offered)
-    keyword_kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    names = {p.name for p in parameters if p.kind in keyword_kinds}
-    return {key: value for key, value in offered.items() if key in names}
+    return resolve(spec, "model", ModelError)
 
 
 def model_from_spec(spec: str, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
@@ -108,7 +52,8 @@ def model_from_spec(spec: str, input_shape: tuple[int, int, int], num_classes: i
     its signature accepts them. The result must be an ``nn.Module``; any failure
     (import, lookup, the call raising, a non-module result) is a ModelError."""
     function = _resolve(spec)
-    kwargs = _accepted_kwargs(function, {"input_shape": tuple(input_shape), "num_classes": num_classes})
+    offered = {"input_shape": None if input_shape is None else tuple(input_shape), "num_classes": num_classes}
+    kwargs = accepted_kwargs(function, {k: v for k, v in offered.items() if v is not None})
     try:
         model = function(**kwargs)
     except Exception as exc:
@@ -118,21 +63,29 @@ def model_from_spec(spec: str, input_shape: tuple[int, int, int], num_classes: i
     return model
 
 
-def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+def build_model(name: str, input_shape: tuple[int, int, int] | None, num_classes: int | None) -> nn.Module:
     """A freshly initialised model: one of MODELS, or a ``package.module:function``
     spec (see ``model_from_spec``). Parameters get PyTorch's default
     initialisation from the global RNG, so seed torch first for reproducibility.
-    Unknown names, bad shapes and failing specs raise ModelError."""
-    shape = _check_shape(name, input_shape, num_classes)
-    num_classes = operator.index(num_classes)
+    A dataset that declares no ``input_shape``/``num_classes`` (a language model's, a
+    regression's) passes None: a spec is then called without them, and a built-in model
+    (which needs both) is refused. Unknown names, bad shapes and failing specs raise
+    ModelError."""
     if ":" in name:
-        return model_from_spec(name, shape, num_classes)
+        if input_shape is not None and num_classes is not None:
+            input_shape = _check_shape(name, input_shape, num_classes)
+            num_classes = operator.index(num_classes)
+        return model_from_spec(name, input_shape, num_classes)
     builder = BUILDERS.get(name)
     if builder is None:
         raise ModelError(
             f"unknown model {name!r}; choose one of {', '.join(MODELS)} or 'package.module:function'"
         )
+    if input_shape is None or num_classes is None:
+        raise ModelError(f"model {name!r} needs a dataset that declares input_shape and num_classes "
+                         "(attributes of its training Dataset); give your own model as 'file.py:function'")
+    shape = _check_shape(name, input_shape, num_classes)
     try:
-        return builder(shape, num_classes)
+        return builder(shape, operator.index(num_classes))
     except ValueError as exc:
         raise ModelError(f"model {name!r}: {_one_line(exc)}") from exc

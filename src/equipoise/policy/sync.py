@@ -94,10 +94,15 @@ class SyncPolicy:
         return list(weights), 1.0
 
     @staticmethod
-    def weights(samples: Sequence[int]) -> list[float]:
+    def weights(samples: Sequence[float]) -> list[float]:
+        """Each gradient's share of its group: its units (samples, or the (sum, count)
+        loss's count) over the group's. A group with no units at all (every loss
+        averaged over nothing) contributes no gradient."""
         total = sum(samples)
-        if total <= 0:
-            raise ValueError(f"samples = {list(samples)}: a group needs at least one sample")
+        if total < 0 or any(s < 0 for s in samples):
+            raise ValueError(f"samples = {list(samples)}: weights must be ≥ 0")
+        if total == 0:
+            return [0.0 for _ in samples]
         return [s / total for s in samples]
 
 

@@ -112,16 +112,20 @@ class PSClient:
             self.by_server.setdefault(table[b.key], []).append(b)
 
     def push(self, grads: dict[int, torch.Tensor], version_by_server: dict[int, int], samples: int, *,
-             part: int = 0, only: list[int] | None = None, start: int | None = None) -> Ticket:
+             part: int = 0, only: list[int] | None = None, start: int | None = None,
+             count: float | None = None) -> Ticket:
         """Send each server (of `only`, if given) the gradients (or buffer values) of
         its blocks, tagged with the version of that server they were computed on; `part`
         > 0 marks a share of a lost worker's slice, `start` the slice's first position
-        (servers combine a barrier update's pushes in that order). The tensors are sent without
+        (servers combine a barrier update's pushes in that order), `count` the units the
+        loss averaged over, when not the samples (the servers' weight). The tensors are sent without
         copying: do not change them before the ticket is waited (or copy them)."""
         extra = {"part": int(part)} if part else {}
         extra["epoch"] = self.epoch
         if start is not None:
             extra["start"] = int(start)
+        if count is not None and count != samples:
+            extra["count"] = float(count)
         return self._send("push", lambda r, blocks: Message(
             "push", {"worker": self.worker, "version": int(version_by_server[r]), "samples": int(samples),
                      **extra}, {grad_name(b.key): grads[b.key] for b in blocks}), only)

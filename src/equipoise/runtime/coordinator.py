@@ -34,6 +34,7 @@ from ..telemetry.metrics import MetricsWriter
 from ..telemetry.progress import ProgressDisplay
 from ..telemetry.tensorboard import TensorBoardLog
 from ..wire import Listener, Message, Transport
+from ..workload import as_workload
 from .blocks import model_tensors, read_values
 from .checkpoint import Checkpoint, CheckpointError
 from .losses import BarrierLosses, Losses, Memory, plan_message
@@ -72,6 +73,7 @@ class Coordinator(Losses):
                  on_tick: Callable[[float], None] | None = None):
         """`peers` is the launcher (start a role, report a death); `on_tick(elapsed)`
         is called about every 0.1 s of training (noisy neighbours)."""
+        data = as_workload(cfg, data)  # a launcher may hand over a built-in Dataset in memory
         self.cfg, self.run_dir, self.listener, self.data = cfg, Path(run_dir), listener, data
         self.peers, self.resume, self.on_tick = peers, resume, on_tick
         self.rpc = Rpc(cfg.timeout, peers)
@@ -197,6 +199,8 @@ class Coordinator(Losses):
         if self.replacing:
             self._roll_back()
         self.rpc.tick(None, "")
+        if self.snapshots.reached is not None and self.cfg.stop_at_target:
+            self._stop_at_target()
         if self.on_tick is not None and self.stats.t_start is not None:
             self.on_tick(self.stats.elapsed())
         got = self._recv(timeout=0.1)
@@ -318,6 +322,15 @@ class Coordinator(Losses):
         return Message("welcome", {"rank": rank, "servers": self.servers.addresses, "table": self.servers.table,
                                    "blocks": [b.to_list() for b in self.blocks], "epoch": self.epoch})
 
+    def _stop_at_target(self) -> None:
+        """The target was met (`stop_at_target`): the job ends at the next iteration it
+        can end at — the coming barrier, or the stream's current iteration."""
+        end = max(1, min(self.total, self.iteration if self.iteration > self.snapshots.reached["iteration"]
+                         else self.iteration + 1))
+        if end < self.total:
+            self._event("stop_at_target", self.iteration, end=end)
+            self.total = self.snapshots.total = end
+
     def _event(self, name: str, t: int, **fields) -> None:
         self.snapshots.event(name, t, **fields)
 
@@ -373,6 +386,8 @@ class Coordinator(Losses):
         summary = self.stats.summary(self.cfg, self.total, evals[-1] if evals else {},
                                      wall_s=time.time() - start, staleness=histogram)
         summary["resumed_from"] = self.resume.iteration if self.resume else None
+        summary["target"] = self.snapshots.settings.target or None
+        summary["time_to_target"] = self.snapshots.reached
         summary["recovered"], summary["lost_updates"] = self.recovered, self.lost_updates
         if self.cfg.protocol == "lbbsp":
             summary["predictor_mape"] = self.planner.mape()

@@ -328,8 +328,11 @@ class Server:
             return
         t0 = self.clock.now()
         f = msg.fields
+        count = f.get("count")
+        if count is not None and (isinstance(count, bool) or not isinstance(count, (int, float))):
+            raise PushError(f"push from worker {f['worker']}: count = {count!r} is not a number")
         push = Push(int(f["worker"]), int(f["version"]), int(f["samples"]), grads_of(msg.tensors),
-                    int(f.get("start", -1)))
+                    int(f.get("start", -1)), None if count is None else float(count))
         self.store.check(push)
         self.pushes[self.sync.accept(push.worker, push.version, push.samples, int(f.get("part", 0)))] = push
         self._apply_ready(release=False)  # after the ack

@@ -20,7 +20,6 @@ from ..telemetry.metrics import MetricsWriter
 from ..wire import Message, names
 from .blocks import write_values
 from .checkpoint import Checkpoint, save_checkpoint
-from .evaluate import evaluate
 
 
 @dataclass(frozen=True)
@@ -31,6 +30,7 @@ class SnapshotSettings:
     eval_samples: int
     checkpoint_every: int
     timeout: float
+    target: dict  # {metric = "test_<name>", below | above = value}; {}: none
 
 
 @dataclass
@@ -51,6 +51,7 @@ class Snapshots:
         self._evals = ThreadPoolExecutor(1, thread_name_prefix="eval")
         self._pending: list[Future] = []
         self._taken_at: int | None = None
+        self.reached: dict | None = None  # when the target was first met (an eval's thread sets it)
 
     def due(self, t: int) -> tuple[bool, bool]:
         """(evaluate, checkpoint) at iteration t; both at the end. Once per t (a barrier
@@ -60,6 +61,7 @@ class Snapshots:
         self._taken_at = t
         s, final = self.settings, t >= self.total
         want_eval = final or bool(s.eval_every and t % s.eval_every == 0 and t > 0)
+        want_eval = want_eval and self.data.eval is not None  # no evaluation set: nothing to evaluate
         want_ckpt = final or bool(s.checkpoint_every and t % s.checkpoint_every == 0 and t > 0)
         return want_eval, want_ckpt
 
@@ -100,16 +102,23 @@ class Snapshots:
         self.metrics.write({"type": "event", "event": name, "iteration": t, "time": time.time(), **fields})
 
     def _evaluate(self, t: int, blocks, values, elapsed: float) -> dict:
-        """Test loss and accuracy of the snapshot taken `elapsed` training seconds in."""
+        """The metrics (test_<name> for each) of the snapshot taken `elapsed` training
+        seconds in; the first that meets the target records when it did."""
         torch.set_num_threads(1)
         model = self.new_model()
         write_values(model, blocks, values)
         limit = 0 if t >= self.total else self.settings.eval_samples
-        loss, acc = evaluate(model, self.data, limit=limit)
+        metrics = self.data.evaluate(model, limit=limit)
+        n = self.data.num_eval
         record = {"type": "eval", "iteration": t, "time": time.time(), "elapsed": elapsed,
-                  "test_loss": loss, "test_accuracy": acc,
-                  "test_samples": min(limit, self.data.num_test) if limit else self.data.num_test}
+                  **{f"test_{k}": v for k, v in metrics.items()},
+                  "test_samples": min(limit, n) if limit else n}
         self.metrics.write(record)
+        target = self.settings.target
+        if target and self.reached is None and meets(target, record):
+            self.reached = {"iteration": t, "elapsed": elapsed, "metric": target["metric"],
+                            "value": record[target["metric"]]}
+            self.event("target", t, **{k: v for k, v in self.reached.items() if k != "iteration"})
         return record
 
     def results(self) -> list[dict]:
@@ -120,4 +129,12 @@ class Snapshots:
         self._evals.shutdown(wait=True)
 
 
-__all__ = ["Snapshots", "SnapshotSettings", "State"]
+def meets(target: dict, record: dict) -> bool:
+    """Whether an evaluation record meets `target` ({metric, below | above})."""
+    value = record.get(target["metric"])
+    if not isinstance(value, (int, float)) or value != value:
+        return False
+    return value < target["below"] if "below" in target else value > target["above"]
+
+
+__all__ = ["meets", "Snapshots", "SnapshotSettings", "State"]

@@ -15,6 +15,7 @@ class RunStats:
         self.t_last = 0.0
         self.samples = 0
         self.busy = {"compute_s": 0.0, "wait_s": 0.0, "comm_s": 0.0}
+        self.data_s = 0.0  # waiting for samples (not in `busy`: barrier_wait_fraction is unchanged)
         self.last_loss = float("nan")
         self._t_prev_record: float | None = None
 
@@ -31,6 +32,7 @@ class RunStats:
         self.samples += int(report["samples"])
         for k in self.busy:
             self.busy[k] += float(report[k])
+        self.data_s += float(report.get("data_s", 0.0))
 
     def iteration_record(self, t: int, reports: list[dict]) -> dict:
         """One metrics.jsonl record for iteration t from its workers' reports."""
@@ -42,7 +44,9 @@ class RunStats:
         recovered = any(r.get("recovery") for r in reports)
         reports = sorted(reports, key=lambda r: (r.get("start", 0), r["worker"]) if recovered else r["worker"])
         samples = sum(r["samples"] for r in reports)
-        loss = sum(r["loss"] * r["samples"] for r in reports) / max(samples, 1)
+        counts = [float(r.get("count", r["samples"])) for r in reports]  # the units each loss averaged over
+        loss = (sum(r["loss"] * c for r, c in zip(reports, counts)) / sum(counts) if sum(counts) > 0
+                else float("nan"))
         self.last_loss = loss
         stale = [s for r in reports for s in r["staleness"]]
         record = {"type": "iteration", "iteration": t, "time": time.time(), "elapsed": self.elapsed(),
@@ -53,7 +57,7 @@ class RunStats:
                   "staleness_max": max(stale) if stale else None,
                   "staleness": [sum(r["staleness"]) / len(r["staleness"]) if r["staleness"] else None
                                 for r in reports]}
-        for key in ("compute_s", "wait_s", "comm_s", "cpu", "mem", "version"):
+        for key in ("compute_s", "data_s", "wait_s", "comm_s", "cpu", "mem", "version"):
             record[key] = [r.get(key) for r in reports]
         if any("table_wait_s" in r for r in reports):  # blocks moved during this iteration
             record["table_wait_s"] = [r.get("table_wait_s", 0.0) for r in reports]
@@ -79,7 +83,7 @@ class RunStats:
             "train_s": train_s, "wall_s": wall_s,
             "barrier_wait_fraction": self.busy["wait_s"] / total if total > 0 else 0.0,
             "compute_s": self.busy["compute_s"], "wait_s": self.busy["wait_s"],
-            "comm_s": self.busy["comm_s"],
+            "comm_s": self.busy["comm_s"], "data_s": self.data_s,
             "staleness_mean": sum(k * v for k, v in hist.items()) / n if n else 0.0,
             "staleness_max": max(hist, default=0),
             "staleness_histogram": {str(k): v for k, v in sorted(hist.items())},

@@ -54,6 +54,12 @@ class Push:
     samples: int
     tensors: dict[int, torch.Tensor]
     start: int = -1  # barrier protocols: the slice's first position in the global order
+    count: float | None = None  # units the worker's loss averaged over (None: its samples)
+
+    @property
+    def weight(self) -> float:
+        """What the push weighs in its group: its loss's units (samples by default)."""
+        return float(self.samples) if self.count is None else self.count
 
 
 class PushError(ValueError):
@@ -89,6 +95,8 @@ class ParameterStore:
                             f"(missing {missing}, unexpected {extra})")
         if push.samples < 1:
             raise PushError(f"push from worker {push.worker} has samples = {push.samples}")
+        if push.count is not None and not (math.isfinite(push.count) and push.count >= 0):
+            raise PushError(f"push from worker {push.worker} has count = {push.count} (a finite number ≥ 0)")
         for key, t in push.tensors.items():
             if t.shape != self.values[key].shape or t.dtype != self.values[key].dtype:
                 raise PushError(f"push from worker {push.worker}: block {key} has shape "
@@ -135,12 +143,13 @@ class ParameterStore:
         staleness = [0] * len(group) if staleness is None else list(staleness)
         order = sorted(range(len(group)), key=lambda i: (group[i].start, group[i].worker))
         group, staleness = [group[i] for i in order], [staleness[i] for i in order]
-        base = self.policy.weights([p.samples for p in group])
+        base = self.policy.weights([p.weight for p in group])
         weights, lr_factor = self.policy.modulate(base, staleness)
         self._copy_on_write()
-        # Buffers (BatchNorm statistics) are averaged, never scaled by staleness.
+        # Buffers (BatchNorm statistics) are averaged over samples, never scaled by staleness.
+        by_samples = self.policy.weights([p.samples for p in group])
         combined = {k: self._combine(k, [p.tensors[k] for p in group],
-                                     weights if b.kind == "param" else base)
+                                     weights if b.kind == "param" else by_samples)
                     for k, b in self.blocks.items()}
         for key, param in zip(self._param_keys, self._params):
             param.grad = combined[key]

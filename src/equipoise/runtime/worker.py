@@ -19,10 +19,10 @@ from collections import deque
 
 import psutil
 import torch
-import torch.nn.functional as F
 
 from ..config import Config
-from ..data import SliceSampler, load_dataset
+from ..data import SliceSampler
+from ..data.loader import Loader
 from ..models import build_model
 from ..policy.placement import Block
 from ..policy.sync import make_sync_policy
@@ -30,6 +30,7 @@ from ..scenario import Scenario
 from ..wire import Message, PeerTimeout, Transport
 from .blocks import read_pushes, write_values
 from .client import ClientError, PSClient, Pulled, receive
+from ..workload import SampleError, load_workload
 from .stretch import Stretch, noise_seed
 
 
@@ -53,8 +54,8 @@ class Reset(Exception):
 class Worker:
     def __init__(self, cfg: Config, rank: int, transport: Transport, coordinator: str, data=None,
                  machine_factor: float = 1.0):
-        """`data`: the dataset, if the launcher shares one between the workers of a node;
-        else the worker loads it. `machine_factor`: how much slower the machine this worker
+        """`data`: the built-in dataset, if the launcher shares one between the workers of
+        a node; else the worker builds the job's workload itself. `machine_factor`: how much slower the machine this worker
         runs on is emulated to be (a Ray node's label), on top of the config's slowdowns."""
         self.cfg, self.rank, self.transport, self.data = cfg, rank, transport, data
         self.machine_factor = machine_factor
@@ -75,7 +76,8 @@ class Worker:
     def run(self) -> None:
         cfg = self.cfg
         torch.set_num_threads(cfg.threads)
-        data = self.data if self.data is not None else load_dataset(cfg.dataset, cfg.data_dir or None, seed=cfg.seed)
+        data = load_workload(cfg, shared=self.data)
+        self.loader = None
         welcome = self._request(Message("hello", {
             "role": "worker", "rank": self.rank, "address": "", "pid": os.getpid()}), "welcome")
         self.blocks = [Block.from_list(r) for r in welcome.fields["blocks"]]
@@ -85,10 +87,12 @@ class Worker:
         try:
             self.client.set_table(welcome.fields["table"], welcome.fields["servers"])
             self.model = build_model(cfg.model, data.input_shape, data.num_classes)
+            self.barrier = self.policy.barrier()
             self.model.train()
             self.stretch = Stretch(self.model, noise=cfg.slowdown_noise, seed=noise_seed(cfg.seed, self.rank))
             self._mem_total = psutil.virtual_memory().total
             sampler = SliceSampler(len(data), cfg.global_batch, cfg.seed)
+            self.loader = Loader(data, sampler, cfg.loader_workers)
             while True:
                 try:
                     return self._loop(data, sampler)
@@ -98,6 +102,8 @@ class Worker:
                     self._inbox.clear()
                     self.client.reset(f["table"], f["servers"], self.epoch)
         finally:
+            if self.loader is not None:
+                self.loader.close()
             self.client.close()
             self.coord.close()
 
@@ -149,7 +155,7 @@ class Worker:
         step = 0
         while True:
             f = plan.fields
-            loss, measured = self._step(data, sampler, f)
+            loss, count, measured = self._step(data, sampler, f)
             t3 = time.perf_counter()
             if f.get("await_table"):  # blocks moved during this compute: route by the new table
                 table = self._request(Message("table_req", {"worker": self.rank, "epoch": self.epoch}), "table")
@@ -162,15 +168,15 @@ class Worker:
             pull_version = self.policy.pull_version(step + 1 + d, f["iteration"])
             if self.policy.pull_first():
                 pull = self.client.pull(pull_version)
-                push = self.client.push(pushes, versions, f["size"], start=f["start"])
+                push = self.client.push(pushes, versions, f["size"], start=f["start"], count=count)
             else:
-                push = self.client.push(pushes, versions, f["size"])
+                push = self.client.push(pushes, versions, f["size"], count=count)
                 pull = self.client.pull(pull_version)
             staleness = [] if d else self.client.wait(push)
             step += 1
             with self.stretch.local():
-                self.coord.send(self._plan_req(step + d, self._report(f, loss, versions, staleness, measured,
-                                                                       exchange)))
+                self.coord.send(self._plan_req(step + d, self._report(f, loss, count, versions, staleness,
+                                                                       measured, exchange)))
             in_flight.append((push if d else None, pull))
             held = 0.0
             if not d:  # before the weights: a recovery plan computes on the ones just used
@@ -202,12 +208,12 @@ class Worker:
         the next pull is not taken yet — push it only to the servers that have not
         applied that iteration, report it, and return the next plan."""
         f = plan.fields
-        loss, measured = self._step(data, sampler, f)
+        loss, count, measured = self._step(data, sampler, f)
         pushes = read_pushes(self.model, self.blocks)
         ticket = self.client.push(pushes, versions, f["size"], part=int(f["part"]),
-                                  only=[int(r) for r in f["servers"]], start=f["start"])
+                                  only=[int(r) for r in f["servers"]], start=f["start"], count=count)
         staleness = self.client.wait(ticket)
-        report = self._report(f, loss, versions, staleness, measured, {"wait_s": 0.0, "comm_s": 0.0})
+        report = self._report(f, loss, count, versions, staleness, measured, {"wait_s": 0.0, "comm_s": 0.0})
         self.coord.send(self._plan_req(step, {**report, "recovery": True}))
         return self._recv_coord("plan")
 
@@ -219,25 +225,32 @@ class Worker:
             write_values(self.model, self.blocks, pulled.values)
         return pulled.versions, pulled.held_s
 
-    def _step(self, data, sampler: SliceSampler, f: dict) -> tuple[float, dict]:
+    def _step(self, data, sampler: SliceSampler, f: dict) -> tuple[float, float, dict]:
         """Compute one gradient, stretched by this worker's slowdown factor (a slower
-        machine, emulated); returns the loss and the measured compute time and CPU use."""
+        machine, emulated); returns the loss, the units it averages over (the servers'
+        weight), and the measured data wait, compute time and CPU use."""
         self.stretch.factor = self.machine_factor * self.scenario.worker_factor(
             self.rank, elapsed=float(f.get("elapsed", 0.0)), iteration=f["iteration"])
+        try:
+            batch = self.loader.get(f["start"], f["size"])
+        except SampleError as exc:
+            raise WorkerError(f"worker {self.rank}: iteration {f['iteration']}: {exc}") from None
+        if self.barrier and not f.get("recover"):  # the same offset in the next iteration, most likely
+            self.loader.prefetch(f["start"] + self.cfg.global_batch, f["size"])
         cpu0, t1 = time.process_time(), time.perf_counter()
         self.stretch.start(f["size"])
-        loss = self._compute(data, sampler, f)
+        loss, count = self._compute(data, batch, f)
         self.stretch.finish()
         t2 = time.perf_counter()
         cpu = _clamp01((time.process_time() - cpu0) / max(t2 - t1, 1e-9))
-        return loss, {"compute_s": t2 - t1, "cpu": cpu}
+        return loss, count, {"compute_s": t2 - t1, "cpu": cpu, "data_s": self.loader.data_s}
 
-    def _report(self, f: dict, loss: float, versions: dict[int, int], staleness: list[int], measured: dict,
-                exchange: dict) -> dict:
+    def _report(self, f: dict, loss: float, count: float, versions: dict[int, int], staleness: list[int],
+                measured: dict, exchange: dict) -> dict:
         """One iteration's report. `staleness` lists σ of this worker's gradients that
         servers applied since the last report (one per server and gradient)."""
         staleness, self._pending_staleness = self._pending_staleness + staleness, []
-        return {"iteration": f["iteration"], "start": f["start"], "samples": f["size"], "loss": loss,
+        return {"iteration": f["iteration"], "start": f["start"], "samples": f["size"], "loss": loss, "count": count,
                 "version": min(versions.values()), "staleness": staleness, **measured,
                 "mem": self.proc.memory_info().rss / self._mem_total, **exchange}
 
@@ -248,20 +261,18 @@ class Worker:
         wait = min(total, max(pull_held, float(plan.fields.get("held_s", 0.0))))
         return {"wait_s": wait, "comm_s": total - wait}
 
-    def _compute(self, data, sampler: SliceSampler, plan: dict) -> float:
-        idx = sampler.positions(plan["start"], plan["size"])
-        x, y = data.train_batch(idx)
+    def _compute(self, data, batch, plan: dict) -> tuple[float, float]:
         # Seeded by the slice, so dropout-like randomness is the same on any split or resume.
         # (The CPU generator alone: torch.manual_seed would also queue a CUDA seeding
         # with a stack capture: ~0.3 ms per step here.)
         torch.default_generator.manual_seed(self.cfg.seed * 1_000_003 + plan["start"])
         self.model.zero_grad(set_to_none=False)
-        loss = F.cross_entropy(self.model(x), y)
-        if not math.isfinite(loss.item()):
-            raise WorkerError(f"worker {self.rank}: loss is {loss.item()} at iteration "
+        step = data.loss_of(self.model, batch, plan["size"])
+        if not math.isfinite(step.value):
+            raise WorkerError(f"worker {self.rank}: loss is {step.value} at iteration "
                               f"{plan['iteration']} (diverged: try a smaller lr)")
-        loss.backward()
-        return float(loss.item())
+        step.objective.backward()
+        return step.value, step.count
 
     # -- the coordinator ----------------------------------------------------------------
     def _plan_req(self, step: int, report: dict) -> Message:
@@ -288,6 +299,8 @@ class Worker:
                 raise Reset(msg)
             if int(msg.fields.get("epoch", self.epoch)) >= self.epoch:
                 break
+        if msg.type == "plan" and not msg.fields.get("stop") and self.loader is not None:
+            self.loader.prefetch(int(msg.fields["start"]), int(msg.fields["size"]))
         if msg.type != expect:
             raise WorkerError(f"worker {self.rank}: expected {expect!r} from the coordinator, got {msg.type!r}"
                               + (f": {msg.fields.get('message')}" if msg.type == "error" else ""))

@@ -36,6 +36,7 @@ import warnings
 from pathlib import Path
 
 from ...config import Config, ConfigError, EquipoiseWarning
+from ...data import DATASETS
 from ...wire import generate_keys, make_transport
 from ..checkpoint import Checkpoint
 from ..coordinator import make_coordinator
@@ -94,7 +95,7 @@ class RayPeers(LaunchedPeers):
             for i, (role, rank) in enumerate(names):
                 self._create(role, rank, i)
             self._locate(self.cfg.timeout)
-            if cfg.ray_data == "path":
+            if cfg.ray_data == "path" and cfg.dataset in DATASETS:
                 self._share()
             for role, rank in names:
                 self._start(role, rank)
@@ -166,7 +167,7 @@ class RayPeers(LaunchedPeers):
         job = {"config": self.cfg.to_dict(), "keys": keys,
                "beats": self.beats.listener.address if self.beats else ""}
         data = None
-        if role == "worker":  # a replacement under "path" loads its own copy
+        if role == "worker" and self.cfg.dataset in DATASETS:  # a replacement under "path" loads its own copy
             data = self.data if self.cfg.ray_data == "ship" else self.node_data.get(self.where.get(name, {}).get("node"))
         self.runs[name] = self.actors[name].run.remote(role, rank, self.coordinator, job, data)
 
@@ -391,7 +392,9 @@ def run_ray(cfg: Config, run_dir: Path, data, resume: Checkpoint | None = None) 
         listener = transport.listen(here)
         if cfg.heartbeat_s > 0:
             beats = Heartbeats(transport.listen(here), cfg.heartbeat_s)
-        shipped = ray.put(data.to_arrays()) if cfg.ray_data == "ship" else None
+        builtin = getattr(data.train, "data", None) if cfg.dataset in DATASETS else None
+        # A built-in dataset travels once per node; a user's provider runs on every node.
+        shipped = ray.put(builtin.to_arrays()) if cfg.ray_data == "ship" and builtin is not None else None
         peers = RayPeers(cfg, run_dir, listener.address, keys, beats, shipped)
         coord = make_coordinator(cfg, run_dir, transport, listener, data, peers=peers, resume=resume)
         summary = coord.run()

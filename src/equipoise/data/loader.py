@@ -1,0 +1,81 @@
+"""A worker's input pipeline: the next slice's samples load while this one computes.
+
+`Loader.get(start, size)` returns the collated batch at stream positions
+[start, start+size) of the global sample order and records how long the worker waited
+for it (`data_s`). With ``loader_workers = k > 0``, `prefetch(start, size)` reads a
+slice's samples on k threads in the background (each thread a contiguous chunk), so a
+slow ``__getitem__`` (decoding files, reading disk) hides behind the step. The worker
+prefetches the slice it expects next as soon as it has this one (under a barrier its
+offset in the next iteration is usually the same) and again when a plan arrives; a
+guess that was wrong is dropped and the slice is read then. Only the pending slice's
+samples are held: memory stays bounded by one slice.
+
+Threads, not processes: a ``__getitem__`` that holds the GIL (pure Python work) does not
+overlap compute; one that waits on files or calls into C code that releases the GIL
+(numpy, torch, most decoders) does.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+
+from .sampler import SliceSampler
+
+
+class Loader:
+    def __init__(self, work, sampler: SliceSampler, threads: int = 0):
+        self.work, self.sampler, self.threads = work, sampler, int(threads)
+        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="loader") if self.threads else None
+        self._pending: tuple[int, int, list[Future]] | None = None
+        self.data_s = 0.0  # the last `get`'s wait
+
+    def prefetch(self, start: int, size: int) -> None:
+        """Start reading [start, start+size) in the background (no-op without threads,
+        or if that slice is already pending)."""
+        if self._pool is None or size <= 0:
+            return
+        if self._pending is not None and self._pending[:2] == (start, size):
+            return
+        self._drop()
+        idx = self.sampler.positions(start, size)
+        train = self.work.train
+        if hasattr(train, "get_batch"):
+            futures = [self._pool.submit(self.work.fetch, train, idx)]
+        else:
+            chunks = torch.tensor_split(idx, min(self.threads, len(idx)))
+            futures = [self._pool.submit(self.work.items, train, c) for c in chunks]
+        self._pending = (start, size, futures)
+
+    def get(self, start: int, size: int):
+        """The batch at [start, start+size): the prefetched one if it is that slice,
+        else read now (on the loader threads, if any)."""
+        t0 = time.perf_counter()
+        if self._pending is None or self._pending[:2] != (start, size):
+            self.prefetch(start, size) if self._pool is not None else None
+        if self._pending is not None:
+            futures = self._pending[2]
+            self._pending = None
+            parts = [f.result() for f in futures]
+            batch = parts[0] if hasattr(self.work.train, "get_batch") else \
+                self.work.collate_items([item for part in parts for item in part])
+        else:
+            batch = self.work.fetch(self.work.train, self.sampler.positions(start, size))
+        self.data_s = time.perf_counter() - t0
+        return batch
+
+    def _drop(self) -> None:
+        if self._pending is not None:
+            for f in self._pending[2]:
+                f.cancel()
+            self._pending = None
+
+    def close(self) -> None:
+        self._drop()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+__all__ = ["Loader"]

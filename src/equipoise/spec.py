@@ -1,0 +1,108 @@
+"""Naming user code in a config: ``"package.module:attr"`` or ``"path/to/file.py:attr"``.
+
+A job's model, dataset, loss, metrics and collate may each be the user's own. Servers
+and workers run in other processes (on other machines under Ray), so what travels in the
+config is a *spec* string that every process resolves to the same callable by importing
+it; the Python API turns a top-level function or class into its spec (`callable_spec`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+
+def one_line(text: object) -> str:
+    """``str(text)`` with line breaks collapsed, for one-line messages."""
+    return " ".join(str(text).split())
+
+
+def is_spec(value: str) -> bool:
+    """Whether a config string names user code (it has a ``module:attr`` colon)."""
+    return isinstance(value, str) and ":" in value
+
+
+def resolve(spec: str, what: str, error: type[Exception] = ValueError) -> Callable[..., Any]:
+    """The callable named by ``spec``; `error` (one line naming `what` and the spec) if it
+    cannot be imported, found, or is not callable."""
+    module_name, _, attr_path = spec.rpartition(":")
+    if not module_name or not attr_path:
+        raise error(f"{what} spec {spec!r}: expected 'package.module:function' or 'path/file.py:function'")
+    try:
+        target: object = (import_file(module_name) if module_name.endswith(".py")
+                          else importlib.import_module(module_name))
+    except Exception as exc:  # an import-time failure of user code of any kind
+        raise error(f"{what} spec {spec!r}: cannot import {module_name!r}: "
+                    f"{type(exc).__name__}: {one_line(exc)}") from exc
+    for attr in attr_path.split("."):
+        if not hasattr(target, attr):
+            raise error(f"{what} spec {spec!r}: {module_name!r} has no attribute {attr_path!r}")
+        target = getattr(target, attr)
+    if not callable(target):
+        raise error(f"{what} spec {spec!r}: {attr_path!r} is not callable")
+    return target
+
+
+def import_file(path: str) -> object:
+    """Import a user's script by path, under a name other than ``__main__`` so its
+    ``if __name__ == "__main__":`` block does not run again in server or worker processes."""
+    file = Path(path).resolve()
+    name = f"equipoise_user_{abs(hash(str(file)))}"
+    if name in sys.modules:
+        return sys.modules[name]
+    if not file.is_file():
+        raise FileNotFoundError(f"no such file {str(file)!r}")
+    module_spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def accepted_kwargs(function: Callable[..., object], offered: dict[str, object]) -> dict[str, object]:
+    """The subset of ``offered`` keyword arguments that ``function`` accepts
+    (all of them if it takes ``**kwargs``; none if its signature is unknown)."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return {}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return dict(offered)
+    keyword_kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    names = {p.name for p in parameters if p.kind in keyword_kinds}
+    return {key: value for key, value in offered.items() if key in names}
+
+
+def callable_spec(value: Any, what: str, error: type[Exception] = ValueError) -> str:
+    """The config string for user code: strings pass through (a relative script path
+    becomes absolute); a top-level callable becomes 'module:qualname', or
+    'path/to/script.py:qualname' when defined in the running script."""
+    if isinstance(value, str):
+        path, sep, attr = value.rpartition(":")
+        if sep and path.endswith(".py"):
+            return f"{Path(path).resolve()}:{attr}"
+        return value
+    if not callable(value):
+        raise error(f"{what} = {value!r} is neither a name, a spec nor a callable")
+    module = getattr(value, "__module__", None)
+    qualname = getattr(value, "__qualname__", "")
+    if not module or "<locals>" in qualname or "<lambda>" in qualname:
+        raise error(f"{what} = {value!r} must be defined at the top level of a module or script "
+                    "(every worker imports it in its own process)")
+    if module == "__main__":
+        main = sys.modules["__main__"]
+        if not getattr(main, "__file__", None):
+            raise error(f"{what} = {value!r} is defined interactively; put it in a file")
+        return f"{Path(main.__file__).resolve()}:{qualname}"
+    return f"{module}:{qualname}"
+
+
+__all__ = ["accepted_kwargs", "callable_spec", "import_file", "is_spec", "one_line", "resolve"]
