@@ -10,12 +10,20 @@ from ..policy.placement import Block, make_blocks
 
 def model_tensors(model: nn.Module) -> list[tuple[str, int, str, int]]:
     """(name, numel, kind, itemsize) of the model's parameters (stepped by the
-    optimizer), then of its floating point buffers such as BatchNorm running statistics
-    (averaged by sample count), in creation order."""
+    optimizer), then of its persistent floating point buffers such as BatchNorm running
+    statistics (averaged by sample count), in creation order. A non-persistent buffer
+    (`register_buffer(..., persistent=False)`: a causal mask, a cache) is a constant of
+    the model's code, the same in every process: it is never sent."""
     tensors = [(n, p.numel(), "param", p.element_size()) for n, p in model.named_parameters()]
     tensors += [(n, b.numel(), "buffer", b.element_size())
-                for n, b in model.named_buffers() if b.is_floating_point()]
+                for n, b in model.named_buffers() if b.is_floating_point() and _persistent(model, n)]
     return tensors
+
+
+def _persistent(model: nn.Module, name: str) -> bool:
+    owner, _, leaf = name.rpartition(".")
+    module = model.get_submodule(owner) if owner else model
+    return leaf not in module._non_persistent_buffers_set
 
 
 def model_blocks(model: nn.Module, block_size: int) -> list[Block]:

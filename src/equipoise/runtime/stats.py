@@ -78,6 +78,8 @@ class RunStats:
             "samples": self.samples,
             "final_accuracy": final_eval.get("test_accuracy"),
             "final_test_loss": final_eval.get("test_loss"),
+            "final_metrics": {k[len("test_"):]: v for k, v in final_eval.items()
+                              if k.startswith("test_") and k != "test_samples"},
             "final_train_loss": self.last_loss,
             "samples_per_s": self.samples / train_s,
             "train_s": train_s, "wall_s": wall_s,

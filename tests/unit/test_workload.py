@@ -1,0 +1,223 @@
+"""The training step, user datasets, the input pipeline and their bad-input errors
+(in process: no job is started)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from equipoise.api import check_workload
+from equipoise.config import Config, ConfigError
+from equipoise.data import DataError, SliceSampler
+from equipoise.data.loader import Loader
+from equipoise.models import build_model
+from equipoise.workload import SampleError, StepError, Workload, load_workload
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "workloads"
+
+USER = '''
+import torch
+from torch import nn
+
+class Squares(torch.utils.data.Dataset):
+    def __init__(self, n=40):
+        self.n = n
+    def __len__(self):
+        return self.n
+    def __getitem__(self, i):
+        if i >= self.n:
+            raise IndexError(i)
+        return {"x": torch.full((3,), float(i)), "y": torch.tensor(float(i * i))}
+
+def provider(seed=0):
+    return Squares(), Squares(10)
+
+def empty():
+    return Squares(0)
+
+class Broken(Squares):
+    def __getitem__(self, i):
+        raise KeyError("no such record")
+
+def broken():
+    return Broken()
+
+def model():
+    return nn.Linear(3, 1)
+
+def loss(model, batch):
+    return ((model(batch["x"]).squeeze(1) - batch["y"]) ** 2).mean()
+
+def vector_loss(model, batch):
+    return (model(batch["x"]).squeeze(1) - batch["y"]) ** 2
+
+def three(model, batch):
+    return loss(model, batch), 1, 2
+
+def bad_count(model, batch):
+    return loss(model, batch), "many"
+
+def detached(model, batch):
+    return loss(model, batch).detach()
+
+def bad_collate(items):
+    raise RuntimeError("cannot stack")
+
+def bad_metrics(model, batch):
+    return {"mse": "low"}
+
+def metrics(model, batch):
+    return {"mse": loss(model, batch), "n": (len(batch["y"]), 1)}
+'''
+
+
+@pytest.fixture(scope="module")
+def user(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("user") / "user.py"
+    path.write_text(USER)
+    return str(path)
+
+
+def config(user: str, **keys) -> Config:
+    base = dict(dataset=f"{user}:provider", model=f"{user}:model", loss=f"{user}:loss", workers=2,
+                global_batch=8, progress=False)
+    return Config.from_dict({**base, **{k: (f"{user}:{v}" if isinstance(v, str) and k != "target"
+                                            and ":" not in v else v) for k, v in keys.items()}})
+
+
+def test_a_user_dataset_of_dicts_is_collated_and_its_loss_is_a_mean(user):
+    work = load_workload(config(user))
+    batch = work.fetch(work.train, torch.tensor([3, 1]))
+    assert batch["x"].shape == (2, 3) and batch["y"].tolist() == [9.0, 1.0]
+    model = torch.nn.Linear(3, 1)
+    step = work.loss_of(model, batch, 2)
+    assert step.count == 2.0 and step.value == pytest.approx(float(step.objective.detach()))
+    assert work.num_eval == 10 and work.input_shape is None
+
+
+def test_sum_count_losses_are_averaged_over_their_count():
+    work = Workload([torch.ones(2)] * 4, loss=lambda m, b: ((m(b) ** 2).sum(), 5))
+    model = torch.nn.Linear(2, 1)
+    batch = torch.ones(4, 2)
+    step = work.loss_of(model, batch, 4)
+    assert step.count == 5.0
+    assert torch.equal(step.objective, (model(batch) ** 2).sum() / 5.0)
+    zero = Workload([torch.ones(2)] * 4, loss=lambda m, b: ((m(b) ** 2).sum(), 0)).loss_of(model, batch, 4)
+    assert zero.count == 0.0 and zero.value == 0.0  # no units: no gradient, not a NaN
+
+
+def test_metrics_reduce_sums_and_counts_and_batch_means(user):
+    work = load_workload(config(user, metrics="metrics"))
+    model = torch.nn.Linear(3, 1)
+    got = work.evaluate(model, batch_size=3)
+    with torch.no_grad():
+        x = torch.arange(10.0).unsqueeze(1).expand(10, 3)
+        y = torch.arange(10.0) ** 2
+        want = float(((model(x).squeeze(1) - y) ** 2).mean())
+    # mse is a batch mean weighted by batch size (3, 3, 3, 1): the mean over all 10 samples.
+    assert got["mse"] == pytest.approx(want, rel=1e-6)
+    assert got["n"] == 10 / 4  # Σ len(batch) / Σ 1 over the 4 batches
+
+
+def test_default_metrics_of_a_user_loss_are_its_loss(user):
+    work = load_workload(config(user))
+    assert set(work.evaluate(torch.nn.Linear(3, 1))) == {"loss"}
+
+
+@pytest.mark.parametrize("keys, error, words", [
+    ({"dataset": "nowhere_module_xyz:fn"}, DataError, "cannot import"),
+    ({"dataset": "empty"}, DataError, "is empty"),
+    ({"dataset": "broken"}, DataError, "item 0 raised KeyError"),
+    ({"loss": "vector_loss"}, StepError, "shape (2,)"),
+    ({"loss": "three"}, StepError, "3 items"),
+    ({"loss": "bad_count"}, StepError, "count = 'many'"),
+    ({"loss": "detached"}, StepError, "does not depend"),
+    ({"collate": "bad_collate"}, StepError, "collate"),
+    ({"metrics": "bad_metrics"}, StepError, "mse = 'low'"),
+    ({"target": {"metric": "accuracy", "above": 0.5}}, ConfigError, "not one of the evaluation's test_loss"),
+], ids=["import", "empty", "first-item", "non-scalar", "tuple", "count", "no-grad", "collate", "metric",
+        "target"])
+def test_bad_user_code_is_one_line_naming_it_before_any_process(user, keys, error, words):
+    with pytest.raises(error) as info:
+        check_workload(config(user, **keys))
+    message = str(info.value)
+    assert words in message and "\n" not in message
+    spec = keys.get("dataset") or keys.get("loss") or keys.get("collate") or keys.get("metrics")
+    if isinstance(spec, str):
+        assert spec.split(":")[-1] in message
+
+
+def test_a_dataset_instance_is_refused_in_the_api(user):
+    from equipoise.api import resolve_config
+    with pytest.raises(ConfigError, match="pass its class or a function"):
+        resolve_config({"dataset": [1, 2, 3]})
+
+
+def test_config_tables_map_onto_flat_keys_and_conflicts_are_refused():
+    cfg = Config.from_dict({"data": {"dataset": "digits", "loader_workers": 2, "model": "mlp"},
+                            "servers": {"count": 3, "placement": "round_robin"},
+                            "ray": {"strategy": "PACK"}, "sim": {"noise": 0.1},
+                            "eval": {"every": 5, "target": {"metric": "accuracy", "above": 0.5}}})
+    assert (cfg.dataset, cfg.loader_workers, cfg.model, cfg.servers, cfg.placement, cfg.ray_strategy,
+            cfg.sim_noise, cfg.eval_every) == ("digits", 2, "mlp", 3, "round_robin", "PACK", 0.1, 5)
+    assert cfg.target == {"metric": "test_accuracy", "above": 0.5}
+    with pytest.raises(ConfigError, match="given twice"):
+        Config.from_dict({"data": {"dataset": "digits"}, "dataset": "mnist"})
+    with pytest.raises(ConfigError, match=r"unknown key 'colour' in \[data\]"):
+        Config.from_dict({"data": {"colour": 1}})
+    with pytest.raises(ConfigError, match="stop_at_target = true needs a target"):
+        Config.from_dict({"stop_at_target": True})
+    with pytest.raises(ConfigError, match="target = "):
+        Config.from_dict({"target": {"metric": "loss", "below": 1, "above": 2}})
+
+
+class Slow(torch.utils.data.Dataset):
+    """Items that cost `delay` seconds each (a file read, emulated by a sleep: it releases
+    the GIL as I/O does), recording which threads read them."""
+
+    def __init__(self, n: int, delay: float):
+        self.n, self.delay, self.threads = n, delay, set()
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        self.threads.add(threading.get_ident())
+        time.sleep(self.delay)
+        return torch.tensor([float(i)])
+
+
+@pytest.mark.parametrize("threads", [0, 1, 3])
+def test_the_loader_gives_the_slices_batch_prefetched_or_not(threads):
+    data = Slow(50, 0.0)
+    work = Workload(data)
+    sampler = SliceSampler(50, 10, seed=4)
+    loader = Loader(work, sampler, threads)
+    try:
+        loader.prefetch(20, 7)  # a good guess
+        assert torch.equal(loader.get(20, 7), work.fetch(data, sampler.positions(20, 7)))
+        loader.prefetch(30, 7)  # a wrong guess: dropped, the asked slice read instead
+        assert torch.equal(loader.get(33, 9), work.fetch(data, sampler.positions(33, 9)))
+        assert loader.get(45, 10).shape == (10, 1)  # across an epoch boundary
+    finally:
+        loader.close()
+    assert len(data.threads) >= min(threads, 2) or threads == 0
+
+
+def test_a_failing_item_names_the_dataset_and_index(user):
+    work = load_workload(config(user, dataset="broken"))
+    with pytest.raises(SampleError, match=r"broken.*item 5 raised KeyError: 'no such record'"):
+        work.fetch(work.train, torch.tensor([5]))
+
+
+def test_the_regression_example_builds_and_its_metrics_are_numbers():
+    cfg = Config.from_dict({"dataset": f"{EXAMPLES}/diabetes.py:diabetes", "model": f"{EXAMPLES}/diabetes.py:mlp",
+                            "loss": f"{EXAMPLES}/diabetes.py:mse", "metrics": f"{EXAMPLES}/diabetes.py:metrics"})
+    work = check_workload(cfg)
+    assert (len(work), work.num_eval) == (354, 88)
+    got = work.evaluate(build_model(cfg.model, None, None))
+    assert set(got) == {"mse", "mae"} and all(v > 0 for v in got.values())
