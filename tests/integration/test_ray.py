@@ -109,6 +109,42 @@ def test_shared_data_from_each_nodes_disk_with_curve(cluster, tmp_path):
     assert _gone(summary)
 
 
+PROVIDER = '''
+import json, os
+import torch
+from torch.utils.data import TensorDataset
+
+def provide(data_dir):
+    import ray
+    node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else "driver"
+    with open(os.path.join(data_dir, f"built-{os.getpid()}.json"), "w") as fh:
+        json.dump({"pid": os.getpid(), "node": node}, fh)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(600, 1, 8, 8, generator=g)
+    y = (x.flatten(1).sum(1) > 0).long()
+    train = TensorDataset(x[:480], y[:480])
+    train.input_shape, train.num_classes = (1, 8, 8), 2
+    return train, TensorDataset(x[480:], y[480:])
+'''
+
+
+def test_a_user_dataset_is_built_by_every_worker_on_its_node(cluster, tmp_path):
+    """dataset = "file.py:fn" under Ray: nothing is shipped; each worker actor calls the
+    provider in its own process on its node (the provider records where), and the job
+    equals the reference bit for bit."""
+    (tmp_path / "user.py").write_text(PROVIDER)
+    (tmp_path / "built").mkdir()
+    cfg = {**BASE, "launcher": "ray", "dataset": f"{tmp_path / 'user.py'}:provide",
+           "data_dir": str(tmp_path / "built"), "eval_every": 6}
+    summary = equipoise.train(cfg, out=tmp_path / "run")
+    built = {b["pid"]: b["node"] for b in (json.loads(p.read_text()) for p in (tmp_path / "built").iterdir())}
+    workers = {w["pid"]: w["node"] for name, w in summary["nodes"].items() if name.startswith("worker")}
+    assert {pid: built.get(pid) for pid in workers} == workers  # every worker, on its own node
+    assert summary["final_accuracy"] is not None
+    assert_equals_reference(cfg, tmp_path / "run")
+    assert _gone(summary)
+
+
 def test_a_job_the_cluster_cannot_hold_fails_naming_what_it_asked(cluster, tmp_path):
     cfg = {**BASE, "launcher": "ray", "worker_resources": {"CPU": 1, "GPU": 1}, "timeout": 3.0}
     with pytest.raises(JobError, match=r"could not place the job within 3 s.*GPU"):

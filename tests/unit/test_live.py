@@ -15,7 +15,7 @@ from rich.console import Console
 from equipoise import cli
 from equipoise.report import ReportError, html_report
 from equipoise.telemetry import progress
-from equipoise.telemetry.live import ClusterState, WatchError, plain_line, render, watch
+from equipoise.telemetry.live import ClusterState, WatchError, headline, plain_line, render, watch
 from equipoise.telemetry.tensorboard import scalars
 
 
@@ -83,12 +83,22 @@ def test_render_and_plain_line_show_workers_servers_and_events():
     state = _state(_records())
     text = _text(render(state, header=True))
     assert "iteration 12/12" in text and "acc 87.5%" in text
-    assert re.search(r"w1\s+32\s+800\s+80%\s+0%\s+20%\s+1\.0\s+slow", text), text
+    assert re.search(r"w1\s+32\s+800\s+80%\s+0%\s+0%\s+20%\s+1\.0\s+slow", text), text  # data 0%: none recorded
     assert re.search(r"s1\s+2\s+1\.00\s+40%\s+25\s+running", text), text
     assert "blocks [4] [1] → 0, 1.5 MB in 20 ms" in text and "started" not in text
     line = plain_line(state)
     assert "\n" not in line and "w1 b32 800/s wait 0% slow" in line and "s0 busy 20% running" in line
     assert "no iteration recorded yet" in _text(render(ClusterState()))
+
+
+def test_data_waits_and_the_users_metrics_are_shown():
+    rec = {**_iteration(0, batch=(32,), compute=(0.03,), wait=(0.0,), stale=(0,)), "data_s": [0.01],
+           "comm_s": [0.0]}
+    state = _state([rec, {"type": "eval", "iteration": 1, "time": 1.0, "test_loss": 1.25, "test_mse": 0.5,
+                          "test_samples": 10}])
+    assert state.worker_rows()[0]["data"] == pytest.approx(0.25)  # 0.01 of 0.04 s
+    line = headline(state)
+    assert "mse 0.5" in line and "acc" not in line
 
 
 def test_records_with_nulls_and_old_fields_are_drawn():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 import os
 import time
 from pathlib import Path
@@ -24,7 +25,7 @@ SUMMARY_KEYS = ("status", "protocol", "workers", "servers", "iterations", "globa
                 "final_accuracy", "final_test_loss", "final_train_loss", "samples_per_s", "train_s", "wall_s",
                 "barrier_wait_fraction", "staleness_mean", "staleness_max", "lost_updates", "predictor",
                 "resumed_from", "error")
-CONFIG_KEYS = ("dataset", "model", "optimizer", "lr", "placement", "slowdown", "trace", "server_slowdown",
+CONFIG_KEYS = ("dataset", "model", "loss", "metrics", "collate", "loader_workers", "target", "optimizer", "lr", "placement", "slowdown", "trace", "server_slowdown",
                "membership", "server_events")
 STYLE = """body{font-family:sans-serif;margin:2em auto;padding:0 1.5em;max-width:1100px;color:#222}
 table{border-collapse:collapse;margin:0.5em 0 1.5em}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
@@ -50,6 +51,7 @@ def figures(run: Run, target: float | None = None) -> dict[str, Any]:
         "barrier_wait_fraction": s.get("barrier_wait_fraction", parts["wait_s"] / busy if busy else None),
         "staleness_mean": s.get("staleness_mean", sum(stale) / len(stale) if stale else None),
         "iterations": len(iters), "status": s.get("status", "running (no summary.json)"),
+        "job_target_s": (s.get("time_to_target") or {}).get("elapsed"),
     }
 
 
@@ -114,13 +116,15 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 def _comparison_table(labels: list[str], runs: list[Run], target: float | None) -> str:
     at = f"time to {100 * target:.1f}% (s)" if target is not None else "time to accuracy (s)"
-    header = ["run", "protocol", "samples/s", at, "final accuracy", "barrier wait", "staleness (mean σ)",
-              "iterations", "status"]
+    targets = {json.dumps(r.config.get("target"), sort_keys=True) for r in runs if r.config.get("target")}
+    job_target = _target_name(runs[0].config["target"]) if len(targets) == 1 else "the job's target"
+    header = ["run", "protocol", "samples/s", at, f"time to {job_target} (s)", "final accuracy", "barrier wait",
+              "staleness (mean σ)", "iterations", "status"]
     rows = []
     for label, run in zip(labels, runs):
         f = figures(run, target)
         rows.append([label, _fmt(run.protocol), _fmt(f["samples_per_s"]), _fmt(f["time_to_target_s"]),
-                     _fmt(f["final_accuracy"], "pct"), _fmt(f["barrier_wait_fraction"], "pct"),
+                     _fmt(f["job_target_s"]), _fmt(f["final_accuracy"], "pct"), _fmt(f["barrier_wait_fraction"], "pct"),
                      _fmt(f["staleness_mean"]), _fmt(f["iterations"]), _fmt(f["status"])])
     return _table(header, rows)
 
@@ -128,11 +132,24 @@ def _comparison_table(labels: list[str], runs: list[Run], target: float | None) 
 def _summary_table(run: Run) -> str:
     rows = [[k, _fmt(run.summary[k], "pct" if k in ("final_accuracy", "barrier_wait_fraction") else "")]
             for k in SUMMARY_KEYS if k in run.summary]
+    rows += [[f"final {k}", _fmt(v)] for k, v in (run.summary.get("final_metrics") or {}).items()
+             if k not in ("accuracy", "loss")]
+    hit = run.summary.get("time_to_target")
+    if run.summary.get("target"):
+        rows.append([f"time to {_target_name(run.summary['target'])}",
+                     f"{hit['elapsed']:.4g} s, iteration {hit['iteration']}" if hit else "not reached"])
+    if _number(run.summary.get("data_s")):
+        rows.append(["data_s (all workers)", _fmt(run.summary["data_s"])])
     rows += [["recovered", f"{r.get('role')}{r.get('rank')} at iteration {r.get('iteration')}: {r.get('action')}"]
              for r in run.summary.get("recovered") or () if isinstance(r, dict)]
     rows += [[f"config: {k}", _fmt(run.config[k])] for k in CONFIG_KEYS if run.config.get(k) not in (None, "", [])]
     note = "" if run.summary else "<p class=note>no summary.json: the job is running, or was killed</p>"
     return note + _table(["summary", "value"], rows)
+
+
+def _target_name(target: dict) -> str:
+    bound = ("<", target.get("below")) if "below" in target else (">", target.get("above"))
+    return f"{target.get('metric')} {bound[0]} {bound[1]:g}" if _number(bound[1]) is not None else "target"
 
 
 def _img(path: Path, what: str) -> str:

@@ -31,7 +31,7 @@ _MARKER_STYLE = {  # event kind -> (legend label, colour, line style)
     "worker_joined": ("worker joined", "tab:green", "--"),
     "resumed": ("resumed from checkpoint", "0.4", ":"),
 }
-_PART_COLOURS = {"compute_s": "tab:blue", "wait_s": "tab:orange", "comm_s": "0.65"}
+_PART_COLOURS = {"compute_s": "tab:blue", "data_s": "tab:green", "wait_s": "tab:orange", "comm_s": "0.65"}
 MANY = 20  # with more workers (a simulated cluster), no per-worker legend entries or bar labels
 
 
@@ -302,10 +302,12 @@ def plot_batch_sizes(run: Run, path: str | Path) -> Path:
 
 
 def plot_time_split(run: Run, path: str | Path) -> Path:
-    """Per worker, the mean compute / wait / comm seconds of an iteration as stacked bars:
-    under a barrier the fast workers' bars are mostly wait, the slowest's mostly compute."""
-    parts = ("compute_s", "wait_s", "comm_s")
-    names = {"compute_s": "compute", "wait_s": "barrier wait", "comm_s": "communication"}
+    """Per worker, the mean compute / data / wait / comm seconds of an iteration as stacked
+    bars: under a barrier the fast workers' bars are mostly wait, the slowest's mostly
+    compute; a worker starved by its input pipeline shows a data bar."""
+    parts = ("compute_s", "data_s", "wait_s", "comm_s")
+    names = {"compute_s": "compute", "data_s": "waiting for data", "wait_s": "barrier wait",
+             "comm_s": "communication"}
     series = {p: run.per_worker(p) for p in parts}
     batches = run.per_worker("batch")
     workers = run.workers
@@ -347,7 +349,7 @@ def plot_time_split(run: Run, path: str | Path) -> Path:
     ax.set_title(_title(run, "Where each worker's iteration goes") +
                  f"\nbarrier wait = {wait_fraction:.0%} of all worker time", fontsize=11)
     ax.grid(True, axis="x", alpha=0.3)
-    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncols=3, fontsize=9,
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncols=4, fontsize=9,
                frameon=False)
     return _save(fig, path)
 
@@ -414,6 +416,37 @@ def plot_accuracy(runs: Mapping[str, Run | str | Path], path: str | Path, x: str
     ax.grid(True, alpha=0.3)
     if drawn:
         ax.legend(loc="lower right", fontsize=9)
+    return _save(fig, path)
+
+
+def metric_names(run: Run) -> list[str]:
+    """The evaluation metrics a run recorded beyond accuracy (test_<name>, by the user's
+    names), in the order first seen."""
+    names: dict[str, None] = {}
+    for e in run.evals:
+        for k, v in e.items():
+            if k.startswith("test_") and k not in ("test_samples", "test_accuracy") and _number(v) is not None:
+                names.setdefault(k[len("test_"):])
+    return list(names)
+
+
+def plot_metrics(run: Run, path: str | Path, most: int = 4) -> Path:
+    """Each evaluation metric (up to `most`) against training seconds, one panel each."""
+    names = metric_names(run)[:most] or ["loss"]
+    fig = _figure(WIDTH, 2.2 + 1.6 * len(names))
+    axes = fig.subplots(len(names), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, name in zip(axes, names):
+        pts = sorted((_number(e.get("elapsed")), _number(e.get(f"test_{name}"))) for e in run.evals
+                     if _number(e.get("elapsed")) is not None and _number(e.get(f"test_{name}")) is not None)
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3.5, linewidth=1.4)
+            ax.annotate(f"{pts[-1][1]:.4g}", pts[-1], xytext=(6, 0), textcoords="offset points", fontsize=9)
+        else:
+            _no_data(ax, f"no {name} recorded")
+        ax.set_ylabel(name)
+        ax.grid(True, alpha=0.3)
+    axes[-1].set_xlabel("training time (s)")
+    fig.suptitle(_title(run, "Evaluation metrics vs training time"))
     return _save(fig, path)
 
 
@@ -488,8 +521,9 @@ def plot_servers(run_dir: str | Path, path: str | Path) -> Path:
 
 def report(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
     """Write batch_sizes.png, time_split.png, timeline.png and accuracy.png for a run into
-    out_dir (default run_dir/report), and servers.png when the servers were measured;
-    return their paths."""
+    out_dir (default run_dir/report), metrics.png when it evaluated metrics other than
+    accuracy and loss (the user's) or no accuracy, and servers.png when the servers were measured; return their
+    paths."""
     run = load_run(run_dir)
     out = Path(out_dir) if out_dir is not None else run.path / "report"
     out.mkdir(parents=True, exist_ok=True)
@@ -497,6 +531,10 @@ def report(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]
              plot_time_split(run, out / "time_split.png"),
              plot_timeline(run, out / "timeline.png"),
              plot_accuracy({run.label: run}, out / "accuracy.png")]
+    names = metric_names(run)
+    accuracy = any(_number(e.get("test_accuracy")) is not None for e in run.evals)
+    if names and (names != ["loss"] or not accuracy):  # the user's metrics, or no accuracy to plot
+        paths.append(plot_metrics(run, out / "metrics.png"))
     if any('"type":"servers"' in line for line in (run.path / "metrics.jsonl").open()):
         paths.append(plot_servers(run.path, out / "servers.png"))
     return paths

@@ -40,6 +40,7 @@ class ClusterState:
         self._lock = threading.Lock()
         self.iteration = 0  # iterations done (the last iteration record's + 1)
         self.samples_per_s = self.loss = self.accuracy = self.elapsed = None
+        self.metrics: dict[str, float] = {}  # the last evaluation's, by the user's names
         self.last_time: float | None = None  # Unix time of the last record
         self.started: float | None = None  # Unix time of the last `started` event
         self.workers: dict[int, deque] = {}  # rank -> (batch, compute, wait, comm, staleness) per iteration
@@ -58,6 +59,8 @@ class ClusterState:
                     self._iteration(rec)
                 elif kind == "eval":
                     self.accuracy = rec.get("test_accuracy", self.accuracy)
+                    self.metrics = {k[len("test_"):]: v for k, v in rec.items()
+                                    if k.startswith("test_") and k != "test_samples" and _ok(v)}
                 elif kind == "servers":
                     self.servers = rec
                     for s in rec.get("servers") or ():
@@ -73,7 +76,8 @@ class ClusterState:
         self.samples_per_s, self.loss = rec.get("samples_per_s"), rec.get("loss")
         self.elapsed = rec.get("elapsed", self.elapsed)
         n = len(rec.get("workers") or ())
-        columns = [rec.get(k) or [None] * n for k in ("batch", "compute_s", "wait_s", "comm_s", "staleness")]
+        columns = [rec.get(k) or [None] * n for k in ("batch", "compute_s", "wait_s", "comm_s", "staleness",
+                                                        "data_s")]
         for i, w in enumerate(rec.get("workers") or ()):
             self.workers.setdefault(w, deque(maxlen=WINDOW)).append(tuple(c[i] for c in columns))
             self.gone.pop(w, None)
@@ -137,13 +141,13 @@ class ClusterState:
 
 def _worker_row(rank: int, hist: list[tuple], gone: str | None) -> dict:
     batch = next((h[0] for h in reversed(hist) if _ok(h[0])), None)
-    sums = [sum(h[k] for h in hist if _ok(h[k])) for k in range(5)]
-    total = sums[1] + sums[2] + sums[3]
+    sums = [sum(h[k] for h in hist if len(h) > k and _ok(h[k])) for k in range(6)]
+    total = sums[1] + sums[2] + sums[3] + sums[5]
     stale = [h[4] for h in hist if _ok(h[4])]
     return {"rank": rank, "batch": batch,
             "speed": sum(h[0] for h in hist if _ok(h[0]) and _ok(h[1])) / sums[1] if sums[1] > 0 else None,
             "compute": sums[1] / total if total > 0 else None, "wait": sums[2] / total if total > 0 else None,
-            "comm": sums[3] / total if total > 0 else None,
+            "comm": sums[3] / total if total > 0 else None, "data": sums[5] / total if total > 0 else None,
             "staleness": sum(stale) / len(stale) if stale else None, "state": gone or "running"}
 
 
@@ -180,10 +184,15 @@ def _num(v: float | None, fmt: str = "{:.0f}") -> str:
 
 
 def headline(state: ClusterState) -> str:
-    """Iteration, throughput, loss, accuracy and status in one line."""
+    """Iteration, throughput, loss, the last evaluation's metrics (accuracy, or up to
+    three of the user's) and status in one line."""
     total = f"/{state.total}" if state.total else ""
     parts = [f"iteration {state.iteration}{total}", f"{_num(state.samples_per_s)} samples/s",
-             f"loss {_num(state.loss, '{:.3f}')}", f"acc {_num(state.accuracy and 100 * state.accuracy, '{:.1f}%')}"]
+             f"loss {_num(state.loss, '{:.3f}')}"]
+    others = {k: v for k, v in (state.metrics or {}).items() if k not in ("accuracy", "loss")}
+    if state.accuracy is not None or not others:
+        parts.append(f"acc {_num(state.accuracy and 100 * state.accuracy, '{:.1f}%')}")
+    parts += [f"{k} {v:.4g}" for k, v in list(others.items())[:3]]
     if state.status != "running":
         parts.append(state.status)
     return "  ".join(parts)
@@ -192,12 +201,12 @@ def headline(state: ClusterState) -> str:
 def render(state: ClusterState, *, header: bool = False) -> Group:
     """The view: [the headline,] the workers' table, the servers' table, the last events."""
     workers = Table(title=f"workers (last {WINDOW} iterations)", title_justify="left", box=None, pad_edge=False)
-    for name in ("worker", "batch", "samples/s", "compute", "wait", "comm", "staleness", "state"):
+    for name in ("worker", "batch", "samples/s", "compute", "data", "wait", "comm", "staleness", "state"):
         workers.add_column(name, justify="left" if name in ("worker", "state") else "right")
     for r in state.worker_rows():
         style = _STYLE.get(r["state"], "")
-        workers.add_row(f"w{r['rank']}", _num(r["batch"]), _num(r["speed"]), _pct(r["compute"]), _pct(r["wait"]),
-                        _pct(r["comm"]), _num(r["staleness"], "{:.1f}"), Text(r["state"], style=style))
+        workers.add_row(f"w{r['rank']}", _num(r["batch"]), _num(r["speed"]), _pct(r["compute"]),
+                        _pct(r["data"]), _pct(r["wait"]), _pct(r["comm"]), _num(r["staleness"], "{:.1f}"), Text(r["state"], style=style))
     parts: list[Any] = [Text(headline(state), style="bold")] if header else []
     parts.append(workers if workers.row_count else Text("workers: no iteration recorded yet", style="dim"))
     server_rows = state.server_rows()

@@ -7,8 +7,9 @@ records' times. Tags:
 
 * iteration records: ``train/loss``, ``train/samples_per_s``, ``train/staleness_mean``
   (when any σ arrived), and per worker ``worker<r>/batch``, ``worker<r>/compute_s``,
-  ``worker<r>/wait_s``, ``worker<r>/staleness``;
-* eval records: ``test/accuracy``, ``test/loss``;
+  ``worker<r>/data_s``, ``worker<r>/wait_s``, ``worker<r>/staleness``;
+* eval records: ``test/<name>`` for every metric (``test/accuracy``, ``test/loss`` by
+  default, the user's own names with ``metrics``);
 * servers records: per server ``server<s>/busy_share``, ``server<s>/load_mb``,
   ``server<s>/link_mbps``.
 """
@@ -32,11 +33,13 @@ def scalars(rec: dict) -> list[tuple[str, float]]:
     if kind == "iteration":
         out += [("train/loss", rec.get("loss")), ("train/samples_per_s", rec.get("samples_per_s")),
                 ("train/staleness_mean", rec.get("staleness_mean"))]
-        for key, name in (("batch", "batch"), ("compute_s", "compute_s"), ("wait_s", "wait_s"),
+        for key, name in (("batch", "batch"), ("compute_s", "compute_s"), ("data_s", "data_s"),
+                          ("wait_s", "wait_s"),
                           ("staleness", "staleness")):
             out += [(f"worker{w}/{name}", v) for w, v in zip(rec.get("workers") or (), rec.get(key) or ())]
     elif kind == "eval":
-        out += [("test/accuracy", rec.get("test_accuracy")), ("test/loss", rec.get("test_loss"))]
+        out += [(f"test/{k[len('test_'):]}", v) for k, v in rec.items()
+                if k.startswith("test_") and k != "test_samples"]
     elif kind == "servers":
         ranks = rec.get("servers") or ()
         out += [(f"server{s}/busy_share", v) for s, v in zip(ranks, rec.get("busy_share") or ())]
