@@ -3,9 +3,11 @@
     python examples/equipoise_pytorch.py
 
 This is examples/plain_pytorch.py with every changed line marked `# equipoise:`.
-`Net`, `make_model`, the data loading and `evaluate` are untouched; the training loop
-becomes one `equipoise.train(...)` call, and the trained weights come back as the run
-directory's model.pt, a plain state_dict.
+`Net`, `make_model`, `load`, `datasets`, `loss_fn` and `evaluate` are untouched: the
+script's own Datasets and loss pass straight in (every worker calls `datasets` in its
+own process and reads only the samples of its slices). The training loop becomes one
+`equipoise.train(...)` call, and the trained weights come back as the run directory's
+model.pt, a plain state_dict.
 """
 
 import gzip
@@ -15,6 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import TensorDataset  # equipoise: no DataLoader: equipoise reads the samples
 
 import equipoise  # equipoise:
 
@@ -58,6 +61,17 @@ def load(split: str) -> tuple[torch.Tensor, torch.Tensor]:
     return ((x.float() / 255 - MEAN) / STD).unsqueeze(1), y
 
 
+def datasets() -> tuple[TensorDataset, TensorDataset]:
+    """The training and test sets as map-style Datasets of (image, label)."""
+    return TensorDataset(*load("train")), TensorDataset(*load("test"))
+
+
+def loss_fn(model: nn.Module, batch) -> torch.Tensor:
+    """One training step's loss: the mean cross-entropy over the batch."""
+    x, y = batch
+    return F.cross_entropy(model(x), y)
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module) -> float:
     model.eval()
@@ -69,7 +83,7 @@ def evaluate(model: nn.Module) -> float:
 def main() -> None:
     summary = equipoise.train(  # equipoise: the seed, optimizer and loop become one job
         model=make_model,  # equipoise: same as model="examples/equipoise_pytorch.py:make_model"
-        dataset="fashion-mnist", seed=0,  # equipoise: equipoise reads the same IDX files
+        dataset=datasets, loss=loss_fn, seed=0,  # equipoise: the script's own data and loss
         global_batch=BATCH, lr=LR, momentum=MOMENTUM, epochs=EPOCHS,  # equipoise:
         workers=4, servers=2, protocol="bsp")  # equipoise:
     print(f"run directory: {summary['run_dir']}")  # equipoise:

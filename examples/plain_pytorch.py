@@ -14,6 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 DATA = Path("/usr/share/datasets/fashion-mnist")
 MEAN, STD = 0.2860, 0.3530
@@ -55,6 +56,17 @@ def load(split: str) -> tuple[torch.Tensor, torch.Tensor]:
     return ((x.float() / 255 - MEAN) / STD).unsqueeze(1), y
 
 
+def datasets() -> tuple[TensorDataset, TensorDataset]:
+    """The training and test sets as map-style Datasets of (image, label)."""
+    return TensorDataset(*load("train")), TensorDataset(*load("test"))
+
+
+def loss_fn(model: nn.Module, batch) -> torch.Tensor:
+    """One training step's loss: the mean cross-entropy over the batch."""
+    x, y = batch
+    return F.cross_entropy(model(x), y)
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module) -> float:
     model.eval()
@@ -66,16 +78,13 @@ def evaluate(model: nn.Module) -> float:
 def main() -> None:
     torch.manual_seed(0)
     model = make_model()
-    x, y = load("train")
+    train, _ = datasets()
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     model.train()
     for epoch in range(EPOCHS):
-        order = torch.randperm(len(y))
-        for start in range(0, len(y), BATCH):
-            idx = order[start:start + BATCH]
+        for batch in DataLoader(train, batch_size=BATCH, shuffle=True):
             optimizer.zero_grad()
-            loss = F.cross_entropy(model(x[idx]), y[idx])
-            loss.backward()
+            loss_fn(model, batch).backward()
             optimizer.step()
     print(f"test accuracy: {evaluate(model):.4f}")
 

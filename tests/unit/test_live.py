@@ -98,7 +98,7 @@ def test_data_waits_and_the_users_metrics_are_shown():
                           "test_samples": 10}])
     assert state.worker_rows()[0]["data"] == pytest.approx(0.25)  # 0.01 of 0.04 s
     line = headline(state)
-    assert "mse 0.5" in line and "acc" not in line
+    assert "test mse 0.5" in line and "acc" not in line
 
 
 def test_records_with_nulls_and_old_fields_are_drawn():

@@ -189,10 +189,11 @@ def headline(state: ClusterState) -> str:
     total = f"/{state.total}" if state.total else ""
     parts = [f"iteration {state.iteration}{total}", f"{_num(state.samples_per_s)} samples/s",
              f"loss {_num(state.loss, '{:.3f}')}"]
-    others = {k: v for k, v in (state.metrics or {}).items() if k not in ("accuracy", "loss")}
-    if state.accuracy is not None or not others:
+    metrics = dict(state.metrics or {})
+    if state.accuracy is not None or not metrics:  # a classifier's (or nothing evaluated yet)
         parts.append(f"acc {_num(state.accuracy and 100 * state.accuracy, '{:.1f}%')}")
-    parts += [f"{k} {v:.4g}" for k, v in list(others.items())[:3]]
+    others = [(k, v) for k, v in metrics.items() if k != "accuracy" and (k != "loss" or len(metrics) == 1)]
+    parts += [f"test {k} {v:.4g}" for k, v in others[:3]]
     if state.status != "running":
         parts.append(state.status)
     return "  ".join(parts)
