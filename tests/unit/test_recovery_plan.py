@@ -79,3 +79,35 @@ def test_a_push_of_a_lost_worker_that_arrives_late_is_refused():
     with pytest.raises(LostWorker):
         sync.accept(1, 0, 32)  # queued behind the `lose`: its slice was given to others
     assert sync.pending == []
+
+
+def test_a_worker_lost_after_its_slice_was_applied_everywhere_keeps_its_slice_in_the_record():
+    """It pushed to every server (all applied iteration 5) but died before its report,
+    which rides on its next plan request: the coordinator records its slice itself, so
+    the iteration's `batch` still lists the split that was applied (summing to X)."""
+    from types import SimpleNamespace
+
+    from equipoise.runtime.losses import BarrierLosses
+    from equipoise.runtime.stats import RunStats
+    from equipoise.wire import Message
+
+    class Stub(BarrierLosses):
+        def __init__(self):
+            self.assign, self.iteration, self.waiting = Assignments(), 6, {}
+            self.assign.begin(5, {0: (240, 16), 1: (256, 16), 2: (272, 16)})
+            self.servers = SimpleNamespace(pool=SimpleNamespace(request=lambda *a: None))
+            self.reports = {5: [{"worker": 0, "start": 240, "samples": 16, "loss": 1.0, "compute_s": 0.1,
+                                 "wait_s": 0.0, "comm_s": 0.0, "staleness": []}]}
+
+        def _collect(self, worker, report):
+            self.reports.setdefault(report["iteration"], []).append({**report, "worker": worker})
+
+    stub = Stub()
+    replies = {r: Message("ack", {"at": 6}) for r in (0, 1)}  # both servers are past iteration 5
+    action = stub._after_loss(1, delivered=False, active=[0, 2], replies=replies)
+    assert "applied everywhere" in action
+    stub.reports[5].append({"worker": 2, "start": 272, "samples": 16, "loss": 3.0, "compute_s": 0.1,
+                            "wait_s": 0.0, "comm_s": 0.0, "staleness": []})
+    record = RunStats(48).iteration_record(5, stub.reports[5])
+    assert record["batch"] == [16, 16, 16] and record["workers"] == [0, 1, 2]
+    assert record["loss"] == 2.0  # the lost worker's unknown loss weighs nothing

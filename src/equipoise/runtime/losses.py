@@ -177,7 +177,13 @@ class BarrierLosses(Losses):
         if not delivered:
             planned = {s.worker: s.size for s in self.assign.slices if s.part == 0}  # LB-BSP: by speed
             behind = sorted(r for r, m in replies.items() if int(m.fields["at"]) == t)
+            mine = [s for s in self.assign.slices if s.worker == worker]
             new = self.assign.lose(worker, {w: planned.get(w, 1) for w in active}, behind)
+            if not new:  # applied everywhere, but its report (on its next plan request) never came
+                for s in mine:
+                    self._collect(worker, {"iteration": t, "start": s.start, "samples": s.size, "loss": 0.0,
+                                           "count": 0.0, "compute_s": 0.0, "wait_s": 0.0, "comm_s": 0.0,
+                                           "staleness": [], "recovery": True, "lost": True})
             action = (f"iteration {t}: its slices re-planned as {len(new)} shares for workers "
                       f"{sorted({s.worker for s in new})} (servers {behind} had not applied it)"
                       if new else f"iteration {t} had been applied everywhere; removed")

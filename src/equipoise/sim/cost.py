@@ -56,12 +56,24 @@ SHAPES = {"fashion-mnist": ((1, 28, 28), 10, 60000), "mnist": ((1, 28, 28), 10, 
           "synthetic": ((1, 28, 28), 10, 8192)}
 
 
+def dataset_shape(cfg: Config) -> tuple:
+    """(input_shape, num_classes, training samples) of the configured dataset: a built-in
+    one's from SHAPES, a user provider's by building it here (shape and classes None when
+    its training Dataset does not declare them)."""
+    if cfg.dataset in SHAPES:
+        return SHAPES[cfg.dataset]
+    from ..workload import load_workload
+
+    work = load_workload(cfg)
+    return work.input_shape, work.num_classes, len(work)
+
+
 def model_tensors_of(cfg: Config) -> list[tuple[str, int, str, int]]:
     """(name, numel, kind, itemsize) of the configured model, as the runtime cuts blocks."""
     from ..models import build_model
     from ..runtime.blocks import model_tensors
 
-    shape, classes, _ = SHAPES[cfg.dataset]
+    shape, classes, _ = dataset_shape(cfg)
     return model_tensors(build_model(cfg.model, shape, classes))
 
 
@@ -228,4 +240,4 @@ def _per_worker(values: tuple[float, ...], n: int) -> np.ndarray:
     return np.full(n, v[0]) if len(v) == 1 else v[:n].copy()
 
 
-__all__ = ["CostModel", "MB", "SHAPES", "model_tensors_of", "state_copies"]
+__all__ = ["CostModel", "MB", "SHAPES", "dataset_shape", "model_tensors_of", "state_copies"]

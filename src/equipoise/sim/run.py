@@ -11,7 +11,7 @@ from ..config import Config, ConfigError, to_toml
 from ..runtime.stats import RunStats
 from ..telemetry.metrics import MetricsWriter
 from .calibrate import calibrate as fit, write_calibration
-from .cost import SHAPES, model_tensors_of
+from .cost import dataset_shape, model_tensors_of
 from .engine import Simulation
 
 
@@ -37,7 +37,7 @@ def simulate(config: Any = None, *, out: str | Path | None = None, calibrate: st
         fitted["applied"] = keys
         cfg = resolve_config(config, **{**keys, **overrides})
     _check_simulable(cfg)
-    iterations = cfg.total_iterations(SHAPES[cfg.dataset][2])
+    iterations = cfg.total_iterations(dataset_shape(cfg)[2])
     run_dir = None
     if write:
         run_dir = _new_run_dir(out or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-sim-{cfg.protocol}", cfg)
