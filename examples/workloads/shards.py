@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +61,7 @@ class Shards(torch.utils.data.Dataset):
         self.sizes = json.loads((self.root / "meta.json").read_text())[split]
         self.starts = np.cumsum([0] + self.sizes)
         self._fds: dict[int, int] = {}
+        self._lock = threading.Lock()  # loader threads open shards concurrently
 
     def __len__(self) -> int:
         return int(self.starts[-1])
@@ -67,8 +69,15 @@ class Shards(torch.utils.data.Dataset):
     def _fd(self, shard: int) -> int:
         fd = self._fds.get(shard)
         if fd is None:
-            fd = self._fds[shard] = os.open(self.root / f"{self.split}-{shard:05d}.bin", os.O_RDONLY)
-        return fd
+            with self._lock:
+                fd = self._fds.get(shard)
+                if fd is None:
+                    fd = self._fds[shard] = os.open(self.root / f"{self.split}-{shard:05d}.bin", os.O_RDONLY)
+        return fd  # os.pread is safe from several threads: it moves no shared file offset
+
+    def __del__(self):
+        for fd in getattr(self, "_fds", {}).values():
+            os.close(fd)
 
     def __getitem__(self, i: int):
         if not 0 <= i < len(self):
@@ -81,8 +90,11 @@ class Shards(torch.utils.data.Dataset):
         y = torch.frombuffer(bytearray(raw[FEATURES * 4:]), dtype=torch.int64)[0]
         return x, y
 
-    def __getstate__(self):  # open files do not travel
-        return {**self.__dict__, "_fds": {}}
+    def __getstate__(self):  # open files (and the lock) do not travel
+        return {k: v for k, v in self.__dict__.items() if k not in ("_fds", "_lock")}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state, _fds={}, _lock=threading.Lock())
 
 
 def shards(data_dir: str):

@@ -10,12 +10,13 @@ from typing import Any, Mapping
 
 import torch
 
-from .config import Config, ConfigError, EquipoiseWarning, read_toml, to_toml
+from .config import (USER_CODE, Config, ConfigError, EquipoiseWarning, absolute_specs, flatten_tables, read_toml,
+                     to_toml)
 from .data import DataError
 from .models import build_model
-from .spec import callable_spec
 from .runtime.checkpoint import load_checkpoint
 from .runtime.launch.local import run_local
+from .spec import callable_spec, one_line
 from .telemetry.metrics import json_safe
 from .workload import SampleError, StepError, Workload, load_workload
 
@@ -26,9 +27,9 @@ def resolve_config(config: ConfigLike = None, **overrides: Any) -> Config:
     """A Config from a Config, a mapping of keys, or a TOML path, plus keyword overrides.
     `model`, `dataset`, `loss`, `metrics` and `collate` may also be top-level callables
     (a function, an nn.Module or Dataset class): they become specs every process imports."""
-    overrides = _specs(overrides)
+    overrides = _specs(flatten_tables(overrides))
     if isinstance(config, Mapping):
-        config = _specs(config)
+        config = _specs(flatten_tables(config))
     if isinstance(config, Config):
         return config.replace(**overrides) if overrides else config
     if isinstance(config, (str, Path)):
@@ -109,9 +110,6 @@ def model_spec(model: Any) -> str:
     return callable_spec(model, "model", ConfigError)
 
 
-USER_CODE = ("model", "dataset", "loss", "metrics", "collate")
-
-
 def _specs(values: Mapping[str, Any]) -> dict:
     """`values` with every user-code key that holds a callable turned into its spec."""
     out = dict(values)
@@ -131,26 +129,32 @@ def _specs(values: Mapping[str, Any]) -> dict:
 def check_workload(cfg: Config) -> Workload:
     """Build the job's workload here and try it on a batch of two samples — a model
     built, the loss computed, the metrics on the evaluation set — so that a user's
-    mistake is one line naming the spec before any process starts. Returns it."""
+    mistake is one line naming the spec before any process starts. Returns it. The
+    caller's global RNG state is left as it was."""
     work = load_workload(cfg)
-    try:
-        n = min(2, len(work))
-        batch = work.fetch(work.train, torch.arange(n))
-        torch.manual_seed(cfg.seed)
-        model = build_model(cfg.model, work.input_shape, work.num_classes)
-        model.train()
-        step = work.loss_of(model, batch, n)
-        if not step.objective.requires_grad:
-            raise StepError(f"loss {work.names['loss']!r} does not depend on the model's parameters "
-                            "(its result has no gradient)")
-        names = set()
-        if work.eval is not None:
-            m = min(2, work.num_eval)
-            with torch.no_grad():
-                model.eval()
-                names = set(work.batch_metrics(model, work.fetch(work.eval, torch.arange(m), "eval"), m))
-    except SampleError as exc:
-        raise DataError(str(exc)) from None
+    if cfg.collate and hasattr(work.train, "get_batch"):
+        raise ConfigError(f"collate = {cfg.collate!r} would not be used: dataset {cfg.dataset!r} defines "
+                          "get_batch, which returns whole batches")
+    names: set[str] = set()
+    with torch.random.fork_rng(devices=[]):
+        try:
+            n = min(2, len(work))
+            batch = work.fetch(work.train, torch.arange(n))
+            torch.manual_seed(cfg.seed)
+            model = build_model(cfg.model, work.input_shape, work.num_classes)
+            model.train()
+            step = _user_call(work, "loss", lambda: work.loss_of(model, batch, n))
+            if not step.objective.requires_grad:
+                raise StepError(f"loss {work.names['loss']!r} does not depend on the model's parameters "
+                                "(its result has no gradient)")
+            if work.eval is not None:
+                m = min(2, work.num_eval)
+                eval_batch = work.fetch(work.eval, torch.arange(m), "eval")
+                with torch.no_grad():
+                    model.eval()
+                    names = set(_user_call(work, "metrics", lambda: work.batch_metrics(model, eval_batch, m)))
+        except SampleError as exc:
+            raise DataError(str(exc)) from None
     if cfg.target:
         if work.eval is None:
             raise ConfigError(f"target = {cfg.target}: dataset {cfg.dataset!r} has no evaluation set")
@@ -160,12 +164,24 @@ def check_workload(cfg: Config) -> Workload:
     return work
 
 
+def _user_call(work: Workload, what: str, call):
+    """`call()`, with an exception raised by the user's code (or the model's forward in
+    it) turned into a one-line StepError naming the spec."""
+    try:
+        return call()
+    except (StepError, DataError):
+        raise
+    except Exception as exc:
+        raise StepError(f"{what} {work.names[what]!r} raised {type(exc).__name__} on a batch of two samples: "
+                        f"{one_line(exc)}") from exc
+
+
 def _as_dict(config: ConfigLike, overrides: Mapping[str, Any]) -> dict:
     if isinstance(config, Config):
         raise ConfigError("with resume, pass overrides as a dict, not a Config")
     if isinstance(config, (str, Path)):
-        return {**read_toml(config), **overrides}
-    return {**(config or {}), **overrides}
+        return {**absolute_specs(flatten_tables(read_toml(config))), **flatten_tables(overrides)}
+    return {**flatten_tables(config or {}), **flatten_tables(overrides)}
 
 
 def _new_run_dir(out: str | Path | None, cfg: Config) -> Path:

@@ -152,9 +152,9 @@ class Config:
     def load(cls, path: str | Path | None = None, overrides: Mapping[str, Any] | None = None) -> "Config":
         """Defaults, then the TOML file at `path` (if any), then `overrides`."""
         values: dict[str, Any] = {}
-        if path is not None:
-            values.update(read_toml(path))
-        values.update(overrides or {})
+        if path is not None:  # each source flattened on its own, so an override wins over a table's key
+            values.update(absolute_specs(flatten_tables(read_toml(path))))
+        values.update(flatten_tables(overrides or {}))
         return cls.from_dict(values)
 
     def replace(self, **changes: Any) -> "Config":
@@ -515,6 +515,18 @@ TABLES: dict[str, dict[str, str]] = {
             "worker_resources": "worker_resources", "server_resources": "server_resources"},
     "sim": {},  # filled below: every sim_* key without its prefix
 }
+
+
+USER_CODE = ("model", "dataset", "loss", "metrics", "collate")
+
+
+def absolute_specs(values: Mapping[str, Any]) -> dict[str, Any]:
+    """`values` with every user-code spec naming a script by a relative path made
+    absolute (from the current directory, as `--set` and the Python API do), so the run
+    directory's config.toml works from anywhere (a resume, a Ray node)."""
+    from .spec import absolute_spec
+
+    return {k: absolute_spec(v) if k in USER_CODE and isinstance(v, str) else v for k, v in values.items()}
 
 
 def flatten_tables(values: Mapping[str, Any]) -> dict[str, Any]:

@@ -84,8 +84,8 @@ def train_reference(cfg: Config, iterations: int | None = None, data=None,
             pushes, counts, start = [], [], t * X
             for n in sizes:
                 write_values(model, blocks, values)  # the weights (and buffers) a worker pulls
+                torch.default_generator.manual_seed(cfg.seed * SEED_STRIDE + start)  # before the read, as a worker
                 batch = data.fetch(data.train, sampler.positions(start, n))
-                torch.default_generator.manual_seed(cfg.seed * SEED_STRIDE + start)
                 model.zero_grad(set_to_none=False)
                 step = data.loss_of(model, batch, n)
                 step.objective.backward()

@@ -81,15 +81,20 @@ def accepted_kwargs(function: Callable[..., object], offered: dict[str, object])
     return {key: value for key, value in offered.items() if key in names}
 
 
+def absolute_spec(spec: str) -> str:
+    """A 'path/to/file.py:attr' spec with its path made absolute; anything else as is."""
+    path, sep, attr = spec.rpartition(":")
+    if sep and path.endswith(".py"):
+        return f"{Path(path).resolve()}:{attr}"
+    return spec
+
+
 def callable_spec(value: Any, what: str, error: type[Exception] = ValueError) -> str:
     """The config string for user code: strings pass through (a relative script path
     becomes absolute); a top-level callable becomes 'module:qualname', or
     'path/to/script.py:qualname' when defined in the running script."""
     if isinstance(value, str):
-        path, sep, attr = value.rpartition(":")
-        if sep and path.endswith(".py"):
-            return f"{Path(path).resolve()}:{attr}"
-        return value
+        return absolute_spec(value)
     if not callable(value):
         raise error(f"{what} = {value!r} is neither a name, a spec nor a callable")
     module = getattr(value, "__module__", None)
@@ -105,4 +110,4 @@ def callable_spec(value: Any, what: str, error: type[Exception] = ValueError) ->
     return f"{module}:{qualname}"
 
 
-__all__ = ["accepted_kwargs", "callable_spec", "import_file", "is_spec", "one_line", "resolve"]
+__all__ = ["absolute_spec", "accepted_kwargs", "callable_spec", "import_file", "is_spec", "one_line", "resolve"]

@@ -18,6 +18,12 @@ replaying the job in one process and the evaluation of a snapshot all go through
   its gradient by ``count`` (not by its sample count), so the update is the gradient of
   the mean over every unit of the global batch: single-process SGD over the same units.
   Default: cross-entropy of ``model(x)`` against ``y`` for a batch ``(x, y)``.
+* **Determinism.** A BSP or LB-BSP job equals `reference.train_reference` bit for bit
+  when an item depends only on its index: random augmentation should draw from a
+  generator seeded by the index, not from torch's global generator (the worker seeds that
+  per slice before reading it, but with ``loader_workers > 0`` the reads run on other
+  threads, at times that vary). With loader threads, ``__getitem__`` is called from
+  several threads at once: it must be thread-safe.
 * **Metrics.** ``metrics(model, batch)`` returns a dict; each value is ``(sum, count)``,
   reduced as Σsum/Σcount over the evaluation set, or a number, taken as the batch's mean
   and weighted by its sample count. Default: ``loss`` (the step's loss over the
@@ -196,7 +202,7 @@ class Workload:
             else:
                 s, c = _number(value), float(n)
                 s = None if s is None else s * n
-            if s is None or c is None or c < 0:
+            if s is None or c is None or not math.isfinite(c) or c < 0:
                 raise StepError(f"metrics {name!r}: {key} = {value!r} is not a number or (sum, count) "
                                 "of numbers")
             out[key] = (s, c)
@@ -228,7 +234,9 @@ def provide(cfg) -> tuple[Any, Any]:
         return data.split("train"), data.split("test")
     fn = resolve(name, "dataset", DataError)
     try:
-        out = fn(**accepted_kwargs(fn, {"seed": cfg.seed, "data_dir": cfg.data_dir or None}))
+        with torch.random.fork_rng(devices=[]):  # the same dataset in every process, whatever ran before
+            torch.manual_seed(cfg.seed)
+            out = fn(**accepted_kwargs(fn, {"seed": cfg.seed, "data_dir": cfg.data_dir or None}))
     except DataError:
         raise
     except Exception as exc:

@@ -221,3 +221,60 @@ def test_the_regression_example_builds_and_its_metrics_are_numbers():
     assert (len(work), work.num_eval) == (354, 88)
     got = work.evaluate(build_model(cfg.model, None, None))
     assert set(got) == {"mse", "mae"} and all(v > 0 for v in got.values())
+
+
+def test_overrides_win_over_a_files_tables_and_relative_scripts_become_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.toml").write_text('[data]\ndataset = "digits"\nmodel = "my.py:make"\n\n'
+                                       '[servers]\ncount = 2\nplacement = "round_robin"\n')
+    cfg = Config.load(tmp_path / "job.toml", {"dataset": "mnist", "servers": 3})
+    assert (cfg.dataset, cfg.servers, cfg.placement) == ("mnist", 3, "round_robin")
+    assert cfg.model == f"{tmp_path / 'my.py'}:make"  # so config.toml works from any folder
+
+
+RAISING = '''
+import torch
+from torch.utils.data import TensorDataset
+
+def provide():
+    return TensorDataset(torch.zeros(8, 3), torch.zeros(8))
+
+def model():
+    return torch.nn.Linear(4, 1)   # the data have 3 features: the forward fails
+
+def loss(model, batch):
+    x, y = batch
+    return ((model(x).squeeze(1) - y) ** 2).mean()
+'''
+
+
+def test_an_exception_in_the_users_step_is_one_line_naming_it(tmp_path):
+    (tmp_path / "r.py").write_text(RAISING)
+    cfg = Config.from_dict({"dataset": f"{tmp_path}/r.py:provide", "model": f"{tmp_path}/r.py:model",
+                            "loss": f"{tmp_path}/r.py:loss", "workers": 2, "global_batch": 4})
+    with pytest.raises(StepError, match=r"loss '.*r\.py:loss' raised RuntimeError on a batch of two samples: ") as info:
+        check_workload(cfg)
+    assert "\n" not in str(info.value)
+
+
+def test_a_collate_a_get_batch_dataset_would_ignore_is_refused():
+    cfg = Config.from_dict({"dataset": "digits", "model": "mlp",
+                            "collate": "torch.utils.data:default_collate"})
+    with pytest.raises(ConfigError, match="would not be used"):
+        check_workload(cfg)
+
+
+def test_the_provider_sees_the_same_rng_in_every_process(user, tmp_path):
+    """A provider drawing from torch's global generator builds the same data whatever the
+    process did before (it is called under the job's seed), and leaves the caller's RNG."""
+    (tmp_path / "rand.py").write_text("import torch\nfrom torch.utils.data import TensorDataset\n"
+                                      "def provide():\n    return TensorDataset(torch.randn(6, 2))\n")
+    cfg = Config.from_dict({"dataset": f"{tmp_path}/rand.py:provide", "model": f"{user}:model",
+                            "workers": 2, "global_batch": 4, "seed": 7})
+    torch.manual_seed(1)
+    a = load_workload(cfg).train.tensors[0]
+    after = torch.rand(1)
+    torch.manual_seed(2)
+    b = load_workload(cfg).train.tensors[0]
+    torch.manual_seed(1)
+    assert torch.equal(a, b) and torch.equal(torch.rand(1), after)

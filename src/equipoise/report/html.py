@@ -117,7 +117,7 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 def _comparison_table(labels: list[str], runs: list[Run], target: float | None) -> str:
     at = f"time to {100 * target:.1f}% (s)" if target is not None else "time to accuracy (s)"
     targets = {json.dumps(r.config.get("target"), sort_keys=True) for r in runs if r.config.get("target")}
-    job_target = _target_name(runs[0].config["target"]) if len(targets) == 1 else "the job's target"
+    job_target = _target_name(json.loads(next(iter(targets)))) if len(targets) == 1 else "the job's target"
     header = ["run", "protocol", "samples/s", at, f"time to {job_target} (s)", "final accuracy", "barrier wait",
               "staleness (mean σ)", "iterations", "status"]
     rows = []

@@ -19,6 +19,7 @@ global sample stream at once.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Callable
@@ -325,11 +326,12 @@ class Coordinator(Losses):
     def _stop_at_target(self) -> None:
         """The target was met (`stop_at_target`): the job ends at the next iteration it
         can end at — the coming barrier, or the stream's current iteration."""
-        end = max(1, min(self.total, self.iteration if self.iteration > self.snapshots.reached["iteration"]
-                         else self.iteration + 1))
+        met = self.snapshots.reached["iteration"]  # after a rollback the job may be back before it
+        end = max(1, min(self.total, self.iteration if self.iteration > met else met + 1))
         if end < self.total:
             self._event("stop_at_target", self.iteration, end=end)
             self.total = self.snapshots.total = end
+            self.snapshots.replay_from(end)  # the snapshot at `end` is the final one, even if one was taken
 
     def _event(self, name: str, t: int, **fields) -> None:
         self.snapshots.event(name, t, **fields)
@@ -342,9 +344,18 @@ class Coordinator(Losses):
         stale = report.get("staleness")
         if not isinstance(stale, list) or not all(isinstance(x, int) and x >= 0 for x in stale):
             raise ValueError(f"report of worker {worker}: staleness must be a list of σ ≥ 0")
+        for key in ("count", "data_s"):  # optional: a worker's step and input pipeline
+            v = report.get(key, 0.0)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"report of worker {worker}: {key} = {v!r} must be a finite number ≥ 0")
         report["worker"] = worker
+        held = self.reports.setdefault(int(report["iteration"]), [])
+        if any(r["worker"] == worker and r.get("start") == report.get("start") for r in held):
+            log.warning("worker %d's report of iteration %s, slice at %s, came twice: the second is ignored",
+                        worker, report["iteration"], report.get("start"))
+            return
         self.stats.add(report)
-        self.reports.setdefault(int(report["iteration"]), []).append(report)
+        held.append(report)
         self._reported(int(report["iteration"]))
 
     def _reported(self, t: int) -> None:

@@ -179,8 +179,9 @@ class BarrierLosses(Losses):
             behind = sorted(r for r, m in replies.items() if int(m.fields["at"]) == t)
             mine = [s for s in self.assign.slices if s.worker == worker]
             new = self.assign.lose(worker, {w: planned.get(w, 1) for w in active}, behind)
-            if not new:  # applied everywhere, but its report (on its next plan request) never came
-                for s in mine:
+            reported = {r.get("start") for r in self.reports.get(t, []) if r["worker"] == worker}
+            for s in mine:  # applied by every server it was owed to, but its report never came
+                if not any(s.reaches(r) for r in behind) and s.start not in reported:
                     self._collect(worker, {"iteration": t, "start": s.start, "samples": s.size, "loss": 0.0,
                                            "count": 0.0, "compute_s": 0.0, "wait_s": 0.0, "comm_s": 0.0,
                                            "staleness": [], "recovery": True, "lost": True})

@@ -30,7 +30,7 @@ from ..scenario import Scenario
 from ..wire import Message, PeerTimeout, Transport
 from .blocks import read_pushes, write_values
 from .client import ClientError, PSClient, Pulled, receive
-from ..workload import SampleError, load_workload
+from ..workload import SampleError, StepError, load_workload
 from .stretch import Stretch, noise_seed
 
 
@@ -92,7 +92,8 @@ class Worker:
             self.stretch = Stretch(self.model, noise=cfg.slowdown_noise, seed=noise_seed(cfg.seed, self.rank))
             self._mem_total = psutil.virtual_memory().total
             sampler = SliceSampler(len(data), cfg.global_batch, cfg.seed)
-            self.loader = Loader(data, sampler, cfg.loader_workers)
+            self.loader = Loader(data, sampler, cfg.loader_workers, timeout=cfg.timeout)
+            self.end = cfg.total_iterations(len(data)) * cfg.global_batch  # the stream's last position
             while True:
                 try:
                     return self._loop(data, sampler)
@@ -231,12 +232,18 @@ class Worker:
         weight), and the measured data wait, compute time and CPU use."""
         self.stretch.factor = self.machine_factor * self.scenario.worker_factor(
             self.rank, elapsed=float(f.get("elapsed", 0.0)), iteration=f["iteration"])
+        # Seeded by the slice before its samples are read, so dropout-like randomness (and
+        # a dataset's own, read in this thread) is the same on any split or resume. (The CPU
+        # generator alone: torch.manual_seed would also queue a CUDA seeding with a stack
+        # capture: ~0.3 ms per step here.)
+        torch.default_generator.manual_seed(self.cfg.seed * 1_000_003 + f["start"])
         try:
             batch = self.loader.get(f["start"], f["size"])
-        except SampleError as exc:
+        except (SampleError, StepError, TimeoutError) as exc:
             raise WorkerError(f"worker {self.rank}: iteration {f['iteration']}: {exc}") from None
-        if self.barrier and not f.get("recover"):  # the same offset in the next iteration, most likely
-            self.loader.prefetch(f["start"] + self.cfg.global_batch, f["size"])
+        ahead = f["start"] + self.cfg.global_batch
+        if self.barrier and not f.get("recover") and ahead + f["size"] <= self.end:
+            self.loader.prefetch(ahead, f["size"])  # the same offset in the next iteration, most likely
         cpu0, t1 = time.process_time(), time.perf_counter()
         self.stretch.start(f["size"])
         loss, count = self._compute(data, batch, f)
@@ -262,12 +269,11 @@ class Worker:
         return {"wait_s": wait, "comm_s": total - wait}
 
     def _compute(self, data, batch, plan: dict) -> tuple[float, float]:
-        # Seeded by the slice, so dropout-like randomness is the same on any split or resume.
-        # (The CPU generator alone: torch.manual_seed would also queue a CUDA seeding
-        # with a stack capture: ~0.3 ms per step here.)
-        torch.default_generator.manual_seed(self.cfg.seed * 1_000_003 + plan["start"])
         self.model.zero_grad(set_to_none=False)
-        step = data.loss_of(self.model, batch, plan["size"])
+        try:
+            step = data.loss_of(self.model, batch, plan["size"])
+        except StepError as exc:
+            raise WorkerError(f"worker {self.rank}: iteration {plan['iteration']}: {exc}") from None
         if not math.isfinite(step.value):
             raise WorkerError(f"worker {self.rank}: loss is {step.value} at iteration "
                               f"{plan['iteration']} (diverged: try a smaller lr)")
