@@ -19,13 +19,16 @@ Three parts, each written to its own results file:
   global batch, interleaved, 3 repetitions, steady samples/s over the same window; (b)
   one longer equipoise job against the same model and data in one plain PyTorch
   process (same seed, same samples, same global batch): both validation losses against
-  the text's byte-unigram entropy.
+  the text's byte-unigram entropy. ``lm-seeds`` (bench_workloads_lm-seeds.json) repeats
+  (b) at seeds 0, 1 and 2, equipoise and plain PyTorch interleaved, for the spread that
+  chance alone gives.
 
 Run from the repository root::
 
     python -m benchmarks.bench_workloads loader
     python -m benchmarks.bench_workloads memory --dir /var/tmp/shards
     python -m benchmarks.bench_workloads lm
+    python -m benchmarks.bench_workloads lm-seeds   # (b) at seeds 0, 1, 2: the spread by chance
 """
 
 from __future__ import annotations
@@ -286,9 +289,32 @@ def bench_lm(reps: int = 3, iterations: int = 60, long_iterations: int = 600) ->
                          "eval_tokens": sum(min(len(d), 65) - 1 for d in eval_docs)}}
 
 
+def bench_lm_seeds(seeds: tuple[int, ...] = (0, 1, 2), iterations: int = 600) -> dict:
+    """The seed-to-seed spread of the final validation loss, equipoise BSP and plain
+    PyTorch interleaved per seed (seed s sets both the initial weights and the sample
+    order): how far apart two trainings of this model land by chance, the yardstick for
+    the difference between equipoise's and plain PyTorch's loss at one seed."""
+    base = dict(dataset=f"{LM}:blocks", model=f"{LM}:gpt", loss=f"{LM}:next_byte_loss", metrics=f"{LM}:metrics",
+                optimizer="adam", lr=0.003, workers=4, servers=2, global_batch=32, block_size=65536,
+                eval_every=0, checkpoint_every=0, progress=False, threads=1, iterations=iterations)
+    rows = []
+    for seed in seeds:
+        s, run_dir, t = _job({**base, "seed": seed})
+        t.cleanup()
+        plain = _plain(iterations, base["global_batch"], base["lr"], seed)
+        rows.append({"seed": seed, "equipoise_val_loss": s["final_test_loss"],
+                     "plain_pytorch_val_loss": plain["val_loss"]})
+    diffs = [r["equipoise_val_loss"] - r["plain_pytorch_val_loss"] for r in rows]
+    everything = [v for r in rows for v in (r["equipoise_val_loss"], r["plain_pytorch_val_loss"])]
+    return {"spec": base, "seeds": list(seeds), "runs": rows, "difference": summary(diffs),
+            "equipoise": summary([r["equipoise_val_loss"] for r in rows]),
+            "plain_pytorch": summary([r["plain_pytorch_val_loss"] for r in rows]),
+            "spread_all": max(everything) - min(everything)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("part", choices=("loader", "memory", "lm"))
+    parser.add_argument("part", choices=("loader", "memory", "lm", "lm-seeds"))
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--dir", default=None, help="memory: where the shards are written (kept for reruns)")
     parser.add_argument("--gigabytes", type=float, default=2.0)
@@ -307,6 +333,13 @@ def main() -> None:
         for r in result["runs"]:
             print("  first MB", {w: round(v) for w, v in r["rss_first_mb"].items()},
                   "peak MB", {w: round(v) for w, v in r["rss_peak_mb"].items()})
+    elif args.part == "lm-seeds":
+        result = bench_lm_seeds()
+        for r in result["runs"]:
+            print(f"seed {r['seed']}: validation loss equipoise {r['equipoise_val_loss']:.4f}, "
+                  f"plain PyTorch {r['plain_pytorch_val_loss']:.4f}")
+        print(f"equipoise − plain: {fmt_range(result['difference'])}; equipoise over seeds "
+              f"{fmt_range(result['equipoise'])}, plain {fmt_range(result['plain_pytorch'])}")
     else:
         result = bench_lm(args.reps)
         learn = result["learning"]
