@@ -47,10 +47,11 @@ class Preset:
     iterations: int
     reps: int
     variants: tuple[str, ...] = COSTS
+    small: bool = False  # the ci presets: the digits data set and an MLP, to check the harness quickly
 
 
-PRESETS = {"ci": Preset(iterations=12, reps=1), "full": Preset(iterations=200, reps=3),
-           "live-ci": Preset(iterations=12, reps=1, variants=("default", "live view")),
+PRESETS = {"ci": Preset(iterations=12, reps=1, small=True), "full": Preset(iterations=200, reps=3),
+           "live-ci": Preset(iterations=12, reps=1, variants=("default", "live view"), small=True),
            "live": Preset(iterations=200, reps=5, variants=("default", "live view"))}
 
 
@@ -69,7 +70,7 @@ def _run_variant(spec: Spec, extra: dict[str, Any]) -> float:
 
 def run(preset: str, *, reps: int | None = None, results_path: str | None = None) -> dict[str, Any]:
     p = PRESETS[preset]
-    spec = Spec(iterations=p.iterations)
+    spec = Spec(iterations=p.iterations, **(dict(model="mlp", dataset="digits", global_batch=64) if p.small else {}))
     variants = {name: VARIANTS[name] for name in p.variants}
     load_at_start, git_at_start = load_average(), git_state()
     runs: dict[str, list[float]] = {name: [] for name in variants}
