@@ -41,6 +41,55 @@ def to_toml(values: Mapping[str, Any]) -> str:
     return "".join(f"{k} = {_toml_value(v)}\n" for k, v in values.items())
 
 
+# TOML tables grouping keys (docs/configuration.md): [table] key -> the flat key. Every
+# flat key stays valid on its own; a key given both ways is refused.
+TABLES: dict[str, dict[str, str]] = {
+    "data": {"name": "dataset", "dataset": "dataset", "dir": "data_dir", "loss": "loss", "metrics": "metrics",
+             "collate": "collate", "loader_workers": "loader_workers", "model": "model"},
+    "eval": {"every": "eval_every", "samples": "eval_samples", "target": "target",
+             "stop_at_target": "stop_at_target", "checkpoint_every": "checkpoint_every"},
+    "servers": {"count": "servers", "slowdown": "server_slowdown", "trace": "server_trace",
+                "rate": "server_rate", "bandwidth": "server_bandwidth", "events": "server_events",
+                "resources": "server_resources", "placement": "placement", "block_size": "block_size",
+                "replication": "replication", "psld_interval": "psld_interval",
+                "psld_epsilon": "psld_epsilon", "psld_max_servers": "psld_max_servers"},
+    "ray": {"address": "ray_address", "strategy": "ray_strategy", "data": "ray_data",
+            "worker_resources": "worker_resources", "server_resources": "server_resources"},
+    "sim": {},  # filled by config.py: every sim_* key without its prefix
+}
+
+
+USER_CODE = ("model", "dataset", "loss", "metrics", "collate")
+
+
+def absolute_specs(values: Mapping[str, Any]) -> dict[str, Any]:
+    """`values` with every user-code spec naming a script by a relative path made
+    absolute (from the current directory, as `--set` and the Python API do), so the run
+    directory's config.toml works from anywhere (a resume, a Ray node)."""
+    from .spec import absolute_spec
+
+    return {k: absolute_spec(v) if k in USER_CODE and isinstance(v, str) else v for k, v in values.items()}
+
+
+def flatten_tables(values: Mapping[str, Any]) -> dict[str, Any]:
+    """`values` with every TOML table of TABLES expanded into its flat keys."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if key in TABLES and isinstance(value, Mapping):
+            for sub, v in value.items():
+                flat = TABLES[key].get(sub)
+                if flat is None:
+                    raise ConfigError(f"unknown key {sub!r} in [{key}] (known: {', '.join(TABLES[key])})")
+                if flat in out or (flat in values and flat != key):
+                    raise ConfigError(f"{flat} is given twice: as {key}.{sub} and on its own")
+                out[flat] = v
+        else:
+            if key in out:
+                raise ConfigError(f"{key} is given twice: in a table and on its own")
+            out[key] = value
+    return out
+
+
 def _toml_value(v: Any) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
@@ -55,4 +104,4 @@ def _toml_value(v: Any) -> str:
     raise TypeError(f"cannot write {type(v).__name__} as TOML")
 
 
-__all__ = ["ConfigError", "parse_override", "read_toml", "to_toml"]
+__all__ = ["TABLES", "USER_CODE", "absolute_specs", "flatten_tables", "ConfigError", "parse_override", "read_toml", "to_toml"]

@@ -35,6 +35,7 @@ class Loader:
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="loader") if self.threads else None
         self._pending: tuple[int, int, list[Future]] | None = None
         self.data_s = 0.0  # the last `get`'s wait
+        self._whole = hasattr(work.train, "get_batch")  # read as one batch, not item by item
 
     def prefetch(self, start: int, size: int) -> None:
         """Start reading [start, start+size) in the background (no-op without threads,
@@ -46,7 +47,7 @@ class Loader:
         self._drop()
         idx = self.sampler.positions(start, size)
         train = self.work.train
-        if hasattr(train, "get_batch"):
+        if self._whole:
             futures = [self._pool.submit(self.work.fetch, train, idx)]
         else:
             chunks = torch.tensor_split(idx, min(self.threads, len(idx)))
@@ -58,9 +59,9 @@ class Loader:
         else read now (on the loader threads, if any)."""
         t0 = time.perf_counter()
         if self._pending is not None and self._pending[:2] != (start, size):
-            self._drop()
-        if self._pending is None and self._pool is not None and size > 0:
-            self.prefetch(start, size)
+            self._drop()  # a wrong guess
+        if self._pending is None:
+            self.prefetch(start, size)  # on the loader threads, if any
         if self._pending is not None:
             futures = self._pending[2]
             self._pending = None
@@ -70,8 +71,7 @@ class Loader:
             except FutureTimeout:
                 raise TimeoutError(f"reading samples [{start}, {start + size}) of the stream took more than "
                                    f"{self.timeout:g} s") from None
-            batch = parts[0] if hasattr(self.work.train, "get_batch") else \
-                self.work.collate_items([item for part in parts for item in part])
+            batch = parts[0] if self._whole else self.work.collate_items([item for part in parts for item in part])
         else:
             batch = self.work.fetch(self.work.train, self.sampler.positions(start, size))
         self.data_s = time.perf_counter() - t0
