@@ -99,7 +99,9 @@ def run_job(tmp: Path, label: str, warmup: int, **cfg: Any) -> dict[str, Any]:
     out = tmp / f"{label.replace(' ', '_')}-{time.monotonic_ns()}"
     t0 = time.perf_counter()
     try:
-        s = equipoise.train(dict(progress=False, checkpoint_every=0, eval_every=0, timeout=300.0, **cfg), out=out)
+        # Rudra's rules as published: every update at α0 (times lr_modulation's factor).
+        settings = dict(progress=False, checkpoint_every=0, eval_every=0, timeout=300.0, async_scaling="none")
+        s = equipoise.train({**settings, **cfg}, out=out)
         steady = steady_window(out / "metrics.jsonl", warmup)
     except Exception as exc:  # noqa: BLE001 - a diverged run is a result, reported as such
         return {"error": f"{type(exc).__name__}: {exc}"[:200], "wall_s": time.perf_counter() - t0,

@@ -19,6 +19,8 @@ from .config_toml import (TABLES, USER_CODE, ConfigError, absolute_specs, flatte
 
 PROTOCOLS = ("bsp", "asp", "lbbsp", "softsync", "ssp")
 LR_MODULATIONS = ("none", "per_gradient", "mean")
+ASYNC_SCALINGS = ("bsp", "none")  # as policy/staleness.py (config imports no torch)
+DELAY_COMPENSATIONS = ("none", "dc", "dc_adaptive")
 OPTIMIZERS = ("sgd", "adam")
 SCHEDULES = ("constant", "step", "cosine")
 BUILTIN_MODELS = ("mlp", "mlp-deep", "cnn", "resnet20")
@@ -53,6 +55,9 @@ class Config:
     softsync_n: int = 0  # n-softsync: update every ⌊workers/n⌋ gradients; 0: n = workers
     staleness_bound: int = 0  # SSP: the fastest worker runs at most this many iterations ahead
     lr_modulation: str = "none"  # none | per_gradient (α0/σ) | mean (α0/⟨σ⟩)
+    async_scaling: str = "bsp"  # bsp: BSP's lr and momentum carried over to asp/softsync/ssp | none
+    delay_compensation: str = "none"  # none | dc | dc_adaptive (DC-ASGD, Zheng et al. 2017)
+    dc_lambda: float = 0.0  # DC-ASGD's λ (λ0 for dc_adaptive); > 0 when delay_compensation is set
     overlap: bool = False  # non-barrier protocols: pull the next weights while computing
     iterations: int = 0  # 0: derived from `epochs`
     epochs: float = 1.0
@@ -194,6 +199,8 @@ class Config:
         _choice("transport", self.transport, ("tcp", "ipc"))
         _choice("auth", self.auth, AUTH_MODES)
         _choice("lr_modulation", self.lr_modulation, LR_MODULATIONS)
+        _choice("async_scaling", self.async_scaling, ASYNC_SCALINGS)
+        _choice("delay_compensation", self.delay_compensation, DELAY_COMPENSATIONS)
         _choice("placement", self.placement, PLACEMENTS)
         _choice("launcher", self.launcher, LAUNCHERS)
         _choice("ray_strategy", self.ray_strategy, RAY_STRATEGIES)
@@ -251,6 +258,15 @@ class Config:
         if self.softsync_n > self.workers:
             raise ConfigError(f"softsync_n = {self.softsync_n} must be between 1 and workers = "
                               f"{self.workers} (n = workers is async)")
+        if not (math.isfinite(self.dc_lambda) and self.dc_lambda >= 0):
+            raise ConfigError(f"dc_lambda = {self.dc_lambda!r} must be a finite number ≥ 0")
+        if self.delay_compensation != "none" and not self.dc_lambda > 0:
+            raise ConfigError(f"delay_compensation = {self.delay_compensation!r} needs dc_lambda > 0 "
+                              "(Zheng et al. use 0.04 for dc, 2.0 for dc_adaptive)")
+        if self.delay_compensation != "none" and self.protocol in ("bsp", "lbbsp"):
+            raise ConfigError(f"delay_compensation = {self.delay_compensation!r} needs a protocol without "
+                              f"a barrier (asp, softsync, ssp), not {self.protocol!r}: there every gradient "
+                              "is computed on the current weights")
         if self.staleness_bound and self.protocol != "ssp":
             raise ConfigError(f"staleness_bound = {self.staleness_bound} needs protocol = \"ssp\", "
                               f"not {self.protocol!r}")

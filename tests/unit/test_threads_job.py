@@ -54,3 +54,28 @@ def test_replayed_predictor_errors_equal_the_ones_measured_in_the_run(tmp_path, 
     assert set(replayed) == set(summary["predictor_mape"]) == {"last", "ewma", "narx"}
     for name, value in summary["predictor_mape"].items():
         assert replayed[name] == pytest.approx(value, rel=1e-9), name
+
+
+def test_one_asp_worker_at_bsp_settings_is_the_reference(tmp_path, digits):
+    """async_scaling = "bsp" with one worker: every update is the global batch, read after
+    the last one was applied (delay 0), so the rule keeps lr and momentum as they are and
+    the job is the single-process reference."""
+    cfg = job(protocol="asp", workers=1, momentum=0.9, lr=0.05)
+    summary = run_threads(cfg, tmp_path, digits)
+    assert summary["async_steps"]["delay_mean"] == 0.0
+    assert summary["async_steps"]["momentum_mean"] == pytest.approx(0.9)
+    ref = train_reference(cfg, data=digits, splits=[[48]] * 12).state_dict()
+    got = final_values(tmp_path)
+    assert all(torch.allclose(got[k], ref[k], atol=1e-5) for k in ref)
+
+
+def test_dc_asgd_corrects_every_gradient_with_the_weights_it_read(tmp_path, digits):
+    """Every push echoes the stamp of the weights it was computed on, also with overlap
+    (the read before last), and the servers still hold those weights: each gradient
+    applied is compensated, on each server."""
+    cfg = job(protocol="asp", overlap=True, delay_compensation="dc", dc_lambda=0.04)
+    summary = run_threads(cfg, tmp_path, digits)
+    applied = sum(summary["staleness_histogram"].values())
+    assert applied == 12 * 3 * cfg.servers
+    assert summary["dc_compensated"] == applied
+    assert summary["async_steps"]["delay_mean"] > 0  # three workers, overlap: gradients are late

@@ -40,9 +40,12 @@ Nothing here reads a clock or touches a socket.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, Sequence
+
+from .staleness import ASYNC_SCALINGS, DELAY_COMPENSATIONS
 
 LR_MODULATIONS = ("none", "per_gradient", "mean")
 
@@ -53,6 +56,9 @@ class SyncPolicy:
 
     name: str = "asp"
     lr_modulation: str = "none"
+    async_scaling: str = "none"      # "bsp": BSP's lr and momentum carried over (policy/staleness.py)
+    delay_compensation: str = "none"  # "dc" | "dc_adaptive": DC-ASGD (policy/staleness.py)
+    dc_lambda: float = 0.0
 
     def group_size(self, active: int) -> int:
         return 1
@@ -171,22 +177,34 @@ class SSP(SyncPolicy):
 
 
 def make_sync_policy(protocol: str, *, softsync_n: int = 1, staleness_bound: int = 0,
-                     lr_modulation: str = "none") -> SyncPolicy:
-    """The policy of a protocol name; LB-BSP synchronises exactly like BSP."""
+                     lr_modulation: str = "none", async_scaling: str = "none",
+                     delay_compensation: str = "none", dc_lambda: float = 0.0) -> SyncPolicy:
+    """The policy of a protocol name; LB-BSP synchronises exactly like BSP. Under a
+    barrier σ = 0 and every update is the global batch: `async_scaling` and
+    `delay_compensation` change nothing there and are dropped."""
     if lr_modulation not in LR_MODULATIONS:
         raise ValueError(f"lr_modulation = {lr_modulation!r} is not one of {', '.join(LR_MODULATIONS)}")
+    if async_scaling not in ASYNC_SCALINGS:
+        raise ValueError(f"async_scaling = {async_scaling!r} is not one of {', '.join(ASYNC_SCALINGS)}")
+    if delay_compensation not in DELAY_COMPENSATIONS:
+        raise ValueError(f"delay_compensation = {delay_compensation!r} is not one of "
+                         f"{', '.join(DELAY_COMPENSATIONS)}")
+    if not (isinstance(dc_lambda, (int, float)) and math.isfinite(dc_lambda) and dc_lambda >= 0):
+        raise ValueError(f"dc_lambda = {dc_lambda!r} must be a finite number ≥ 0")
+    stale = dict(lr_modulation=lr_modulation, async_scaling=async_scaling,
+                 delay_compensation=delay_compensation, dc_lambda=float(dc_lambda))
     if protocol in ("bsp", "lbbsp"):
         return BSP(name=protocol, lr_modulation=lr_modulation)
     if protocol == "asp":
-        return ASP(lr_modulation=lr_modulation)
+        return ASP(**stale)
     if protocol == "softsync":
         if softsync_n < 1:
             raise ValueError(f"softsync_n = {softsync_n} must be ≥ 1")
-        return SoftSync(n=softsync_n, lr_modulation=lr_modulation)
+        return SoftSync(n=softsync_n, **stale)
     if protocol == "ssp":
         if staleness_bound < 0:
             raise ValueError(f"staleness_bound = {staleness_bound} must be ≥ 0")
-        return SSP(bound=staleness_bound, lr_modulation=lr_modulation)
+        return SSP(bound=staleness_bound, **stale)
     raise ValueError(f"protocol = {protocol!r} has no sync policy")
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -47,6 +47,7 @@ class Pulled:
     values: dict[int, torch.Tensor]
     versions: dict[int, int]
     held_s: float
+    reads: dict[int, int] = field(default_factory=dict)  # each server's stamp of these weights
 
 
 def receive(conn: Connection, expect: str, timeout: float, who: str) -> Message:
@@ -113,12 +114,13 @@ class PSClient:
 
     def push(self, grads: dict[int, torch.Tensor], version_by_server: dict[int, int], samples: int, *,
              part: int = 0, only: list[int] | None = None, start: int | None = None,
-             count: float | None = None) -> Ticket:
+             count: float | None = None, reads: dict[int, int] | None = None) -> Ticket:
         """Send each server (of `only`, if given) the gradients (or buffer values) of
         its blocks, tagged with the version of that server they were computed on; `part`
         > 0 marks a share of a lost worker's slice, `start` the slice's first position
         (servers combine a barrier update's pushes in that order), `count` the units the
-        loss averaged over, when not the samples (the servers' weight). The tensors are sent without
+        loss averaged over, when not the samples (the servers' weight), `reads` each server's
+        stamp of the weights they were computed on (it measures their delay). The tensors are sent without
         copying: do not change them before the ticket is waited (or copy them)."""
         extra = {"part": int(part)} if part else {}
         extra["epoch"] = self.epoch
@@ -126,9 +128,11 @@ class PSClient:
             extra["start"] = int(start)
         if count is not None and count != samples:
             extra["count"] = float(count)
+        reads = reads or {}
         return self._send("push", lambda r, blocks: Message(
             "push", {"worker": self.worker, "version": int(version_by_server[r]), "samples": int(samples),
-                     **extra}, {grad_name(b.key): grads[b.key] for b in blocks}), only)
+                     **extra, **({"read": reads[r]} if r in reads else {})},
+            {grad_name(b.key): grads[b.key] for b in blocks}), only)
 
     def pull(self, min_version: int) -> Ticket:
         """Ask every server for its blocks once it is at `min_version` (as its sync
@@ -160,6 +164,11 @@ class PSClient:
                 pulled.values.update({k: values[k] for k in keys})
                 pulled.versions[r] = int(reply.fields["version"])
                 pulled.held_s = max(pulled.held_s, float(reply.fields["held_s"]))
+                read = reply.fields.get("read")
+                if read is not None:
+                    if isinstance(read, bool) or not isinstance(read, int):
+                        raise TypeError(f"read = {read!r}")
+                    pulled.reads[r] = read
             except (KeyError, TypeError, ValueError) as exc:
                 raise ClientError(f"{self.who}: {conn.address} sent malformed params "
                                   f"({type(exc).__name__}: {exc})") from None

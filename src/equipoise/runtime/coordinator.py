@@ -95,7 +95,8 @@ class Coordinator(Losses):
             cfg.slice(ServerSettings), self.scenario, transport, self.rpc, peers,
             init_fields={"optimizer": spec.to_dict(), "protocol": cfg.protocol,
                          "softsync_n": cfg.softsync_n or cfg.workers, "staleness_bound": cfg.staleness_bound,
-                         "lr_modulation": cfg.lr_modulation},
+                         "lr_modulation": cfg.lr_modulation, "async_scaling": cfg.async_scaling,
+                         "delay_compensation": cfg.delay_compensation, "dc_lambda": cfg.dc_lambda},
             control_path=self.run_dir / "control.jsonl", event=self._event, record=self.metrics.write,
             elapsed=self.stats.elapsed, await_hello=self._await_hello)
         self.planner = Planner(cfg.slice(PlanSettings), list(range(cfg.workers)))
@@ -391,15 +392,25 @@ class Coordinator(Losses):
         self._wind_down()
         evals = self.snapshots.results()
         histogram: dict[int, int] = {}  # σ of every gradient applied, over all servers
+        steps, compensated = [0, 0.0, 0.0, 0.0], 0  # async_scaling's steps, DC-ASGD's corrections
         for ack in self.servers.broadcast(Message("stop", {"reason": "job finished"}), "ack").values():
             for sigma, count in ack.fields.get("histogram", []):
                 histogram[int(sigma)] = histogram.get(int(sigma), 0) + int(count)
+            got = ack.fields.get("steps", [])
+            if isinstance(got, list) and len(got) == 4 and all(isinstance(x, (int, float)) for x in got):
+                steps = [a + b for a, b in zip(steps, got)]
+            compensated += int(ack.fields.get("compensated", 0))
         summary = self.stats.summary(self.cfg, self.total, evals[-1] if evals else {},
                                      wall_s=time.time() - start, staleness=histogram)
         summary["resumed_from"] = self.resume.iteration if self.resume else None
         summary["target"] = self.snapshots.settings.target or None
         summary["time_to_target"] = self.snapshots.reached
         summary["recovered"], summary["lost_updates"] = self.recovered, self.lost_updates
+        if steps[0]:  # async_scaling = "bsp": how the servers stepped, on average over updates
+            summary["async_steps"] = {"updates": steps[0], "delay_mean": steps[1] / steps[0],
+                                      "momentum_mean": steps[2] / steps[0], "lr_factor_mean": steps[3] / steps[0]}
+        if self.cfg.delay_compensation != "none":
+            summary["dc_compensated"] = compensated
         if self.cfg.protocol == "lbbsp":
             summary["predictor_mape"] = self.planner.mape()
             summary["predictor"] = self.cfg.predictor

@@ -34,6 +34,7 @@ log = logging.getLogger("equipoise.server")
 # request, so 16 per peer is ample; a request for a version more than MAX_AHEAD updates
 # away is refused outright (a protocol asks for at most a few versions ahead).
 MAX_HELD, MAX_HELD_PER_PEER, MAX_AHEAD = 4096, 16, 1 << 20
+READS_KEPT = 3  # delay compensation: the reads of each worker whose weights are kept
 
 # Who may send a server each message type (`Message.origin`, the job role an authenticating
 # transport vouches for; None, without authentication, passes). A type not listed here,
@@ -65,6 +66,9 @@ class Server:
         self.sync: ServerSync | None = None
         self.pushes: dict[int, Push] = {}  # the tensors of the pushes `sync` holds, by token
         self.held: list[_Held] = []
+        self.reads: dict[int, dict[int, dict]] = {}  # delay compensation: worker -> read stamp -> weights
+        self.steps = [0, 0.0, 0.0, 0.0]  # async_scaling: updates, Σ delay τ̄, Σ momentum, Σ lr factor
+        self.compensated = 0  # delay compensation: gradients corrected with the weights they read
         self.replication: Replication | None = None  # replication = 1: backup duties both ways
         self.epoch = 0  # the coordinator's rollbacks: worker requests of earlier ones are stale
         self.done = False
@@ -145,13 +149,16 @@ class Server:
         workers = int(f["workers"])
         policy = make_sync_policy(f["protocol"], softsync_n=int(f.get("softsync_n") or workers),
                                   staleness_bound=int(f.get("staleness_bound", 0)),
-                                  lr_modulation=str(f.get("lr_modulation", "none")))
+                                  lr_modulation=str(f.get("lr_modulation", "none")),
+                                  async_scaling=str(f.get("async_scaling", "none")),
+                                  delay_compensation=str(f.get("delay_compensation", "none")),
+                                  dc_lambda=float(f.get("dc_lambda", 0.0)))
         store = ParameterStore(blocks, values, OptimizerSpec.from_dict(f["optimizer"]), policy,
                                version=f["version"], samples=f["samples"], optim_state=states_of(msg.tensors))
         self._straggle(f.get("straggler", {}))  # before the store changes: a bad one changes nothing
         self.epoch = int(f.get("epoch", 0))
         self.store, self.sync = store, ServerSync(policy, workers, version=store.version)
-        self.pushes, self.held = {}, []
+        self.pushes, self.held, self.reads = {}, [], {}
         if self.replication is not None:
             self.replication.reset(store.version)
         self.listener.send(peer, Message("ready", {"rank": self.rank}))
@@ -162,7 +169,8 @@ class Server:
         self.listener.send(peer, Message("ack", {
             "version": sync.published() if sync else 0,
             "histogram": [[s, n] for s, n in sorted(sync.histogram.items())] if sync else [],
-            "unapplied": sync.unapplied if sync else 0}))
+            "unapplied": sync.unapplied if sync else 0,
+            "steps": list(self.steps), "compensated": self.compensated}))
 
     def _straggle(self, f: dict) -> None:
         """Set the emulated slowdown; ValueError (and nothing set) unless the factor and
@@ -292,6 +300,7 @@ class Server:
         for token in self.sync.lose(worker, int(f["workers"]), drop=bool(f.get("drop", True))):
             self.pushes.pop(token, None)
         self.held = [h for h in self.held if h.worker != worker]
+        self.reads.pop(worker, None)
         self._apply_ready()
         self.listener.send(peer, Message("ack", {"version": self.sync.published(), "at": self.sync.version,
                                                  "applied": self.sync.applied[worker]}))
@@ -331,9 +340,15 @@ class Server:
         count = f.get("count")
         if count is not None and (isinstance(count, bool) or not isinstance(count, (int, float))):
             raise PushError(f"push from worker {f['worker']}: count = {count!r} is not a number")
+        read = f.get("read")
+        if read is not None and (isinstance(read, bool) or not isinstance(read, int) or read < 0):
+            raise PushError(f"push from worker {f['worker']}: read = {read!r} is not a sample count ≥ 0")
         push = Push(int(f["worker"]), int(f["version"]), int(f["samples"]), grads_of(msg.tensors),
-                    int(f.get("start", -1)), None if count is None else float(count))
+                    int(f.get("start", -1)), None if count is None else float(count),
+                    None if read is None else min(read, self.store.samples))
         self.store.check(push)
+        if read is not None and self.sync.policy.delay_compensation != "none":
+            push.then = self.reads.get(push.worker, {}).get(read)
         self.pushes[self.sync.accept(push.worker, push.version, push.samples, int(f.get("part", 0)))] = push
         self._apply_ready(release=False)  # after the ack
         self._charge(_nbytes(push.tensors.values()), t0)
@@ -344,7 +359,16 @@ class Server:
     def _apply(self, update: Update) -> None:
         """One update of the store, with σ of each gradient as `sync` measured it; with a
         backup, the new version is forwarded to it."""
-        self.store.apply([self.pushes.pop(t) for t in update.tokens], list(update.sigmas))
+        store = self.store
+        before = store.compensated
+        store.apply([self.pushes.pop(t) for t in update.tokens], list(update.sigmas))
+        self.compensated += store.compensated - before
+        if store.last_step is not None:
+            step, totals = store.last_step, self.steps
+            totals[0] += 1
+            totals[1] += step.delay
+            totals[2] += step.momentum
+            totals[3] += step.lr_factor
         self.sync.on_applied(update)
         if self.replication is not None and self.replication.backup is not None:
             self._record()
@@ -419,12 +443,29 @@ class Server:
         # to it, and the next update leaves them as they are until it is done (store.lend).
         values = dict(store.values)
         if h.kind == "pull":
-            msg = Message("params", {"version": self.sync.published(), "held_s": t0 - h.since}, pack(values))
+            # `read` stamps the weights: the worker echoes it with the gradient computed on
+            # them, and the server measures that gradient's delay in samples applied since.
+            msg = Message("params", {"version": self.sync.published(), "held_s": t0 - h.since,
+                                     "read": store.samples}, pack(values))
+            if self.sync.policy.delay_compensation != "none" and h.worker >= 0:
+                self._remember_read(h.worker, store.samples, values)
             self._charge(_nbytes(values.values()), t0)
         else:
             msg = Message("state", {"version": store.version, "samples": store.samples,
                                     "blocks": len(store.blocks)}, pack(values, states=store.optim_state()))
         store.lend(list(values.values()), self.listener.send(h.peer, msg))
+
+
+    def _remember_read(self, worker: int, stamp: int, values: dict) -> None:
+        """Delay compensation needs w_then: the weights each worker read, kept for its
+        last READS_KEPT reads (a worker computes on its last pull's weights, or with
+        overlap on the one before)."""
+        kept = self.reads.setdefault(worker, {})
+        if stamp not in kept:
+            kept[stamp] = {k: v.detach().clone() for k, v in values.items() if k in self.store.blocks
+                           and self.store.blocks[k].kind == "param"}
+        while len(kept) > READS_KEPT:
+            del kept[min(kept)]
 
 
 def _positive(name: str, x, zero_ok: bool = False) -> float:

@@ -24,6 +24,7 @@ import torch
 
 from ..policy.placement import Block
 from ..policy.schedule import learning_rate
+from ..policy.staleness import Step, bsp_step, dc_compensate, mean_delay
 from ..policy.sync import SyncPolicy
 
 
@@ -55,6 +56,8 @@ class Push:
     tensors: dict[int, torch.Tensor]
     start: int = -1  # barrier protocols: the slice's first position in the global order
     count: float | None = None  # units the worker's loss averaged over (None: its samples)
+    read: int | None = None  # no barrier: the server's samples when the weights were read (its stamp)
+    then: dict[int, torch.Tensor] | None = None  # delay compensation: the weights it was computed on
 
     @property
     def weight(self) -> float:
@@ -79,6 +82,9 @@ class ParameterStore:
         self._param_keys = [k for k, b in self.blocks.items() if b.kind == "param"]
         self.optimizer = _make_optimizer(spec, self._params)
         self._plain_sgd = spec.name == "sgd" and spec.momentum == 0 and spec.weight_decay == 0
+        self.last_step: Step | None = None  # async_scaling = "bsp": how the last update stepped
+        self._mean_square: dict[int, torch.Tensor] = {}  # dc_adaptive: per block, Zheng et al.'s MeanSquare
+        self.compensated = 0  # delay compensation: gradients corrected (the others had no w_then)
         self._sums: dict[int, torch.Tensor] = {}
         self._loans: list[tuple[list[torch.Tensor], Callable[[], bool]]] = []  # (tensors, done)
         self._retired: dict[int, list[torch.Tensor]] = {}  # earlier buffers of each block
@@ -124,11 +130,11 @@ class ParameterStore:
             if id(value) not in busy:
                 continue
             retired = self._retired.setdefault(key, [])
-            spare = next((t for t in retired if id(t) not in busy), None)
-            if spare is None:
+            free = next((i for i, t in enumerate(retired) if id(t) not in busy), None)
+            if free is None:
                 spare = value.clone()
-            else:
-                retired.remove(spare)
+            else:  # by position: list.remove would compare tensors with ==, elementwise
+                spare = retired.pop(free)
                 spare.copy_(value)
             retired.append(value)
             self.values[key] = spare
@@ -145,10 +151,21 @@ class ParameterStore:
         group, staleness = [group[i] for i in order], [staleness[i] for i in order]
         base = self.policy.weights([p.weight for p in group])
         weights, lr_factor = self.policy.modulate(base, staleness)
+        momentum = self.spec.momentum
+        if self.policy.async_scaling == "bsp":
+            # The rule sizes the step (α0/σ was Rudra's estimate of it): a modulation only
+            # moves weight within the group towards its fresher gradients.
+            step = self.last_step = self._bsp_step(group, staleness)
+            total = sum(weights)
+            if total > 0:
+                weights = [w * sum(base) / total for w in weights]
+            lr_factor, momentum = step.lr_factor, step.momentum
+        grads = self._compensated(group) if self.policy.delay_compensation != "none" else None
         self._copy_on_write()
         # Buffers (BatchNorm statistics) are averaged over samples, never scaled by staleness.
         by_samples = self.policy.weights([p.samples for p in group])
-        combined = {k: self._combine(k, [p.tensors[k] for p in group],
+        combined = {k: self._combine(k, [(grads[i].get(k, p.tensors[k]) if grads else p.tensors[k])
+                                         for i, p in enumerate(group)],
                                      weights if b.kind == "param" else by_samples)
                     for k, b in self.blocks.items()}
         for key, param in zip(self._param_keys, self._params):
@@ -160,6 +177,8 @@ class ParameterStore:
                            total=self.spec.total, step_size=self.spec.step_size, gamma=self.spec.gamma)
         for g in self.optimizer.param_groups:
             g["lr"] = lr * lr_factor
+            if "momentum" in g:
+                g["momentum"] = momentum
         if self._params and self._plain_sgd:
             # Exactly SGD.step's arithmetic without momentum and weight decay (w −= lr·g), less
             # its per-call overhead (profiler scope, grad mode, argument checks).
@@ -169,6 +188,37 @@ class ParameterStore:
             self.optimizer.step()
         self.version += 1
         self.samples += sum(p.samples for p in group)
+
+    def _bsp_step(self, group: list[Push], staleness: list[int]) -> Step:
+        """BSP's lr and momentum for this update (policy/staleness.py): its samples against
+        the global batch, and its gradients' delay — samples applied since each was read,
+        from the stamp the worker echoed; σ updates of this size where it sent none."""
+        samples = sum(p.samples for p in group)
+        delays = [self.samples - p.read if p.read is not None else s * samples
+                  for p, s in zip(group, staleness)]
+        return bsp_step(samples, self.spec.global_batch, self.spec.momentum, mean_delay(samples, delays))
+
+    def _compensated(self, group: list[Push]) -> list[dict[int, torch.Tensor]]:
+        """DC-ASGD: each parameter gradient corrected by λ·g⊙g⊙(w_now − w_then), where the
+        push carries the weights it was computed on (`then`); a push without them (the
+        server no longer held that read) is applied as it is."""
+        lam, adaptive = self.policy.dc_lambda, self.policy.delay_compensation == "dc_adaptive"
+        out: list[dict[int, torch.Tensor]] = []
+        for p in group:
+            fixed: dict[int, torch.Tensor] = {}
+            if p.then is not None and lam > 0:
+                for k, b in self.blocks.items():
+                    if b.kind != "param" or k not in p.then:
+                        continue
+                    ms = None
+                    if adaptive:
+                        ms = self._mean_square.get(k)
+                        if ms is None:
+                            ms = self._mean_square[k] = torch.zeros_like(self.values[k])
+                    fixed[k] = dc_compensate(p.tensors[k], self.values[k], p.then[k], lam, ms)
+                self.compensated += 1
+            out.append(fixed)
+        return out
 
     def _combine(self, key: int, tensors: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
         """Σ wᵢ·gᵢ into a buffer reused across updates: allocating fresh memory for every

@@ -148,7 +148,7 @@ class Worker:
         if plan.fields["stop"]:
             return
         self._plan_table(plan, {}, 0)
-        versions, held = self._take(self.client.pull(plan.fields["version"]))
+        versions, reads, held = self._take(self.client.pull(plan.fields["version"]))
         exchange = self._exchange_times(t0, held, plan)
         for ahead in range(1, d + 1):
             self.coord.send(self._plan_req(ahead, {}))
@@ -171,7 +171,7 @@ class Worker:
                 pull = self.client.pull(pull_version)
                 push = self.client.push(pushes, versions, f["size"], start=f["start"], count=count)
             else:
-                push = self.client.push(pushes, versions, f["size"], count=count)
+                push = self.client.push(pushes, versions, f["size"], count=count, reads=reads)
                 pull = self.client.pull(pull_version)
             staleness = [] if d else self.client.wait(push)
             step += 1
@@ -188,7 +188,7 @@ class Worker:
                 push, pull = in_flight.popleft()
                 if push is not None:
                     self._pending_staleness += self.client.wait(push)
-                versions, held = self._take(pull)
+                versions, reads, held = self._take(pull)
             if d:
                 plan = self._recv_coord("plan")
             if plan.fields["stop"]:
@@ -218,13 +218,13 @@ class Worker:
         self.coord.send(self._plan_req(step, {**report, "recovery": True}))
         return self._recv_coord("plan")
 
-    def _take(self, pull) -> tuple[dict[int, int], float]:
+    def _take(self, pull) -> tuple[dict[int, int], dict[int, int], float]:
         """Wait for a pull and write its weights into the model; returns each server's
-        version and the longest time a server held the pull back."""
+        version and stamp of them, and the longest time a server held the pull back."""
         pulled: Pulled = self.client.wait(pull)
         with self.stretch.local():  # unpacking the weights: slow on a slow machine too
             write_values(self.model, self.blocks, pulled.values)
-        return pulled.versions, pulled.held_s
+        return pulled.versions, pulled.reads, pulled.held_s
 
     def _step(self, data, sampler: SliceSampler, f: dict) -> tuple[float, float, dict]:
         """Compute one gradient, stretched by this worker's slowdown factor (a slower
