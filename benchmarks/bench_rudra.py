@@ -26,6 +26,7 @@ each run's mean and max staleness over all gradients (summary.json).
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import tempfile
 import time
@@ -62,6 +63,8 @@ class Spec:
     study_base: float = 4.0         # every learner is this many times slower than a core
     servers: int = 1
     softsync: tuple[tuple[int, str], ...] = ((1, "none"), (8, "none"), (8, "per_gradient"))  # (n, lr_modulation)
+    scaled: tuple[int, ...] = ()    # n of extra softsync runs under async_scaling = "bsp" (BSP's settings carried over)
+    study_eval_every: int = 0       # > 0: a test evaluation every this many iterations (the accuracy curves)
     study_warmup: int = 50          # iterations left out of the steady window
     # the SSP section
     ssp_model: str = "mlp"
@@ -86,6 +89,11 @@ PRESETS = {
                study_base=2.0, study_warmup=5, ssp_iterations=20, ssp_batch=64, ssp_base=2.0, ssp_warmup=5,
                ssp_rotate=4, reps=1),
     "study": Spec(sections=("study",)),
+    # To convergence at BSP's own settings (lr 0.1, momentum 0.9, 3 epochs): Rudra's rules as
+    # published (async_scaling = "none") for every n and modulation, and the "bsp" rule.
+    "convergence": Spec(sections=("study",), epochs=3.0, lr=0.1, momentum=0.9, study_eval_every=94,
+                        softsync=tuple((n, m) for n in (1, 2, 4, 8) for m in ("none", "per_gradient", "mean")),
+                        scaled=(1, 2, 4, 8)),
     # A transient straggler: the 4× slowdown moves to the next worker every 4 iterations.
     "ssp": Spec(sections=("ssp",), ssp_rotate=4),
 }
@@ -106,7 +114,11 @@ def run_job(tmp: Path, label: str, warmup: int, **cfg: Any) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 - a diverged run is a result, reported as such
         return {"error": f"{type(exc).__name__}: {exc}"[:200], "wall_s": time.perf_counter() - t0,
                 **{k: math.nan for k in MEASURES}}
-    return {"samples_per_s": steady["samples_per_s"], "whole_run_samples_per_s": s["samples_per_s"],
+    per_epoch = s["iterations"] / cfg["epochs"] if cfg.get("epochs") else 1.0  # iterations in one epoch
+    curve = [[r["iteration"] / per_epoch, r["elapsed"], r["test_accuracy"]] for r in map(
+             json.loads, (out / "metrics.jsonl").read_text().splitlines())
+             if r.get("type") == "eval" and "test_accuracy" in r]  # [epochs, training seconds, accuracy]
+    return {"curve": curve, "samples_per_s": steady["samples_per_s"], "whole_run_samples_per_s": s["samples_per_s"],
             "final_accuracy": s["final_accuracy"], "staleness_mean": s["staleness_mean"],
             "staleness_max": s["staleness_max"], "barrier_wait_fraction": s["barrier_wait_fraction"],
             "wall_s": time.perf_counter() - t0}
@@ -155,9 +167,14 @@ def study(spec: Spec, tmp: Path) -> dict[str, Any]:
                 epochs=spec.epochs, lr=spec.lr, momentum=spec.momentum, servers=spec.servers,
                 transport=spec.transport, slowdown=[spec.study_base] * spec.workers)
     job = lambda label, **kw: lambda seed: run_job(tmp, label, spec.study_warmup, seed=seed, **base, **kw)  # noqa: E731
+    if spec.study_eval_every:
+        base["eval_every"] = spec.study_eval_every
     systems = {"hardsync": job("hardsync", protocol="bsp")}
     for n, mod in spec.softsync:
         systems[study_label(n, mod)] = job(study_label(n, mod), protocol="softsync", softsync_n=n, lr_modulation=mod)
+    for n in spec.scaled:
+        systems[study_label(n, "bsp")] = job(study_label(n, "bsp"), protocol="softsync", softsync_n=n,
+                                             async_scaling="bsp")
     runs = rounds(systems, spec)
     return {"systems": summarise(runs, list(systems), "hardsync"), "rounds": runs}
 
@@ -169,10 +186,12 @@ def study_table(systems: dict[str, Any]) -> str:
         acc = fmt_range({k: 100 * v for k, v in s["final_accuracy"].items() if k != "values"})
         if s["errors"]:
             acc += f" ({len(s['errors'])} failed: {s['errors'][0][:30]})"
-        rows.append([proto if proto != "hardsync" else "hardsync (bsp)", mod or "–", acc,
+        rule = "bsp" if mod == "bsp" else ("–" if proto == "hardsync" else "none (α0)")
+        mod = "none" if mod == "bsp" else mod
+        rows.append([proto if proto != "hardsync" else "hardsync (bsp)", rule, mod or "–", acc,
                      fmt_range(s["delta_points"]), fmt_range(s["staleness_mean"]), max_sigma(s),
                      fmt_range(s["samples_per_s"]), fmt_range(s["speedup"])])
-    return markdown_table(["protocol", "lr_modulation", "final acc %", "Δ vs hardsync (points)", "mean σ",
+    return markdown_table(["protocol", "async_scaling", "lr_modulation", "final acc %", "Δ vs hardsync (points)", "mean σ",
                            "max σ", "samples/s", "× hardsync"], rows)
 
 
@@ -192,7 +211,8 @@ def plot_study(systems: dict[str, Any], path: Path) -> Path:
         med = [100 * (a["median"] if math.isfinite(a["median"]) else 0.1) for a in acc]
         lo = [m - 100 * a["min"] if math.isfinite(a["min"]) else 0 for m, a in zip(med, acc)]
         hi = [100 * a["max"] - m if math.isfinite(a["max"]) else 0 for m, a in zip(med, acc)]
-        ax.errorbar(ns, med, yerr=[lo, hi], marker="o", capsize=3, label=f"softsync, lr_modulation={mod}")
+        label = "softsync, async_scaling=bsp" if mod == "bsp" else f"softsync, lr_modulation={mod}"
+        ax.errorbar(ns, med, yerr=[lo, hi], marker="o", capsize=3, label=label)
     hard = systems["hardsync"]["final_accuracy"]
     if math.isfinite(hard["median"]):
         ax.axhline(100 * hard["median"], color="black", linestyle="--", linewidth=1, label="hardsync (median)")
@@ -205,6 +225,59 @@ def plot_study(systems: dict[str, Any], path: Path) -> Path:
     ax.set_title("Rudra study: accuracy vs n at constant μ·λ (median, min–max)")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="lower left")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+COLORS = {"none": "C0", "per_gradient": "C1", "mean": "C2", "bsp": "C3"}
+VARIANTS = {"none": "α0 (lr_modulation none)", "per_gradient": "α0/σ (per_gradient)", "mean": "α0/⟨σ⟩ (mean)",
+            "bsp": "async_scaling = bsp"}
+
+
+def plot_curves(runs: list[dict[str, Any]], systems: list[str], path: Path) -> Path | None:
+    """Test accuracy against epochs (top) and against training seconds (bottom), one
+    column per n: the median over rounds at each evaluation, hardsync in every column."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import statistics
+
+    def median_curve(name: str) -> tuple[list[float], list[float], list[float]] | None:
+        curves = [r[name].get("curve") for r in runs if r[name].get("curve")]
+        if not curves:
+            return None
+        k = min(len(c) for c in curves)
+        col = lambda j: [statistics.median(c[i][j] for c in curves) for i in range(k)]  # noqa: E731
+        return col(0), col(1), [100 * a for a in col(2)]
+
+    ns = sorted({int(name.split("-")[0]) for name in systems if name != "hardsync"})
+    if not ns:
+        return None
+    fig, axes = plt.subplots(2, len(ns), figsize=(3.2 * len(ns), 6.0), dpi=110, squeeze=False, sharey=True)
+    hard = median_curve("hardsync")
+    for j, n in enumerate(ns):
+        for name in ["hardsync"] + [x for x in systems if x.startswith(f"{n}-softsync")]:
+            curve = hard if name == "hardsync" else median_curve(name)
+            if curve is None:
+                continue
+            variant = name.partition(" ")[2] or name
+            style = dict(color="black", linestyle="--") if name == "hardsync" else dict(color=COLORS.get(variant))
+            label = VARIANTS.get(variant, variant)
+            axes[0][j].plot(curve[0], curve[2], label=label, **style)
+            axes[1][j].plot(curve[1], curve[2], label=label, **style)
+        axes[0][j].set_title(f"n = {n}")
+        axes[0][j].set_xlabel("epochs")
+        axes[1][j].set_xlabel("training seconds")
+        for ax in (axes[0][j], axes[1][j]):
+            ax.grid(True, alpha=0.3)
+            ax.set_ylim(40, 90)
+    axes[0][0].set_ylabel("test accuracy (%)")
+    axes[1][0].set_ylabel("test accuracy (%)")
+    axes[0][-1].legend(fontsize=7, loc="lower right")
+    fig.suptitle("n-softsync against hardsync, λ = 8: median over rounds", fontsize=10)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
@@ -267,7 +340,11 @@ def run(preset: str, results_path: str | None = None, plots: str | None = None) 
                   f"epochs; median (min–max) of {spec.reps} interleaved rounds\n")
             print(study_table(res["systems"]))
             if plots:
-                result["plot"] = str(plot_study(res["systems"], Path(plots) / "rudra-accuracy-vs-n.png"))
+                stem = "rudra-accuracy-vs-n" if preset == "study" else f"rudra-{preset}-accuracy-vs-n"
+                result["plot"] = str(plot_study(res["systems"], Path(plots) / f"{stem}.png"))
+                if spec.study_eval_every:
+                    curves = plot_curves(res["rounds"], list(res["systems"]), Path(plots) / f"rudra-{preset}-curves.png")
+                    result["curves_plot"] = str(curves) if curves else None
         if "ssp" in spec.sections:
             res = result["ssp"] = ssp(spec, tmp)
             who = (f"the {max(spec.ssp_slowdown)}× slowdown moving to the next worker every {spec.ssp_rotate} "

@@ -274,10 +274,12 @@ class ServerSync:
     update, before asking for the next: σ of an update is measured when it is taken.
     """
 
-    def __init__(self, policy: SyncPolicy, workers: int, *, version: int = 0):
+    def __init__(self, policy: SyncPolicy, workers: int, *, version: int = 0, ranks: Iterable[int] | None = None):
+        """`ranks`: the active workers' ranks (default 0 … workers − 1), whose clocks SSP keeps."""
         self.policy, self.workers, self.version = policy, int(workers), int(version)
         self.pending: list[Pending] = []
-        self.clocks: dict[int, int] = {w: 0 for w in range(self.workers)} if policy.clocked else {}
+        ranks = range(self.workers) if ranks is None else sorted(int(r) for r in ranks)
+        self.clocks: dict[int, int] = {w: 0 for w in ranks} if policy.clocked else {}
         self.pushed: dict[int, int] = dict(self.clocks)  # SSP: gradients accepted per active worker
         self.retired: dict[int, int] = {}  # SSP: stopped workers' pushes (a last push may follow)
         self.histogram: Counter[int] = Counter()  # σ of every gradient applied

@@ -68,6 +68,7 @@ class Coordinator(Losses):
     when a plan request is answered and when an iteration ends."""
 
     recovers_servers = False  # whether a lost server is replaced and the job rolled back
+    barrier_paced = False  # whether plans go out at barriers (BSP, LB-BSP)
 
     def __init__(self, cfg: Config, run_dir: Path, transport: Transport, listener: Listener, data, *,
                  peers: Peers, resume: Checkpoint | None = None,
@@ -119,6 +120,7 @@ class Coordinator(Losses):
         self.epoch = 0  # rollbacks so far; a plan request of an earlier epoch is stale
         self.memory: Memory | None = None  # the snapshot a rollback restores
         self.replacing: dict[int, str] = {}  # lost servers being replaced: rank -> address ("" until hello)
+        self.plans = 0  # no barrier: plans handed out (each is one gradient for every server)
         self._refused: set[tuple[str, str]] = set()  # (role, message type) refused and logged once
         peers.tolerate("worker")
         if self.recovers_servers and (cfg.snapshot_every or cfg.replication):
@@ -177,7 +179,7 @@ class Coordinator(Losses):
             values, optim = self.resume.values, self.resume.optim
             version, samples = self.resume.version, self.resume.samples
         self.servers.start(addresses, self.blocks, table, values, optim, version, samples, len(self.workers))
-        self.memory = Memory(self.iteration, State(values, optim, version, samples), list(table))
+        self.memory = Memory(self.iteration, State(values, optim, version, samples), list(table), cursor=self.cursor)
         if self.cfg.replication:
             self.servers.replicate()
 
@@ -384,7 +386,7 @@ class Coordinator(Losses):
         if want_eval or want_ckpt or want_mem:
             state = self.snapshots.fetch(self.servers.broadcast, version)
             if want_mem:
-                self.memory = Memory(t, state, list(self.servers.table))
+                self.memory = Memory(t, state, list(self.servers.table), cursor=cursor, plans=self.plans)
             self.snapshots.take(t, state, cursor=cursor, blocks=self.blocks, table=self.servers.table,
                                 elapsed=self.stats.elapsed(), want_eval=want_eval, want_ckpt=want_ckpt)
 
@@ -393,7 +395,9 @@ class Coordinator(Losses):
         evals = self.snapshots.results()
         histogram: dict[int, int] = {}  # σ of every gradient applied, over all servers
         steps, compensated = [0, 0.0, 0.0, 0.0], 0  # async_scaling's steps, DC-ASGD's corrections
-        for ack in self.servers.broadcast(Message("stop", {"reason": "job finished"}), "ack").values():
+        applied: dict[int, int] = {}  # gradients each server applied in all
+        for rank, ack in self.servers.broadcast(Message("stop", {"reason": "job finished"}), "ack").items():
+            applied[rank] = int(ack.fields.get("gradients", 0))
             for sigma, count in ack.fields.get("histogram", []):
                 histogram[int(sigma)] = histogram.get(int(sigma), 0) + int(count)
             got = ack.fields.get("steps", [])
@@ -406,6 +410,8 @@ class Coordinator(Losses):
         summary["target"] = self.snapshots.settings.target or None
         summary["time_to_target"] = self.snapshots.reached
         summary["recovered"], summary["lost_updates"] = self.recovered, self.lost_updates
+        if not self.barrier_paced:  # each plan is one gradient owed to every server
+            summary["gradients"] = {"owed": self.plans, "applied": {str(r): n for r, n in sorted(applied.items())}}
         if steps[0]:  # async_scaling = "bsp": how the servers stepped, on average over updates
             summary["async_steps"] = {"updates": steps[0], "delay_mean": steps[1] / steps[0],
                                       "momentum_mean": steps[2] / steps[0], "lr_factor_mean": steps[3] / steps[0]}
@@ -433,6 +439,7 @@ class BarrierCoordinator(BarrierLosses, Coordinator):
     """BSP and LB-BSP: iteration t's plans go out once every worker asked for them."""
 
     recovers_servers = True
+    barrier_paced = True
 
     def _advance(self, worker: int) -> None:
         if self.assign.queue.get(worker):
@@ -521,7 +528,16 @@ class BarrierCoordinator(BarrierLosses, Coordinator):
 class StreamCoordinator(Coordinator):
     """ASP, softsync, SSP: each request gets the next μ positions of the global stream;
     an iteration ends once its X samples are reported; the final snapshot is taken once
-    every worker stopped."""
+    every worker stopped.
+
+    A lost server is replaced and every server rolled back to the last in-memory snapshot
+    (`snapshot_every`), as under a barrier; the stream goes back to the position the
+    snapshot was taken at. Without a barrier that snapshot is not quiet: gradients handed
+    out before it and not yet applied on some server are applied there never (each
+    server's state is its own moment). They are counted, exactly, in `lost_updates`: the
+    plans handed out before the snapshot less the gradients each server had applied."""
+
+    recovers_servers = True
 
     def _advance(self, worker: int) -> None:
         end = self.total * self.cfg.global_batch
@@ -531,6 +547,7 @@ class StreamCoordinator(Coordinator):
         before = self.cursor // self.cfg.global_batch
         self._reply_plan(worker, before, self.cursor, size, version=0)
         self.cursor += size
+        self.plans += 1
         self.iteration = self.cursor // self.cfg.global_batch
         if self.iteration > before and self.iteration < self.total:
             self._snapshot(self.iteration, version=0, cursor=self.cursor)
@@ -544,6 +561,19 @@ class StreamCoordinator(Coordinator):
         self.planner.set_workers(active)
         return (f"removed; {len(active)} workers go on"
                 + ("; its last gradient reached only some servers (counted in lost_updates)" if partial else ""))
+
+    def _rewind(self, mem: Memory) -> None:
+        """Back to the stream position of `mem`; what was in flight then is lost (counted)."""
+        self.cursor = mem.iteration * self.cfg.global_batch if mem.cursor is None else mem.cursor
+        self.iteration = self.cursor // self.cfg.global_batch
+        self.reports = {t: [r for r in held if r.get("start", 0) < self.cursor] for t, held in self.reports.items()}
+        self.reports = {t: held for t, held in self.reports.items() if held}
+        lost = max([mem.plans - g for g in mem.state.gradients.values()] + [0])
+        self.lost_updates += lost
+        self.plans = mem.plans
+        if lost:
+            log.warning("rollback: %d gradients handed out before the snapshot were not yet applied on every "
+                        "server; they are lost (lost_updates)", lost)
 
     def _reported(self, t: int) -> None:
         if sum(r["samples"] for r in self.reports[t]) >= self.cfg.global_batch:

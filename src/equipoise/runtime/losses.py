@@ -31,6 +31,8 @@ class Memory:
     iteration: int
     state: State
     table: list[int]
+    cursor: int | None = None  # the stream position it was taken at (None: iteration × global batch)
+    plans: int = 0  # no barrier: plans handed out before it (each one gradient for every server)
 
 
 class Losses:
@@ -52,7 +54,7 @@ class Losses:
         active = sorted(set(self.workers) - self.stopped)
         if not active:
             raise JobError(f"worker{w} {failure.reason}, and no worker is left")
-        self.servers.workers = len(active)
+        self.servers.workers, self.servers.ranks = len(active), active
         try:
             if self.replacing:  # a rollback is under way: it starts every server afresh
                 raise PeerLost(failure)
@@ -139,17 +141,25 @@ class Losses:
         mem = self.memory
         self.epoch += 1
         self.servers.epoch = self.epoch
+        active = sorted(set(self.workers) - self.stopped)  # whose clocks SSP keeps from the restart on
+        self.servers.workers, self.servers.ranks = len(active), active
         self.servers.restore(replacements or {}, mem.table, mem.state.values, mem.state.optim,
-                             mem.state.version, mem.state.samples)
-        self.iteration, self.cursor = mem.iteration, mem.iteration * self.cfg.global_batch
+                             mem.state.version, mem.state.samples, mem.state.gradients)
+        self._rewind(mem)
         self.waiting, self.assign = {}, Assignments()
-        self.reports = {t: r for t, r in self.reports.items() if t < mem.iteration}
         self.snapshots.replay_from(mem.iteration)
         for w in sorted(set(self.workers) - self.stopped):
             self.known_table[w] = self.servers.version
             self.listener.send(self.workers[w], plan_message(mem.iteration, 0, 0, mem.iteration, stop=False, reset=True,
                                                       epoch=self.epoch, table=self.servers.table,
                                                       servers=self.servers.addresses))
+
+
+    def _rewind(self, mem: Memory) -> None:
+        """The plan goes back to `mem`: at a barrier every slice before it was applied on
+        every server, and every report after it is replayed."""
+        self.iteration, self.cursor = mem.iteration, mem.iteration * self.cfg.global_batch
+        self.reports = {t: r for t, r in self.reports.items() if t < mem.iteration}
 
 
 class BarrierLosses(Losses):

@@ -69,6 +69,7 @@ class Server:
         self.reads: dict[int, dict[int, dict]] = {}  # delay compensation: worker -> read stamp -> weights
         self.steps = [0, 0.0, 0.0, 0.0]  # async_scaling: updates, Σ delay τ̄, Σ momentum, Σ lr factor
         self.compensated = 0  # delay compensation: gradients corrected with the weights they read
+        self.gradients = 0  # gradients applied before the last init (the snapshot it restored)
         self.replication: Replication | None = None  # replication = 1: backup duties both ways
         self.epoch = 0  # the coordinator's rollbacks: worker requests of earlier ones are stale
         self.done = False
@@ -157,7 +158,11 @@ class Server:
                                version=f["version"], samples=f["samples"], optim_state=states_of(msg.tensors))
         self._straggle(f.get("straggler", {}))  # before the store changes: a bad one changes nothing
         self.epoch = int(f.get("epoch", 0))
-        self.store, self.sync = store, ServerSync(policy, workers, version=store.version)
+        ranks = f.get("ranks")
+        if ranks is not None and not (isinstance(ranks, list) and all(isinstance(r, int) for r in ranks)):
+            raise TypeError(f"ranks = {ranks!r} must be a list of worker ranks")
+        self.gradients = int(f.get("gradients", 0))  # applied before this init (a rollback restores it)
+        self.store, self.sync = store, ServerSync(policy, workers, version=store.version, ranks=ranks)
         self.pushes, self.held, self.reads = {}, [], {}
         if self.replication is not None:
             self.replication.reset(store.version)
@@ -170,7 +175,8 @@ class Server:
             "version": sync.published() if sync else 0,
             "histogram": [[s, n] for s, n in sorted(sync.histogram.items())] if sync else [],
             "unapplied": sync.unapplied if sync else 0,
-            "steps": list(self.steps), "compensated": self.compensated}))
+            "steps": list(self.steps), "compensated": self.compensated,
+            "gradients": self.gradients + sum(sync.applied.values()) if sync else 0}))
 
     def _straggle(self, f: dict) -> None:
         """Set the emulated slowdown; ValueError (and nothing set) unless the factor and
@@ -452,7 +458,9 @@ class Server:
             self._charge(_nbytes(values.values()), t0)
         else:
             msg = Message("state", {"version": store.version, "samples": store.samples,
-                                    "blocks": len(store.blocks)}, pack(values, states=store.optim_state()))
+                                    "blocks": len(store.blocks),
+                                    "gradients": self.gradients + sum(self.sync.applied.values())},
+                          pack(values, states=store.optim_state()))
         store.lend(list(values.values()), self.listener.send(h.peer, msg))
 
 

@@ -69,6 +69,7 @@ class ServerManager:
         self.pool: ServerPool | None = None
         self.psld: Psld | None = None
         self.workers = 0  # active workers, for the init of a joining server
+        self.ranks: list[int] | None = None  # their ranks, once some were lost (SSP's clocks)
         self.done_at: int | None = None  # the barrier whose server work is done
         self.table_at = 0  # the iteration the last table change took effect
         self._barrier_at: dict[int, float] = {}
@@ -106,15 +107,18 @@ class ServerManager:
             self.psld = Psld([b.nbytes for b in blocks], epsilon=s.psld_epsilon, max_servers=s.psld_max_servers,
                              seed=s.seed)
 
-    def _init(self, rank: int, mine: list[Block], values, optim, version: int, samples: int) -> Message:
+    def _init(self, rank: int, mine: list[Block], values, optim, version: int, samples: int,
+              gradients: int = 0) -> Message:
         keys = [b.key for b in mine]
         tensors = names.pack(values={k: values[k] for k in keys}, states=names.states_for(optim, keys))
+        extra = {"ranks": list(self.ranks)} if self.ranks is not None else {}
         return Message("init", {**self.init_fields, "blocks": [b.to_list() for b in mine], "version": version,
                                 "samples": samples, "workers": self.workers, "epoch": self.epoch,
+                                "gradients": int(gradients), **extra,
                                 "straggler": self.scenario.server_straggle(rank, 0.0, 0)}, tensors)
 
     def restore(self, addresses: dict[int, str], table: list[int], values: dict, optim: dict,
-                version: int, samples: int) -> None:
+                version: int, samples: int, gradients: dict[int, int] | None = None) -> None:
         """Every server starts again from a snapshot: the replacements at `addresses`
         (rank → address) and the survivors alike get their blocks of `table` with the
         snapshot's values and optimizer state. Replies to requests a loss interrupted are
@@ -130,7 +134,7 @@ class ServerManager:
         self._straggle_sent = {}  # a replacement starts unslowed: send the current factors again
         for s in pool.live():
             mine = [b for b in pool.blocks if table[b.key] == s]
-            pool.conns[s].send(self._init(s, mine, values, optim, version, samples))
+            pool.conns[s].send(self._init(s, mine, values, optim, version, samples, (gradients or {}).get(s, 0)))
         for s in pool.live():
             deadline = self.rpc.deadline()
             while True:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -41,6 +41,7 @@ class State:
     optim: dict[str, torch.Tensor]
     version: int
     samples: int
+    gradients: dict[int, int] = field(default_factory=dict)  # per server: gradients applied in all
 
 
 class Snapshots:
@@ -68,15 +69,16 @@ class Snapshots:
     @staticmethod
     def fetch(broadcast: Callable[[Message, str], dict[int, Message]], version: int) -> State:
         """The state of every server once it holds `version` (0: what it has now)."""
-        values, optim, versions, samples = {}, {}, [], []
-        for reply in broadcast(Message("state_req", {"version": version}), "state").values():
+        values, optim, versions, samples, gradients = {}, {}, [], [], {}
+        for rank, reply in broadcast(Message("state_req", {"version": version}), "state").items():
             if reply.fields.get("blocks", 1) == 0:
                 continue  # an empty server's version stood still: it has nothing to say
             values.update(names.values_of(reply.tensors))
             optim.update(names.states_of(reply.tensors))
             versions.append(reply.fields["version"])
             samples.append(reply.fields["samples"])
-        return State(values, optim, min(versions), min(samples))
+            gradients[rank] = int(reply.fields.get("gradients", 0))
+        return State(values, optim, min(versions), min(samples), gradients)
 
     def take(self, t: int, state: State, *, cursor: int, blocks: list, table: list[int], elapsed: float,
              want_eval: bool, want_ckpt: bool) -> None:
