@@ -24,9 +24,10 @@ wall time.
 The asynchronous variant, `--protocol async` (results in bench_chaos_async.json), draws
 softsync (n = 2), ssp (s = 2) or asp for each repetition and no worker replacements.
 There is no oracle without a barrier; its check is the accounting instead: every gradient
-owed to a server (one per plan handed out) is applied there once, or counted — a lost
-worker's last plan, or a gradient in flight when the snapshot a rollback restores was
-taken (`lost_updates`). Recorded as `gap`, the most any server is short.
+owed to a server (one per plan handed out) is applied there at most once, and what a
+server never applied — a lost worker's last plan, a gradient in flight when the
+snapshot a rollback restores was taken — is within a bound argued from those causes
+(`bound`: one per lost worker, workers + 1 per rollback) and is `lost_updates`.
 """
 
 from __future__ import annotations
@@ -160,10 +161,13 @@ def repetition(seed: int, rep: int, run: Path, protocol: str = "bsp") -> dict[st
         # snapshot (lost_updates). `gap`: the most any server is short.
         grads = result.get("gradients") or {}
         short = [grads["owed"] - n for n in grads.get("applied", {}).values()] if grads else []
-        workers_lost = sum(e["role"] == "worker" for e in record["recovered"])
+        lost = Counter(e["role"] for e in record["recovered"])
         record["gap"] = max(short, default=None)
-        record["ok"] = (completed and bool(short) and min(short) >= 0
-                        and record["gap"] <= (record["lost_updates"] or 0) + workers_lost)
+        # At most one plan per lost worker; per rollback, one plan per worker in flight at
+        # the snapshot plus a softsync group's c − 1 (≤ 1 at n = 2 of 4).
+        record["bound"] = lost["worker"] + lost["server"] * (JOB["workers"] + 1)
+        record["ok"] = (completed and bool(short) and min(short) >= 0 and record["gap"] == record["lost_updates"]
+                        and record["lost_updates"] <= record["bound"])
         return record
     if record["status"] == "completed":
         try:

@@ -218,3 +218,23 @@ def test_psld_ratios_are_taken_within_each_round():
     assert r["psld speed-up × mxnet"]["values"] == [4.0, 2.0]
     assert r["psld speed-up × mxnet settled"]["values"] == [4.0, 2.0]
     assert r["psld settled × oracle"]["values"] == [2.0, 1.0] and r["psld settled × oracle"]["median"] == 1.5
+
+
+def test_async_benchmark_pairs_rounds_against_hardsync():
+    from benchmarks import bench_async
+
+    def run(acc, speed, ttt, error=None):
+        r = dict(final_accuracy=acc, samples_per_s=speed, staleness_mean=2.0, time_to_target=ttt, delay_mean=2.0,
+                 momentum_mean=0.66, train_s=10.0)
+        return dict(r, error=error) if error else r
+
+    runs = [{"seed": s, "hardsync": run(0.84 + d, 100.0, 4.0), "4-softsync": run(0.85 + d, 150.0, 2.0),
+             "asp": run(math.nan, math.nan, math.nan, "JobError: diverged") if s == 2 else run(0.80, 120.0, 8.0)}
+            for s, d in ((0, 0.0), (1, 0.01), (2, 0.02))]
+    systems = bench_async.summarise(runs, "hardsync")
+    assert systems["4-softsync"]["delta_points"]["median"] == pytest.approx(1.0)  # in points, paired by round
+    assert systems["4-softsync"]["time_to_target_ratio"]["median"] == pytest.approx(2.0)  # hardsync's time ÷ this
+    assert systems["asp"]["final_accuracy"]["n"] == 2 and systems["asp"]["errors"] == ["JobError: diverged"]
+    text = bench_async.accuracy_table(systems, speed=True)
+    assert "1 failed: JobError" in text and "1.50" in text
+    assert "2.00" in bench_async.target_table(systems)

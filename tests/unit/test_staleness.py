@@ -132,3 +132,16 @@ def test_under_the_rule_a_modulation_only_moves_weight_to_the_fresher_gradients(
                      momentum=0.0, global_batch=64, lr=1.0)
     mean.apply([Push(p.worker, 0, 32, dict(p.tensors), read=0) for p in g], [3, 1])
     assert mean.values[0].tolist() == pytest.approx([-6.0, -6.0])
+
+
+def test_a_zero_momentum_update_restarts_the_momentum_from_its_gradient():
+    """torch's SGD leaves the buffer alone when momentum is 0; the rule's buf = 0·buf + g
+    means the next update's buffer starts from its own gradient. B = b = 32, μ = 0.9;
+    delays (samples since read): 0, 0, then 320 (τ = 10 → μₑ = 0), then 256 (τ = 8 →
+    μₑ = 0.1, whose buffer must start from g, not from 1.9)."""
+    s = one_block(make_sync_policy("asp", async_scaling="bsp"), global_batch=32, lr=1.0)
+    for g, read in ((1.0, 0), (1.0, 32), (-5.0, 0), (2.0, 96)):
+        s.samples = max(s.samples, 320) if g == -5.0 else s.samples
+        s.apply([Push(0, 0, 32, {0: torch.full((2,), g)}, read=read)], [0])
+    # bufs: 1; 0.9·1 + 1 = 1.9; μₑ = 0: a plain step of −5, buffer dropped; then buf = 2 afresh
+    assert s.values[0].tolist() == pytest.approx([-(1 + 1.9 - 5 + 2)] * 2)

@@ -112,7 +112,7 @@ class Coordinator(Losses):
         self.events_done: set[int] = set()  # scenario membership events applied
         self.assign = Assignments()  # barrier: the slices of the iteration in flight
         self.recovered: list[dict] = []  # every process lost, and what was done
-        self.lost_updates = 0  # gradients applied on some servers and not on others
+        self.lost_updates = 0  # no barrier: set at the end from the gradients owed and applied
         self.restarts = cfg.worker_restarts  # replacements still allowed
         self.joins_owed = 0  # replacements to start at the next barrier
         self.never_joined: set[int] = set()  # ranks of replacements lost before they registered
@@ -412,6 +412,9 @@ class Coordinator(Losses):
         summary["recovered"], summary["lost_updates"] = self.recovered, self.lost_updates
         if not self.barrier_paced:  # each plan is one gradient owed to every server
             summary["gradients"] = {"owed": self.plans, "applied": {str(r): n for r, n in sorted(applied.items())}}
+            # Owed and never applied, on the server short of most: a lost worker's last
+            # gradient, gradients in flight at a rollback's snapshot.
+            summary["lost_updates"] = max([self.plans - n for n in applied.values()] + [0])
         if steps[0]:  # async_scaling = "bsp": how the servers stepped, on average over updates
             summary["async_steps"] = {"updates": steps[0], "delay_mean": steps[1] / steps[0],
                                       "momentum_mean": steps[2] / steps[0], "lr_factor_mean": steps[3] / steps[0]}
@@ -534,8 +537,10 @@ class StreamCoordinator(Coordinator):
     (`snapshot_every`), as under a barrier; the stream goes back to the position the
     snapshot was taken at. Without a barrier that snapshot is not quiet: gradients handed
     out before it and not yet applied on some server are applied there never (each
-    server's state is its own moment). They are counted, exactly, in `lost_updates`: the
-    plans handed out before the snapshot less the gradients each server had applied."""
+    server's state is its own moment). Every server counts the gradients it applied, and
+    the coordinator the plans it handed out (each one gradient owed to every server), both
+    rolled back with the snapshot: `lost_updates` is, at the end, the most any server was
+    owed and never applied."""
 
     recovers_servers = True
 
@@ -556,8 +561,7 @@ class StreamCoordinator(Coordinator):
         """The servers dropped its pushes still waiting in a group; a gradient it had
         delivered to some servers and not others is counted as lost."""
         applied = [int(m.fields["applied"]) for m in replies.values()]
-        partial = max(applied) - min(applied) if applied else 0
-        self.lost_updates += partial
+        partial = max(applied) - min(applied) if applied else 0  # summary.json counts it (gradients owed)
         self.planner.set_workers(active)
         return (f"removed; {len(active)} workers go on"
                 + ("; its last gradient reached only some servers (counted in lost_updates)" if partial else ""))
@@ -568,12 +572,11 @@ class StreamCoordinator(Coordinator):
         self.iteration = self.cursor // self.cfg.global_batch
         self.reports = {t: [r for r in held if r.get("start", 0) < self.cursor] for t, held in self.reports.items()}
         self.reports = {t: held for t, held in self.reports.items() if held}
-        lost = max([mem.plans - g for g in mem.state.gradients.values()] + [0])
-        self.lost_updates += lost
+        short = max([mem.plans - g for g in mem.state.gradients.values()] + [0])
         self.plans = mem.plans
-        if lost:
-            log.warning("rollback: %d gradients handed out before the snapshot were not yet applied on every "
-                        "server; they are lost (lost_updates)", lost)
+        if short:
+            log.warning("rollback: a server had applied %d fewer gradients than were handed out before the "
+                        "snapshot (in flight then, or lost before); they are not applied there (lost_updates)", short)
 
     def _reported(self, t: int) -> None:
         if sum(r["samples"] for r in self.reports[t]) >= self.cfg.global_batch:

@@ -148,7 +148,9 @@ class Losses:
         self._rewind(mem)
         self.waiting, self.assign = {}, Assignments()
         self.snapshots.replay_from(mem.iteration)
-        for w in sorted(set(self.workers) - self.stopped):
+        # Every worker not yet done, also one stopped with a request still owed an answer
+        # (overlap): after the reset it asks again, and is stopped again.
+        for w in sorted(set(self.workers) - self.done):
             self.known_table[w] = self.servers.version
             self.listener.send(self.workers[w], plan_message(mem.iteration, 0, 0, mem.iteration, stop=False, reset=True,
                                                       epoch=self.epoch, table=self.servers.table,

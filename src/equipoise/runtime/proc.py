@@ -126,7 +126,7 @@ def main(argv: list[str]) -> int:
     try:
         host(role, int(rank), coordinator, read_job(sys.stdin.fileno()))
     except Exception as exc:  # the launcher shows this line, naming the process
-        logging.getLogger("equipoise").warning("failure", exc_info=True)
+        logging.getLogger("equipoise").debug("failure", exc_info=True)
         print(f"error: {role} {rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return 1
     return 0

@@ -179,6 +179,11 @@ class ParameterStore:
             g["lr"] = lr * lr_factor
             if "momentum" in g:
                 g["momentum"] = momentum
+                if momentum == 0 and self.spec.momentum > 0:
+                    # torch's SGD skips a zero momentum without touching the buffer; the
+                    # rule's buf = 0·buf + g means the next momentum starts from g afresh.
+                    for param in g["params"]:
+                        self.optimizer.state.get(param, {}).pop("momentum_buffer", None)
         if self._params and self._plain_sgd:
             # Exactly SGD.step's arithmetic without momentum and weight decay (w −= lr·g), less
             # its per-call overhead (profiler scope, grad mode, argument checks).
