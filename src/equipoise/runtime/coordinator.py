@@ -562,7 +562,8 @@ class StreamCoordinator(Coordinator):
         delivered to some servers and not others is counted as lost."""
         applied = [int(m.fields["applied"]) for m in replies.values()]
         partial = max(applied) - min(applied) if applied else 0  # summary.json counts it (gradients owed)
-        self.planner.set_workers(active)
+        if active:
+            self.planner.set_workers(active)
         return (f"removed; {len(active)} workers go on"
                 + ("; its last gradient reached only some servers (counted in lost_updates)" if partial else ""))
 

@@ -52,7 +52,9 @@ class Losses:
         self.stopped.add(w)
         self.done.add(w)
         active = sorted(set(self.workers) - self.stopped)
-        if not active:
+        # Without a barrier the others may have stopped because the stream is handed out:
+        # the lost worker's slice is simply not computed, as for any lost worker there.
+        if not active and (self.barrier_paced or self.cursor < self.total * self.cfg.global_batch):
             raise JobError(f"worker{w} {failure.reason}, and no worker is left")
         self.servers.workers, self.servers.ranks = len(active), active
         try:
