@@ -29,19 +29,18 @@ within each round. samples/s is on a steady window (the iterations after `warmup
 
 from __future__ import annotations
 
-import itertools
 import math
 import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from benchmarks.bench_lbbsp import steady_window
+from benchmarks.bench_rudra import rounds
 from benchmarks.common import (
     fmt_range,
     git_state,
-    interleave,
     load_average,
     markdown_table,
     preset_main,
@@ -110,17 +109,6 @@ def run_job(tmp: Path, label: str, warmup: int, **cfg: Any) -> dict[str, Any]:
             "target_iteration": reached["iteration"] if reached else None,
             "delay_mean": steps.get("delay_mean", math.nan), "momentum_mean": steps.get("momentum_mean", cfg.get("momentum")),
             "dc_compensated": s.get("dc_compensated"), "wall_s": time.perf_counter() - t0}
-
-
-def rounds(systems: dict[str, Callable[[int], dict[str, Any]]], spec: Spec) -> list[dict[str, Any]]:
-    seeds = itertools.count(spec.seed)
-
-    def one_round() -> dict[str, Any]:
-        seed = next(seeds)
-        print(f"  round at seed {seed}", flush=True)
-        return {"seed": seed, **{name: run(seed) for name, run in systems.items()}}
-
-    return interleave({"round": one_round}, spec.reps)["round"]
 
 
 def summarise(runs: list[dict[str, Any]], reference: str) -> dict[str, Any]:
