@@ -112,7 +112,6 @@ class Coordinator(Losses):
         self.events_done: set[int] = set()  # scenario membership events applied
         self.assign = Assignments()  # barrier: the slices of the iteration in flight
         self.recovered: list[dict] = []  # every process lost, and what was done
-        self.lost_updates = 0  # no barrier: set at the end from the gradients owed and applied
         self.restarts = cfg.worker_restarts  # replacements still allowed
         self.joins_owed = 0  # replacements to start at the next barrier
         self.never_joined: set[int] = set()  # ranks of replacements lost before they registered
@@ -409,7 +408,7 @@ class Coordinator(Losses):
         summary["resumed_from"] = self.resume.iteration if self.resume else None
         summary["target"] = self.snapshots.settings.target or None
         summary["time_to_target"] = self.snapshots.reached
-        summary["recovered"], summary["lost_updates"] = self.recovered, self.lost_updates
+        summary["recovered"] = self.recovered  # lost_updates: 0 under a barrier (stats), counted below without
         if not self.barrier_paced:  # each plan is one gradient owed to every server
             summary["gradients"] = {"owed": self.plans, "applied": {str(r): n for r, n in sorted(applied.items())}}
             # Owed and never applied, on the server short of most: a lost worker's last
