@@ -7,7 +7,7 @@ the planner (planner.py: batch sizes), snapshots (snapshots.py: evaluation and
 checkpoints) and the metrics writer; lost workers and servers are handled by the
 methods of losses.py, mixed in.
 
-Two pacings share this loop. Under a barrier protocol (BSP, LB-BSP) the coordinator
+Two pacings share this loop (runtime/pacings.py). Under a barrier protocol (BSP, LB-BSP) the coordinator
 answers the plan requests of iteration t only once every worker has asked, i.e. once
 all pushes of t−1 are acknowledged. That costs nothing extra (the servers' barrier waits
 for the same last push), lets the batching policy decide iteration t from all reports of
@@ -29,8 +29,7 @@ import torch
 from ..config import Config
 from ..models import build_model
 from ..policy.placement import Block
-from ..policy.sync import make_sync_policy
-from ..scenario import Scenario, WorkerJoin, WorkerLeave
+from ..scenario import Scenario
 from ..telemetry.metrics import MetricsWriter
 from ..telemetry.progress import ProgressDisplay
 from ..telemetry.tensorboard import TensorBoardLog
@@ -38,7 +37,7 @@ from ..wire import Listener, Message, Transport
 from ..workload import as_workload
 from .blocks import model_tensors, read_values
 from .checkpoint import Checkpoint, CheckpointError
-from .losses import BarrierLosses, Losses, Memory, plan_message
+from .losses import Losses, Memory, plan_message
 from .planner import PlanSettings, Planner
 from .recovery import Assignments
 from .rpc import Failure, JobError, PeerLost, Peers, Rpc
@@ -51,16 +50,6 @@ log = logging.getLogger("equipoise.coordinator")
 
 REPORT_KEYS = ("iteration", "samples", "loss", "compute_s", "wait_s", "comm_s")
 _SENT_BY = {"plan_req": "worker", "table_req": "worker"}  # requests only workers send
-
-
-def make_coordinator(cfg: Config, run_dir: Path, transport: Transport, listener: Listener, data, *,
-                     peers: Peers, resume: Checkpoint | None = None,
-                     on_tick: Callable[[float], None] | None = None) -> "Coordinator":
-    """The coordinator of `cfg.protocol`: barrier pacing or stream pacing."""
-    barrier = make_sync_policy(cfg.protocol, softsync_n=cfg.softsync_n or cfg.workers,
-                               staleness_bound=cfg.staleness_bound, lr_modulation=cfg.lr_modulation).barrier()
-    kind = BarrierCoordinator if barrier else StreamCoordinator
-    return kind(cfg, run_dir, transport, listener, data, peers=peers, resume=resume, on_tick=on_tick)
 
 
 class Coordinator(Losses):
@@ -437,156 +426,4 @@ class Coordinator(Losses):
             raise JobError(f"workers {silent} sent nothing for {self.cfg.timeout:.0f} s")
 
 
-class BarrierCoordinator(BarrierLosses, Coordinator):
-    """BSP and LB-BSP: iteration t's plans go out once every worker asked for them."""
-
-    recovers_servers = True
-    barrier_paced = True
-
-    def _advance(self, worker: int) -> None:
-        if self.assign.queue.get(worker):
-            return self._send_share(worker)
-        if len(self.waiting) == len(self.workers) - len(self.stopped) and not self.assign.owed():
-            self._advance_barrier()
-
-    def _advance_barrier(self) -> None:
-        """Every worker waits for iteration t: snapshot if due, then hand out slices.
-        The reports of t−1 are digested after the replies, so predictor training overlaps
-        the workers' pulls; LB-BSP sizes thus react to speeds up to t−2."""
-        t = self.iteration
-        self._snapshot(t, version=t, cursor=t * self.cfg.global_batch)
-        if t >= self.total:
-            self._end_iteration(t - 1)
-            return self._stop_all()
-        if self._membership(t):
-            return  # a joining worker's first plan request completes the barrier
-        actions = self.servers.at_barrier(t)
-        slices = {w: (t * self.cfg.global_batch + offset, size)
-                  for w, (offset, size) in self.planner.slices(self.planner.sizes()).items()}
-        self.assign.begin(t, slices)
-        for w, (start, size) in slices.items():
-            self._reply_plan(w, t, start, size, version=t, await_table=bool(actions))
-        self.iteration += 1
-        if actions:  # workers compute meanwhile; they ask for the table before pushing
-            self.servers.carry_out(t, actions)
-            if self.cfg.replication:  # the ring over the servers there are now
-                self.servers.replicate()
-        self._end_iteration(t - 1)
-
-    def _membership(self, t: int) -> bool:
-        """Apply the scenario's membership events due at iteration t (a quiet moment: no
-        update in flight). Returns True if workers joined and their first plan request
-        is awaited."""
-        joined = False
-        for _ in range(self.joins_owed):
-            joined |= self._join(t)
-        self.joins_owed = 0
-        for i, ev in enumerate(self.scenario.membership):
-            if i in self.events_done or ev.iteration > t:
-                continue
-            self.events_done.add(i)
-            if isinstance(ev, WorkerLeave) and ev.worker in self.workers and ev.worker not in self.stopped:
-                self._stop(ev.worker)
-                self._event("worker_left", t, worker=ev.worker)
-            elif isinstance(ev, WorkerJoin):
-                for _ in range(ev.count):
-                    joined |= self._join(t)
-        active = sorted(set(self.workers) - self.stopped)
-        if not active:
-            raise JobError(f"no worker left at iteration {t}")
-        if active != self.planner.workers:
-            self.planner.set_workers(active)
-            self.servers.members(len(active))
-        return joined
-
-    def _join(self, t: int) -> bool:
-        """Start a worker of a new rank and take it in; False if it was lost before it
-        registered."""
-        rank = max([*self.workers, *self.never_joined]) + 1
-        self.peers.spawn("worker", rank)
-
-        def gone() -> bool:
-            """Whether the joining worker was lost before it registered (other losses
-            are kept for the main loop)."""
-            for failure in self.peers.lost():
-                if failure.role == "worker" and failure.rank == rank:
-                    self.never_joined.add(rank)
-                    self._record_loss(failure, "a replacement lost before it registered; not replaced again")
-                    return True
-                self.unhandled.append(failure)
-            return False
-
-        peer = self._await_hello(f"joining worker {rank} to register",
-                                 lambda m: m.fields.get("role") == "worker" and m.fields.get("rank") == rank,
-                                 gone=gone)
-        if peer is None:
-            return False
-        self.workers[rank] = peer
-        self.listener.send(peer, self._welcome(rank))
-        self._event("worker_joined", t, worker=rank)
-        return True
-
-
-class StreamCoordinator(Coordinator):
-    """ASP, softsync, SSP: each request gets the next μ positions of the global stream;
-    an iteration ends once its X samples are reported; the final snapshot is taken once
-    every worker stopped.
-
-    A lost server is replaced and every server rolled back to the last in-memory snapshot
-    (`snapshot_every`), as under a barrier; the stream goes back to the position the
-    snapshot was taken at. Without a barrier that snapshot is not quiet: gradients handed
-    out before it and not yet applied on some server are applied there never (each
-    server's state is its own moment). Every server counts the gradients it applied, and
-    the coordinator the plans it handed out (each one gradient owed to every server), both
-    rolled back with the snapshot: `lost_updates` is, at the end, the most any server was
-    owed and never applied."""
-
-    recovers_servers = True
-
-    def _advance(self, worker: int) -> None:
-        end = self.total * self.cfg.global_batch
-        if self.cursor >= end:
-            return self._stop(worker)
-        size = min(self.planner.sizes()[worker], end - self.cursor)
-        before = self.cursor // self.cfg.global_batch
-        self._reply_plan(worker, before, self.cursor, size, version=0)
-        self.cursor += size
-        self.plans += 1
-        self.iteration = self.cursor // self.cfg.global_batch
-        if self.iteration > before and self.iteration < self.total:
-            self._snapshot(self.iteration, version=0, cursor=self.cursor)
-
-    def _after_loss(self, worker: int, delivered: bool, active: list[int], replies: dict[int, Message]) -> str:
-        """The servers dropped its pushes still waiting in a group; a gradient it had
-        delivered to some servers and not others is counted as lost."""
-        applied = [int(m.fields["applied"]) for m in replies.values()]
-        partial = max(applied) - min(applied) if applied else 0  # summary.json counts it (gradients owed)
-        if active:
-            self.planner.set_workers(active)
-        return (f"removed; {len(active)} workers go on"
-                + ("; its last gradient reached only some servers (counted in lost_updates)" if partial else ""))
-
-    def _rewind(self, mem: Memory) -> None:
-        """Back to the stream position of `mem`; what was in flight then is lost (counted)."""
-        self.cursor = mem.iteration * self.cfg.global_batch if mem.cursor is None else mem.cursor
-        self.iteration = self.cursor // self.cfg.global_batch
-        self.reports = {t: [r for r in held if r.get("start", 0) < self.cursor] for t, held in self.reports.items()}
-        self.reports = {t: held for t, held in self.reports.items() if held}
-        short = max([mem.plans - g for g in mem.state.gradients.values()] + [0])
-        self.plans = mem.plans
-        if short:
-            log.warning("rollback: a server had applied %d fewer gradients than were handed out before the "
-                        "snapshot (in flight then, or lost before); they are not applied there (lost_updates)", short)
-
-    def _reported(self, t: int) -> None:
-        if sum(r["samples"] for r in self.reports[t]) >= self.cfg.global_batch:
-            self._end_iteration(t)
-
-    def _wind_down(self) -> None:
-        for t in sorted(self.reports):  # partial last iterations
-            self._end_iteration(t)
-        self.servers.broadcast(Message("flush", {}), "ack")  # apply half-filled softsync groups
-        self._snapshot(self.total, version=0, cursor=self.cursor, force=True)
-
-
-__all__ = ["Coordinator", "BarrierCoordinator", "StreamCoordinator", "JobError", "make_coordinator"]
+__all__ = ["Coordinator", "JobError"]

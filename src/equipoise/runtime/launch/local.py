@@ -27,7 +27,7 @@ from ...neighbour import Burner, start_burner
 from ...scenario import Scenario
 from ...wire import JobKeys, Listener, Message, generate_keys, make_transport
 from ..checkpoint import Checkpoint
-from ..coordinator import make_coordinator
+from ..pacings import make_coordinator
 from ..rpc import JobError, LaunchedPeers
 from .cgroup import CpuLimit
 

@@ -39,7 +39,7 @@ from ...config import Config, ConfigError, EquipoiseWarning
 from ...data import DATASETS
 from ...wire import generate_keys, make_transport
 from ..checkpoint import Checkpoint
-from ..coordinator import make_coordinator
+from ..pacings import make_coordinator
 from ..rpc import JobError, LaunchedPeers
 from .local import Heartbeats
 from .ray_actor import actor_class, actor_options

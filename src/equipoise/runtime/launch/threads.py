@@ -13,7 +13,7 @@ from pathlib import Path
 from ...config import Config
 from ...wire import InMemoryTransport
 from ..checkpoint import Checkpoint
-from ..coordinator import make_coordinator
+from ..pacings import make_coordinator
 from ..rpc import JobError
 from ..server import Server
 from ..worker import Worker
