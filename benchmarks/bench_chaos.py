@@ -158,9 +158,9 @@ def repetition(seed: int, rep: int, run: Path, protocol: str = "bsp") -> dict[st
     if protocol == "async":
         # No oracle without a barrier: every gradient owed to a server is applied there
         # once, or counted lost — a lost worker's last plan, or in flight at a rollback's
-        # snapshot (lost_updates). `gap`: the most any server is short.
+        # snapshot (lost_updates). `gap`: the most any block is short.
         grads = result.get("gradients") or {}
-        short = [grads["owed"] - n for n in grads.get("applied", {}).values()] if grads else []
+        short = [grads["owed"] - grads["applied_min"], grads["owed"] - grads["applied_max"]] if grads else []
         lost = Counter(e["role"] for e in record["recovered"])
         record["gap"] = max(short, default=None)
         # At most one plan per lost worker; per rollback, one plan per worker in flight at

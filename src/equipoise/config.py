@@ -397,10 +397,6 @@ class Config:
                 Trace.from_csv(self.server_trace, column="server")
             except (ValueError, OSError) as exc:
                 raise ConfigError(f"server_trace = {self.server_trace!r}: {exc}") from None
-        moving = self.placement == "psld" or self.server_events
-        if moving and self.protocol not in ("bsp", "lbbsp"):
-            raise ConfigError(f"placement = \"psld\" and server_events move blocks at barriers: they need "
-                              f"protocol bsp or lbbsp, not {self.protocol!r}")
         if self.psld_max_servers and self.psld_max_servers < self.servers:
             raise ConfigError(f"psld_max_servers = {self.psld_max_servers} is less than servers = {self.servers}")
         for i, ev in enumerate(self.server_events):

@@ -249,6 +249,7 @@ class Pending:
     samples: int
     clock: int = 0
     part: int = 0
+    counted: bool = True  # SSP: the first push of its step to arrive (it advances the clock)
 
 
 @dataclass(frozen=True)
@@ -286,15 +287,20 @@ class ServerSync:
         self.applied: Counter[int] = Counter()  # gradients applied, per worker
         self.expected: int | None = None  # barrier: pushes the current update waits for, if not λ
         self.lost: set[int] = set()  # workers declared lost: their late pushes are refused
+        self.seen: dict[int, set[int]] = {}  # SSP: per worker, the steps (push numbers) counted
         self._unacked: dict[int, list[int]] = {}  # σ of each worker's applied gradients, not yet acked
         self._tokens = 0
 
     # -- pushes -------------------------------------------------------------------------
-    def accept(self, worker: int, version: int, samples: int = 1, part: int = 0) -> int:
+    def accept(self, worker: int, version: int, samples: int = 1, part: int = 0, step: int | None = None) -> int:
         """Hold a push of `worker` computed on `version`; its token. `part` > 0 marks a
         share of a lost worker's slice that `worker` computed in recovery (a barrier
-        update may then hold several pushes of one worker). Raises a SyncFault subclass
-        if the protocol refuses it (then nothing changes)."""
+        update may then hold several pushes of one worker). `step` numbers the worker's
+        pushes (0, 1, …): under SSP a step is counted on the clock once however many of
+        its pushes arrive — a block's new owner gets one step's gradient twice over, the
+        worker's own push for its other blocks and the old owner's forward of the block
+        (`counts`). Raises a SyncFault subclass if the protocol refuses it (then nothing
+        changes)."""
         policy = self.policy
         if worker in self.lost:
             raise LostWorker(f"push from worker {worker}, which was declared lost")
@@ -311,15 +317,32 @@ class ServerSync:
         if version > self.published():
             raise AheadOfPublished(f"push from worker {worker} claims version {version}, but the server "
                                    f"has only published {self.published()}")
-        clock = 0
+        clock, counted = 0, True
         if worker in self.pushed:
             clock = self.pushed[worker]
-            self.pushed[worker] += 1
+            counted = self.counts(worker, step)
+            if counted:
+                self.pushed[worker] += 1
+            else:  # σ against the clock its step was counted at
+                clock = max(0, min(int(step), clock - 1))
         elif worker in self.retired:  # a retired worker's last push no longer counts
             clock = self.retired[worker]
         token, self._tokens = self._tokens, self._tokens + 1
-        self.pending.append(Pending(token, worker, version, samples, clock, part))
+        self.pending.append(Pending(token, worker, version, samples, clock, part, counted))
         return token
+
+    def counts(self, worker: int, step: int | None) -> bool:
+        """Whether a push of `worker`'s `step` advances its clock (SSP): the first of
+        that step to arrive does; without a step number every push does."""
+        if step is None or not self.policy.clocked:
+            return True
+        seen = self.seen.setdefault(worker, set())
+        if step in seen:
+            return False
+        seen.add(step)
+        while len(seen) > 64:  # only recent steps can arrive twice (a hand-over's forwards)
+            seen.discard(min(seen))
+        return True
 
     def next_update(self) -> Update | None:
         """The oldest complete group of pending pushes, removed from `pending`, or None."""
@@ -350,10 +373,19 @@ class ServerSync:
         self.expected = None
         for p, sigma in zip(update.pushes, update.sigmas):
             self.applied[p.worker] += 1
-            if p.worker in self.clocks:
+            if p.worker in self.clocks and p.counted:
                 self.clocks[p.worker] += 1
             self._unacked.setdefault(p.worker, []).append(sigma)
             self.histogram[sigma] += 1
+
+    def forwarded(self, worker: int, step: int | None) -> None:
+        """A gradient of `worker`'s `step` came from a block's old owner and was applied
+        on its own: under SSP it advances the worker's clock if its step was not counted
+        yet (a server that held nothing before the hand-over gets the worker's steps this
+        way until the worker routes by the new table)."""
+        if self.policy.clocked and worker in self.pushed and step is not None and self.counts(worker, step):
+            self.pushed[worker] += 1
+            self.clocks[worker] += 1
 
     def take_staleness(self, worker: int) -> list[int]:
         """σ of `worker`'s gradients applied since it was last told (for its ack)."""
@@ -414,12 +446,27 @@ class ServerSync:
         """Blocks may move only with nothing pending, so no update is lost or applied twice."""
         return not self.pending
 
-    def join(self, version: int) -> None:
+    def clock_state(self) -> dict:
+        """SSP's clocks, for a server that holds no blocks and adopts some of ours while
+        workers run: it must count their steps from where we do."""
+        return {"clocks": [[w, c] for w, c in sorted(self.clocks.items())],
+                "pushed": [[w, c] for w, c in sorted(self.pushed.items())],
+                "retired": [[w, c] for w, c in sorted(self.retired.items())],
+                "seen": [[w, sorted(s)] for w, s in sorted(self.seen.items())]}
+
+    def join(self, version: int, clocks: dict | None = None) -> None:
         """Start counting updates from `version` (a server that held no blocks adopting
-        some); only with nothing pending."""
+        some), and under SSP the clocks of the server the blocks come from
+        (`clock_state`); only with nothing pending."""
         if self.pending:
             raise NotIdle(f"cannot move to version {version} with {len(self.pending)} pushes pending")
         self.version = int(version)
+        if clocks and self.policy.clocked:
+            pairs = {name: {int(w): c for w, c in clocks.get(name, [])} for name in ("clocks", "pushed", "retired")}
+            self.clocks = {w: int(c) for w, c in pairs["clocks"].items()}
+            self.pushed = {w: int(c) for w, c in pairs["pushed"].items()}
+            self.retired = {w: int(c) for w, c in pairs["retired"].items()}
+            self.seen = {int(w): {int(x) for x in steps} for w, steps in clocks.get("seen", [])}
 
     @property
     def unapplied(self) -> int:

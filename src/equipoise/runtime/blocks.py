@@ -44,11 +44,13 @@ def read_values(model: nn.Module, blocks: list[Block]) -> dict[int, torch.Tensor
 
 
 def write_values(model: nn.Module, blocks: list[Block], values: dict[int, torch.Tensor]) -> None:
-    """Copy block values into the model in place."""
+    """Copy block values into the model in place; a block without a value keeps its own
+    (a pull that reached a block's old owner after a hand-over)."""
     flat = _flat(model)
     with torch.no_grad():
         for b in blocks:
-            flat[b.name][b.start:b.stop].copy_(values[b.key])
+            if b.key in values:
+                flat[b.name][b.start:b.stop].copy_(values[b.key])
 
 
 def read_pushes(model: nn.Module, blocks: list[Block]) -> dict[int, torch.Tensor]:

@@ -82,6 +82,7 @@ class PSClient:
         self._ids = itertools.count()
         self._owed: dict[int, dict[str, deque[int]]] = {}  # id(conn) → reply type → ticket ids, oldest first
         self._got: dict[int, dict[int, Message]] = {}  # ticket id → id(conn) → reply
+        self._leaving: dict[int, Connection] = {}  # servers removed with replies still owed
 
     @property
     def active(self) -> list[int]:
@@ -100,11 +101,19 @@ class PSClient:
         for r, conn in list(self.conns.items()):
             if r >= len(addresses) or conn.address != addresses[r]:
                 if any(self._owed.get(id(conn), {}).values()):
-                    raise ClientError(f"{self.who}: the block table moved server {r} away from "
-                                      f"{conn.address} with replies still owed")
+                    # A server being removed while requests to it are in flight (no barrier):
+                    # it serves them still; its connection closes with a later table.
+                    self._leaving[r] = conn
+                    del self.conns[r]
+                    continue
                 self._owed.pop(id(conn), None)
                 conn.close()
                 del self.conns[r]
+        for r, conn in list(self._leaving.items()):
+            if not any(self._owed.get(id(conn), {}).values()):
+                self._owed.pop(id(conn), None)
+                conn.close()
+                del self._leaving[r]
         for r, address in enumerate(addresses):
             if address and r not in self.conns:
                 self.conns[r] = self.transport.connect(address)
@@ -114,24 +123,36 @@ class PSClient:
 
     def push(self, grads: dict[int, torch.Tensor], version_by_server: dict[int, int], samples: int, *,
              part: int = 0, only: list[int] | None = None, start: int | None = None,
-             count: float | None = None, reads: dict[int, int] | None = None) -> Ticket:
+             count: float | None = None, reads: dict[int, int] | None = None, step: int | None = None) -> Ticket:
         """Send each server (of `only`, if given) the gradients (or buffer values) of
         its blocks, tagged with the version of that server they were computed on; `part`
         > 0 marks a share of a lost worker's slice, `start` the slice's first position
         (servers combine a barrier update's pushes in that order), `count` the units the
         loss averaged over, when not the samples (the servers' weight), `reads` each server's
-        stamp of the weights they were computed on (it measures their delay). The tensors are sent without
-        copying: do not change them before the ticket is waited (or copy them)."""
+        stamp of the weights they were computed on (it measures their delay), `step` the
+        number of this push among the worker's (SSP counts each step once). A server
+        not read from yet (a block's new owner) is told the oldest version read. The
+        tensors are sent without copying: do not change them before the ticket is waited
+        (or copy them)."""
         extra = {"part": int(part)} if part else {}
         extra["epoch"] = self.epoch
         if start is not None:
             extra["start"] = int(start)
         if count is not None and count != samples:
             extra["count"] = float(count)
+        if step is not None:
+            extra["step"] = int(step)
         reads = reads or {}
+        oldest = min(version_by_server.values(), default=0)
+        borrowed = {"borrowed": True, **({"read": min(reads.values())} if reads else {})}
+
+        def tags(r: int) -> dict:
+            if r not in version_by_server:  # weights read from a block's old owner: its tags
+                return {"version": int(oldest), **borrowed}
+            return {"version": int(version_by_server[r]), **({"read": reads[r]} if r in reads else {})}
+
         return self._send("push", lambda r, blocks: Message(
-            "push", {"worker": self.worker, "version": int(version_by_server[r]), "samples": int(samples),
-                     **extra, **({"read": reads[r]} if r in reads else {})},
+            "push", {"worker": self.worker, "samples": int(samples), **extra, **tags(r)},
             {grad_name(b.key): grads[b.key] for b in blocks}), only)
 
     def pull(self, min_version: int) -> Ticket:
@@ -161,7 +182,8 @@ class PSClient:
             reply = got[id(conn)]
             values = values_of(reply.tensors)
             try:
-                pulled.values.update({k: values[k] for k in keys})
+                moved = reply.fields.get("moved", [])  # handed over since we routed by the table
+                pulled.values.update({k: values[k] for k in keys if k in values or k not in moved})
                 pulled.versions[r] = int(reply.fields["version"])
                 pulled.held_s = max(pulled.held_s, float(reply.fields["held_s"]))
                 read = reply.fields.get("read")
@@ -175,9 +197,9 @@ class PSClient:
         return pulled
 
     def close(self) -> None:
-        for conn in self.conns.values():
+        for conn in [*self.conns.values(), *self._leaving.values()]:
             conn.close()
-        self.conns = {}
+        self.conns, self._leaving = {}, {}
 
     def reset(self, table: list[int], addresses: list[str], epoch: int) -> None:
         """Abandon every request in flight (new connections: late replies to the old

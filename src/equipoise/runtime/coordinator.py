@@ -89,6 +89,7 @@ class Coordinator(Losses):
                          "delay_compensation": cfg.delay_compensation, "dc_lambda": cfg.dc_lambda},
             control_path=self.run_dir / "control.jsonl", event=self._event, record=self.metrics.write,
             elapsed=self.stats.elapsed, await_hello=self._await_hello)
+        self.servers.barrier = self.barrier_paced
         self.planner = Planner(cfg.slice(PlanSettings), list(range(cfg.workers)))
         self.blocks: list[Block] = []
         self.workers: dict[int, bytes] = {}  # rank -> the peer its hello came from
@@ -383,26 +384,30 @@ class Coordinator(Losses):
         evals = self.snapshots.results()
         histogram: dict[int, int] = {}  # σ of every gradient applied, over all servers
         steps, compensated = [0, 0.0, 0.0, 0.0], 0  # async_scaling's steps, DC-ASGD's corrections
-        applied: dict[int, int] = {}  # gradients each server applied in all
+        applied: dict[int, int] = {}  # gradients applied to each block in all
+        forwarded = 0  # no barrier: pushes whose handed-over blocks an old owner sent on
         for rank, ack in self.servers.broadcast(Message("stop", {"reason": "job finished"}), "ack").items():
-            applied[rank] = int(ack.fields.get("gradients", 0))
+            applied.update({int(k): int(n) for k, n in ack.fields.get("block_gradients", [])})
             for sigma, count in ack.fields.get("histogram", []):
                 histogram[int(sigma)] = histogram.get(int(sigma), 0) + int(count)
             got = ack.fields.get("steps", [])
             if isinstance(got, list) and len(got) == 4 and all(isinstance(x, (int, float)) for x in got):
                 steps = [a + b for a, b in zip(steps, got)]
             compensated += int(ack.fields.get("compensated", 0))
+            forwarded += int(ack.fields.get("forwarded", 0))
         summary = self.stats.summary(self.cfg, self.total, evals[-1] if evals else {},
                                      wall_s=time.time() - start, staleness=histogram)
         summary["resumed_from"] = self.resume.iteration if self.resume else None
         summary["target"] = self.snapshots.settings.target or None
         summary["time_to_target"] = self.snapshots.reached
         summary["recovered"] = self.recovered  # lost_updates: 0 under a barrier (stats), counted below without
-        if not self.barrier_paced:  # each plan is one gradient owed to every server
-            summary["gradients"] = {"owed": self.plans, "applied": {str(r): n for r, n in sorted(applied.items())}}
-            # Owed and never applied, on the server short of most: a lost worker's last
+        if not self.barrier_paced:  # each plan is one gradient owed to every block
+            counts = list(applied.values()) or [0]
+            summary["gradients"] = {"owed": self.plans, "applied_min": min(counts), "applied_max": max(counts)}
+            # Owed and never applied, on the block short of most: a lost worker's last
             # gradient, gradients in flight at a rollback's snapshot.
-            summary["lost_updates"] = max([self.plans - n for n in applied.values()] + [0])
+            summary["lost_updates"] = max([self.plans - n for n in counts] + [0])
+            summary["forwarded"] = forwarded
         if steps[0]:  # async_scaling = "bsp": how the servers stepped, on average over updates
             summary["async_steps"] = {"updates": steps[0], "delay_mean": steps[1] / steps[0],
                                       "momentum_mean": steps[2] / steps[0], "lr_factor_mean": steps[3] / steps[0]}

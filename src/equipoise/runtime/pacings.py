@@ -141,17 +141,45 @@ class StreamCoordinator(Coordinator):
     recovers_servers = True
 
     def _advance(self, worker: int) -> None:
+        self._routed(worker)
         end = self.total * self.cfg.global_batch
         if self.cursor >= end:
             return self._stop(worker)
         size = min(self.planner.sizes()[worker], end - self.cursor)
         before = self.cursor // self.cfg.global_batch
+        table = self.known_table.get(worker, 0)
         self._reply_plan(worker, before, self.cursor, size, version=0)
+        if self.known_table[worker] != table:  # it routes by the new table from this plan on
+            self.switched[worker] = (self.known_table[worker], self.asked.get(worker, 0))
         self.cursor += size
         self.plans += 1
         self.iteration = self.cursor // self.cfg.global_batch
         if self.iteration > before and self.iteration < self.total:
             self._snapshot(self.iteration, version=0, cursor=self.cursor)
+            self._server_work(self.iteration)
+
+    def _server_work(self, t: int) -> None:
+        """As the stream passes iteration t: measure the servers, and move blocks, add
+        and remove servers as PSLD, the scenario and control.jsonl ask, while the
+        workers run (the servers fence and forward: runtime/pool.py). Workers get the
+        new table with their next plan."""
+        actions = self.servers.at_barrier(t)
+        if actions:
+            self.servers.carry_out(t, actions)
+
+    def _routed(self, worker: int) -> None:
+        """A plan request of `worker`: once it has sent overlap + 1 of them since it was
+        given a table, none of its exchanges in flight routes by an older one; servers
+        emptied for removal that no worker reaches any more are stopped."""
+        self.asked[worker] = self.asked.get(worker, 0) + 1
+        version, at = self.switched.get(worker, (None, 0))
+        if version is not None and self.asked[worker] - at > int(self.cfg.overlap) + 1:
+            self.routing[worker] = version
+            del self.switched[worker]
+        if self.servers.pool.leaving:
+            active = [w for w in self.workers if w not in self.stopped]
+            self.servers.retire(self.iteration, min([self.routing.get(w, 0) for w in active],
+                                                    default=self.servers.version))
 
     def _after_loss(self, worker: int, delivered: bool, active: list[int], replies: dict[int, Message]) -> str:
         """The servers dropped its pushes still waiting in a group; a gradient it had
@@ -169,8 +197,10 @@ class StreamCoordinator(Coordinator):
         self.iteration = self.cursor // self.cfg.global_batch
         self.reports = {t: [r for r in held if r.get("start", 0) < self.cursor] for t, held in self.reports.items()}
         self.reports = {t: held for t, held in self.reports.items() if held}
-        short = max([mem.plans - g for g in mem.state.gradients.values()] + [0])
+        short = max([mem.plans - g for g in mem.state.gradients.values()] + [0])  # per block
         self.plans = mem.plans
+        # Every worker starts again on new connections and the restored table.
+        self.routing, self.switched = {w: self.servers.version for w in self.workers}, {}
         if short:
             log.warning("rollback: a server had applied %d fewer gradients than were handed out before the "
                         "snapshot (in flight then, or lost before); they are not applied there (lost_updates)", short)
@@ -178,6 +208,12 @@ class StreamCoordinator(Coordinator):
     def _reported(self, t: int) -> None:
         if sum(r["samples"] for r in self.reports[t]) >= self.cfg.global_batch:
             self._end_iteration(t)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.asked: dict[int, int] = {}  # plan requests received, per worker
+        self.switched: dict[int, tuple[int, int]] = {}  # a table sent: worker -> (its version, requests then)
+        self.routing: dict[int, int] = {}  # the oldest table each worker's exchanges may route by
 
     def _wind_down(self) -> None:
         for t in sorted(self.reports):  # partial last iterations

@@ -6,6 +6,11 @@ the same version with nothing pending: blocks migrate server to server with thei
 optimizer state (the source sends them straight to the destination, the coordinator
 only orders it), servers are initialised empty, or emptied and stopped. Workers learn
 the new table with their next plan, before they push again.
+
+Without a barrier (asp, softsync, ssp) the same changes happen while workers run: a
+block's old owner fences it (applies what it holds for it, hands it over, forwards the
+gradients that still reach it), and a server emptied for removal keeps forwarding until
+no worker routes by a table that has it (`drain`, then `retire`).
 """
 
 from __future__ import annotations
@@ -29,10 +34,15 @@ class ServerPool:
         self.table = list(table)
         self.blocks = blocks
         self.version = 0
+        self.leaving: dict[int, int] = {}  # emptied, still forwarding: rank -> table version it left at
 
     # -- plumbing ---------------------------------------------------------------------
     def live(self) -> list[int]:
         return [r for r, c in enumerate(self.conns) if c is not None]
+
+    def serving(self) -> list[int]:
+        """The live servers that may hold blocks (not those emptied for removal)."""
+        return [r for r in self.live() if r not in self.leaving]
 
     def next_rank(self) -> int:
         return len(self.conns)
@@ -61,8 +71,8 @@ class ServerPool:
     # -- changes (at a barrier only) ------------------------------------------------------
     def move(self, keys: list[int], dst: int) -> dict:
         """Migrate blocks `keys` to server `dst`; returns bytes moved and seconds."""
-        if dst not in self.live():
-            raise ValueError(f"server {dst} is not running (running: {self.live()})")
+        if dst not in self.serving():
+            raise ValueError(f"server {dst} is not running (running: {self.serving()})")
         bad = [k for k in keys if not 0 <= k < len(self.table)]
         if bad:
             raise ValueError(f"blocks {bad} do not exist (0..{len(self.table) - 1})")
@@ -97,7 +107,14 @@ class ServerPool:
     def remove(self, rank: int, rates: dict[int, float] | None = None) -> dict:
         """Move every block off server `rank` to the homes the placement policy picks
         (`rehome`: each to the server that would finish it soonest), stop it, forget it."""
-        live = self.live()
+        done = self.drain(rank, rates)
+        self.retire(rank)
+        return done
+
+    def drain(self, rank: int, rates: dict[int, float] | None = None) -> dict:
+        """Move every block off server `rank` (see `remove`); it stays up, holding
+        nothing, until `retire`."""
+        live = self.serving()
         if rank not in live:
             raise ValueError(f"server {rank} is not running (running: {live})")
         if len(live) == 1:
@@ -110,13 +127,18 @@ class ServerPool:
         moved = 0
         for dst, keys in sorted(plan.items()):
             moved += self.move(keys, dst)["bytes"]
+        self.addresses[rank] = ""  # tables from now on do not name it
+        self.version += 1
+        self.leaving[rank] = self.version
+        return {"server": rank, "bytes": moved, "pause_s": time.perf_counter() - t0}
+
+    def retire(self, rank: int) -> None:
+        """Stop server `rank`, emptied by `drain`, and forget it."""
         self.request(rank, Message("stop", {"reason": "server removed"}), "ack")
         self.conns[rank].close()
         self.conns[rank] = None
-        self.addresses[rank] = ""
+        self.leaving.pop(rank, None)
         self._on_removed(rank)
-        self.version += 1
-        return {"server": rank, "bytes": moved, "pause_s": time.perf_counter() - t0}
 
 
 __all__ = ["ServerPool"]

@@ -22,7 +22,7 @@ from ..policy.placement import Block
 from ..policy.sync import ServerSync, SyncFault, Update, make_sync_policy
 from ..wire import Message, Transport
 from ..wire.bandwidth import TokenBucket
-from ..wire.names import grads_of, pack, states_for, states_of, values_of
+from ..wire.names import grad_name, grads_of, pack, states_for, states_of, values_of
 from ..wire.transport import QuietLog, kind_of
 from .replica import Replication
 from .store import OptimizerSpec, ParameterStore, Push, PushError
@@ -41,6 +41,7 @@ READS_KEPT = 3  # delay compensation: the reads of each worker whose weights are
 # i.e. every control message, is the coordinator's alone.
 SENDERS = {"push": {"worker"}, "pull": {"worker"}, "ping": {"coordinator", "server", "worker"},
            "adopt": {"coordinator", "server"},  # adopt: from the server handing its blocks over
+           "forward": {"server"},  # a block's gradient that reached its old owner (no barrier)
            "replica": {"server"}, "replica_ack": {"server"}}  # replication = 1: primary <-> backup
 
 
@@ -69,7 +70,10 @@ class Server:
         self.reads: dict[int, dict[int, dict]] = {}  # delay compensation: worker -> read stamp -> weights
         self.steps = [0, 0.0, 0.0, 0.0]  # async_scaling: updates, Σ delay τ̄, Σ momentum, Σ lr factor
         self.compensated = 0  # delay compensation: gradients corrected with the weights they read
-        self.gradients = 0  # gradients applied before the last init (the snapshot it restored)
+        self.block_grads: dict[int, int] = {}  # gradients applied to each block held, in all (they move with it)
+        self.moved: dict[int, str] = {}  # no barrier: blocks handed over -> the new owner's address
+        self._forwards: dict[str, object] = {}  # connections to those owners
+        self.forwarded = 0  # gradients of handed-over blocks sent on to their new owners
         self.replication: Replication | None = None  # replication = 1: backup duties both ways
         self.epoch = 0  # the coordinator's rollbacks: worker requests of earlier ones are stale
         self.done = False
@@ -94,6 +98,7 @@ class Server:
         finally:
             if self.replication is not None:
                 self.replication.close()
+            self._close_forwards()
             conn.close()
             self.listener.close()
 
@@ -161,9 +166,12 @@ class Server:
         ranks = f.get("ranks")
         if ranks is not None and not (isinstance(ranks, list) and all(isinstance(r, int) for r in ranks)):
             raise TypeError(f"ranks = {ranks!r} must be a list of worker ranks")
-        self.gradients = int(f.get("gradients", 0))  # applied before this init (a rollback restores it)
+        counts = {int(k): int(n) for k, n in f.get("block_gradients", [])}  # a rollback restores them
         self.store, self.sync = store, ServerSync(policy, workers, version=store.version, ranks=ranks)
         self.pushes, self.held, self.reads = {}, [], {}
+        self.block_grads = {b.key: counts.get(b.key, 0) for b in blocks}
+        self.moved = {}
+        self._close_forwards()
         if self.replication is not None:
             self.replication.reset(store.version)
         self.listener.send(peer, Message("ready", {"rank": self.rank}))
@@ -176,7 +184,7 @@ class Server:
             "histogram": [[s, n] for s, n in sorted(sync.histogram.items())] if sync else [],
             "unapplied": sync.unapplied if sync else 0,
             "steps": list(self.steps), "compensated": self.compensated,
-            "gradients": self.gradients + sum(sync.applied.values()) if sync else 0}))
+            "block_gradients": sorted(self.block_grads.items()), "forwarded": self.forwarded}))
 
     def _straggle(self, f: dict) -> None:
         """Set the emulated slowdown; ValueError (and nothing set) unless the factor and
@@ -219,12 +227,20 @@ class Server:
         takes the sum of the two link times)."""
         keys = [int(k) for k in msg.fields["keys"]]
         store = self.store
-        if not self.sync.can_migrate() or self.held:
-            raise PushError(f"server {self.rank}: cannot migrate with {self.sync.unapplied} pushes pending "
-                            f"and {len(self.held)} pulls held (not at a barrier)")
         missing = [k for k in keys if k not in store.blocks]
         if missing:
             raise KeyError(f"server {self.rank} does not hold blocks {missing}")
+        if self.sync.policy.barrier() and (not self.sync.can_migrate() or self.held):
+            raise PushError(f"server {self.rank}: cannot migrate with {self.sync.unapplied} pushes pending "
+                            f"and {len(self.held)} pulls held (not at a barrier)")
+        if not self.sync.policy.barrier():
+            # The fence: what this server holds for the blocks is applied now (a softsync
+            # group half-filled is applied as it stands, as at the end of a run); pushes
+            # arriving after this message are forwarded (`_on_push`).
+            update = self.sync.flush()
+            if update is not None:
+                self._apply(update)
+            store = self.store
         t0 = self.clock.now()
         moved = set(keys)
         tensors = pack(values={k: store.values[k] for k in keys}, states=states_for(store.optim_state(), moved))
@@ -233,7 +249,9 @@ class Server:
         conn = self.transport.connect(str(msg.fields["to"]))
         try:
             conn.send(Message("adopt", {"blocks": [store.blocks[k].to_list() for k in keys],
-                                        "version": store.version, "samples": store.samples}, tensors))
+                                        "version": store.version, "samples": store.samples,
+                                        "block_gradients": [[k, self.block_grads.get(k, 0)] for k in keys],
+                                        "clocks": self.sync.clock_state()}, tensors))
             reply = conn.recv(timeout=self.timeout)
         except TimeoutError:
             raise PushError(f"server {self.rank}: {msg.fields['to']} did not take the blocks within "
@@ -244,6 +262,11 @@ class Server:
             raise PushError(f"server {self.rank}: {msg.fields['to']} refused the blocks: "
                             f"{reply.fields.get('message', reply.type)}")
         self._rebuild([b for k, b in store.blocks.items() if k not in moved], {}, {})
+        for k in keys:
+            self.block_grads.pop(k, None)
+            if not self.sync.policy.barrier():
+                self.moved[k] = str(msg.fields["to"])
+        self._release()  # pulls held here no longer wait for the blocks that left
         self.listener.send(peer, Message("ack", {"version": self.sync.published(), "bytes": nbytes,
                                                  "seconds": self.clock.now() - t0}))
 
@@ -253,19 +276,25 @@ class Server:
         t0 = self.clock.now()
         f = msg.fields
         store = self.store
-        if not store.blocks:  # an empty server saw no updates: it joins the sender's version
-            self.sync.join(int(f["version"]))
-            store.version, store.samples = int(f["version"]), int(f["samples"])
-        if int(f["version"]) != store.version or int(f["samples"]) != store.samples:
-            raise PushError(f"server {self.rank} at version {store.version} cannot adopt blocks of "
-                            f"version {f['version']}")
+        barrier = self.sync.policy.barrier()
         blocks = [Block.from_list(r) for r in f["blocks"]]
         clash = [b.key for b in blocks if b.key in store.blocks]
         if clash:
             raise KeyError(f"server {self.rank} already holds blocks {clash}")
+        if not store.blocks:  # an empty server saw no updates: it joins the sender's version (and clocks)
+            self.sync.join(int(f["version"]), None if barrier else f.get("clocks"))
+            store.version, store.samples = int(f["version"]), int(f["samples"])
+        if barrier and (int(f["version"]) != store.version or int(f["samples"]) != store.samples):
+            raise PushError(f"server {self.rank} at version {store.version} cannot adopt blocks of "
+                            f"version {f['version']}")
+        # Without a barrier each server is at its own moment: the blocks join this one's stream.
         sent = values_of(msg.tensors)
+        counts = {int(k): int(n) for k, n in f.get("block_gradients", [])}
         self._rebuild(list(store.blocks.values()) + blocks, {b.key: sent[b.key] for b in blocks},
                       states_of(msg.tensors))
+        for b in blocks:
+            self.block_grads[b.key] = counts.get(b.key, 0)
+            self.moved.pop(b.key, None)
         self._charge(_nbytes(msg.tensors.values()), t0)
         self.listener.send(peer, Message("ack", {"version": self.sync.published()}))
 
@@ -349,13 +378,27 @@ class Server:
         read = f.get("read")
         if read is not None and (isinstance(read, bool) or not isinstance(read, int) or read < 0):
             raise PushError(f"push from worker {f['worker']}: read = {read!r} is not a sample count ≥ 0")
-        push = Push(int(f["worker"]), int(f["version"]), int(f["samples"]), grads_of(msg.tensors),
+        step = f.get("step")
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+            raise PushError(f"push from worker {f['worker']}: step = {step!r} is not a push number ≥ 0")
+        version = int(f["version"])
+        if f.get("borrowed") is True and not self.sync.policy.barrier():
+            # The worker read these weights from other servers (a block handed over to us
+            # since): their version and stamp are the nearest it has, up to our own.
+            version = min(version, self.sync.published())
+        push = Push(int(f["worker"]), version, int(f["samples"]), grads_of(msg.tensors),
                     int(f.get("start", -1)), None if count is None else float(count),
                     None if read is None else min(read, self.store.samples))
-        self.store.check(push)
+        away = self._split(push)
+        if push.tensors:
+            self.store.check(push, partial=bool(away) or not self.sync.policy.barrier())
+        if away:
+            self._forward(push, away, step)
         if read is not None and self.sync.policy.delay_compensation != "none":
             push.then = self.reads.get(push.worker, {}).get(read)
-        self.pushes[self.sync.accept(push.worker, push.version, push.samples, int(f.get("part", 0)))] = push
+        if push.tensors:
+            token = self.sync.accept(push.worker, push.version, push.samples, int(f.get("part", 0)), step)
+            self.pushes[token] = push
         self._apply_ready(release=False)  # after the ack
         self._charge(_nbytes(push.tensors.values()), t0)
         self.listener.send(peer, Message("ack", {"version": self.sync.published(),
@@ -367,7 +410,9 @@ class Server:
         backup, the new version is forwarded to it."""
         store = self.store
         before = store.compensated
-        store.apply([self.pushes.pop(t) for t in update.tokens], list(update.sigmas))
+        group = [self.pushes.pop(t) for t in update.tokens]
+        store.apply(group, list(update.sigmas))
+        self._count(group)
         self.compensated += store.compensated - before
         if store.last_step is not None:
             step, totals = store.last_step, self.steps
@@ -378,6 +423,89 @@ class Server:
         self.sync.on_applied(update)
         if self.replication is not None and self.replication.backup is not None:
             self._record()
+
+    # -- hand-over without a barrier ---------------------------------------------------
+    def _count(self, group: list[Push]) -> None:
+        """Each block's gradients applied, counted (every gradient once: the test of a hand-over)."""
+        grads = self.block_grads
+        for p in group:
+            for k in p.tensors:
+                if k in grads:
+                    grads[k] += 1
+
+    def _split(self, push: Push) -> dict:
+        """Take out of `push` the gradients of blocks this server handed over (their
+        worker routed by an older table); they are forwarded. A block neither held nor
+        handed over stays in, for `check` to refuse."""
+        away = {k: push.tensors[k] for k in push.tensors if k in self.moved and k not in self.store.blocks}
+        for k in away:
+            del push.tensors[k]
+        return away
+
+    def _forward(self, push: Push, away: dict, step: int | None) -> None:
+        """Send the gradients of handed-over blocks to their new owners, with what their
+        step needs there: the worker, its samples and units, its step (SSP's clock) and
+        its delay in samples (this server's stamp against its own count)."""
+        for key, t in away.items():  # the new owner checks shapes; a NaN is refused here, in the ack
+            if not math.isfinite(float(t.sum())):
+                raise PushError(f"push from worker {push.worker}: block {key} holds a non-finite "
+                                "gradient (NaN or inf)")
+        delay = None if push.read is None else max(0, self.store.samples - push.read)
+        by_owner: dict[str, dict] = {}
+        for key, t in away.items():
+            by_owner.setdefault(self.moved[key], {})[key] = t
+        for address, grads in by_owner.items():
+            conn = self._forwards.get(address)
+            if conn is None:
+                conn = self._forwards[address] = self.transport.connect(address)
+            self._drain(conn)
+            self.forwarded += 1
+            conn.send(Message("forward", {"worker": push.worker, "samples": push.samples, "step": step,
+                                          "epoch": self.epoch, "delay": delay,
+                                          **({} if push.count is None else {"count": push.count})},
+                              {grad_name(k): v for k, v in grads.items()}))
+
+    def _drain(self, conn) -> None:
+        """A new owner answers a forward only to refuse it: log what it said."""
+        while True:
+            try:
+                reply = conn.recv(timeout=0)
+            except TimeoutError:
+                return
+            log.warning("server %d: %s refused a forwarded gradient: %s", self.rank, conn.address,
+                        reply.fields.get("message", reply.type))
+
+    def _close_forwards(self) -> None:
+        for conn in self._forwards.values():
+            conn.close()
+        self._forwards = {}
+
+    def _on_forward(self, peer: bytes, msg: Message) -> None:
+        """A block's gradient that reached its old owner after the hand-over: applied
+        here on its own (its share of the step: its samples against the global batch
+        under async_scaling = "bsp"), or sent on if the block moved again. Under SSP the
+        worker's step is counted on the clock unless its own push for this server's
+        other blocks already was."""
+        if self._stale(msg):
+            return
+        f = msg.fields
+        count, delay, step = f.get("count"), f.get("delay"), f.get("step")
+        if delay is not None and (isinstance(delay, bool) or not isinstance(delay, int) or delay < 0):
+            raise PushError(f"forward of worker {f['worker']}: delay = {delay!r} is not a sample count ≥ 0")
+        store = self.store
+        push = Push(int(f["worker"]), store.version, int(f["samples"]), grads_of(msg.tensors),
+                    -1, None if count is None else float(count),
+                    None if delay is None else max(0, store.samples - delay))
+        away = self._split(push)
+        if push.tensors:
+            store.check(push, partial=True)
+        if away:
+            self._forward(push, away, None if step is None else int(step))
+        if push.tensors:
+            store.apply([push], [0], forwarded=True)
+            self._count([push])
+        self.sync.forwarded(push.worker, None if step is None else int(step))
+        self._release()
 
     # -- replication = 1 --------------------------------------------------------------
     def _replication(self) -> Replication:
@@ -452,14 +580,15 @@ class Server:
             # `read` stamps the weights: the worker echoes it with the gradient computed on
             # them, and the server measures that gradient's delay in samples applied since.
             msg = Message("params", {"version": self.sync.published(), "held_s": t0 - h.since,
-                                     "read": store.samples}, pack(values))
+                                     "read": store.samples, **({"moved": sorted(self.moved)} if self.moved else {})},
+                          pack(values))
             if self.sync.policy.delay_compensation != "none" and h.worker >= 0:
                 self._remember_read(h.worker, store.samples, values)
             self._charge(_nbytes(values.values()), t0)
         else:
             msg = Message("state", {"version": store.version, "samples": store.samples,
                                     "blocks": len(store.blocks),
-                                    "gradients": self.gradients + sum(self.sync.applied.values())},
+                                    "block_gradients": sorted(self.block_grads.items())},
                           pack(values, states=store.optim_state()))
         store.lend(list(values.values()), self.listener.send(h.peer, msg))
 

@@ -1,5 +1,7 @@
 """The coordinator's server manager: placement, emulated server stragglers,
-measurements, and block moves and server additions and removals at barriers.
+measurements, and block moves and server additions and removals — at barriers under BSP
+and LB-BSP, at the stream's iteration boundaries under asp, softsync and ssp (there the
+servers hand blocks over while workers run: runtime/pool.py).
 
 Moves and membership changes come from three sources — the scenario's server events,
 run_dir/control.jsonl (`equipoise ctl`) and PSLD's decisions (policy/psld.py) — as the
@@ -82,6 +84,7 @@ class ServerManager:
         self._rates: dict[int, float] = {}  # last measured bytes/s per server
         self.backup_of: dict[int, int] = {}  # replication = 1: primary rank -> backup rank
         self.epoch = 0  # the coordinator's rollbacks, told to every server it initialises
+        self.barrier = True  # whether changes happen at barriers (else while workers run)
 
     # -- start --------------------------------------------------------------------------
     def place(self, tensors) -> tuple[list[Block], list[int]]:
@@ -108,33 +111,35 @@ class ServerManager:
                              seed=s.seed)
 
     def _init(self, rank: int, mine: list[Block], values, optim, version: int, samples: int,
-              gradients: int = 0) -> Message:
+              gradients: dict[int, int] | None = None) -> Message:
         keys = [b.key for b in mine]
         tensors = names.pack(values={k: values[k] for k in keys}, states=names.states_for(optim, keys))
         extra = {"ranks": list(self.ranks)} if self.ranks is not None else {}
         return Message("init", {**self.init_fields, "blocks": [b.to_list() for b in mine], "version": version,
                                 "samples": samples, "workers": self.workers, "epoch": self.epoch,
-                                "gradients": int(gradients), **extra,
+                                "block_gradients": [[k, int((gradients or {}).get(k, 0))] for k in keys],
+                                **extra,
                                 "straggler": self.scenario.server_straggle(rank, 0.0, 0)}, tensors)
 
     def restore(self, addresses: dict[int, str], table: list[int], values: dict, optim: dict,
                 version: int, samples: int, gradients: dict[int, int] | None = None) -> None:
         """Every server starts again from a snapshot: the replacements at `addresses`
         (rank → address) and the survivors alike get their blocks of `table` with the
-        snapshot's values and optimizer state. Replies to requests a loss interrupted are
+        snapshot's values and optimizer state, and `gradients`, the gradients applied to
+        each block by then (by block key). Replies to requests a loss interrupted are
         skipped while waiting for the servers to be ready."""
         pool = self.pool
         for rank, address in addresses.items():
             pool.conns[rank].close()
             pool.addresses[rank], pool.conns[rank] = address, self.transport.connect(address)
-        live = pool.live()
+        live = pool.serving()
         # A server removed since the snapshot (an elastic removal) holds nothing now.
         table = [r if r in live else live[key % len(live)] for key, r in enumerate(table)]
         pool.table, pool.version = table, pool.version + 1
         self._straggle_sent = {}  # a replacement starts unslowed: send the current factors again
         for s in pool.live():
             mine = [b for b in pool.blocks if table[b.key] == s]
-            pool.conns[s].send(self._init(s, mine, values, optim, version, samples, (gradients or {}).get(s, 0)))
+            pool.conns[s].send(self._init(s, mine, values, optim, version, samples, gradients))
         for s in pool.live():
             deadline = self.rpc.deadline()
             while True:
@@ -270,7 +275,7 @@ class ServerManager:
         if t > 0 and t % interval == 0:
             throughput, iteration_s = self._measure(t)
             if self.psld is not None and not actions and iteration_s:
-                actions = self.psld.decide(self.pool.table, self.pool.live(), throughput, iteration_s,
+                actions = self.psld.decide(self.pool.table, self.pool.serving(), throughput, iteration_s,
                                            set(self._added))
         return actions
 
@@ -316,10 +321,21 @@ class ServerManager:
             self._event("server_added", t, **done, table_version=pool.version)
             return done["pause_s"]
         if isinstance(action, RemoveServer):
-            done = pool.remove(action.server, self._rates)
+            if self.barrier:
+                done = pool.remove(action.server, self._rates)
+            else:  # it forwards what still reaches it until no worker routes by a table naming it
+                done = pool.drain(action.server, self._rates)
             self._event("server_removed", t, **done, table_version=pool.version)
             return done["pause_s"]
         raise ValueError(f"unknown server action {action!r}")
+
+    def retire(self, t: int, clear: int) -> None:
+        """Stop the servers emptied for removal that no worker reaches any more: every
+        worker routes by table `clear` or a later one, with no older exchange in flight."""
+        for rank, left_at in sorted(self.pool.leaving.items()):
+            if left_at <= clear:
+                self.pool.retire(rank)
+                self._event("server_retired", t, server=rank)
 
     def _progress(self) -> tuple[int, int]:
         """(version, samples) every server holds at this barrier."""

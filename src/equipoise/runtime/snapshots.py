@@ -41,7 +41,7 @@ class State:
     optim: dict[str, torch.Tensor]
     version: int
     samples: int
-    gradients: dict[int, int] = field(default_factory=dict)  # per server: gradients applied in all
+    gradients: dict[int, int] = field(default_factory=dict)  # per block key: gradients applied in all
 
 
 class Snapshots:
@@ -77,7 +77,7 @@ class Snapshots:
             optim.update(names.states_of(reply.tensors))
             versions.append(reply.fields["version"])
             samples.append(reply.fields["samples"])
-            gradients[rank] = int(reply.fields.get("gradients", 0))
+            gradients.update({int(k): int(n) for k, n in reply.fields.get("block_gradients", [])})
         return State(values, optim, min(versions), min(samples), gradients)
 
     def take(self, t: int, state: State, *, cursor: int, blocks: list, table: list[int], elapsed: float,

@@ -92,9 +92,11 @@ class ParameterStore:
             self._load_optim_state(optim_state)
 
     # -- updates ----------------------------------------------------------------------
-    def check(self, push: Push) -> None:
-        """Raise PushError unless the push holds exactly this server's blocks, finite."""
-        if set(push.tensors) != set(self.blocks):
+    def check(self, push: Push, partial: bool = False) -> None:
+        """Raise PushError unless the push holds exactly this server's blocks (`partial`:
+        some of them, at least one), finite."""
+        keys = set(push.tensors)
+        if (not keys or not keys <= set(self.blocks)) if partial else keys != set(self.blocks):
             missing = sorted(set(self.blocks) - set(push.tensors))[:5]
             extra = sorted(set(push.tensors) - set(self.blocks))[:5]
             raise PushError(f"push from worker {push.worker} has wrong blocks "
@@ -141,11 +143,19 @@ class ParameterStore:
             if key in params:
                 params[key].data = spare  # the optimizer's state stays keyed by the same Parameter
 
-    def apply(self, group: list[Push], staleness: list[int] | None = None) -> None:
+    def apply(self, group: list[Push], staleness: list[int] | None = None, *, forwarded: bool = False) -> None:
         """Combine a group of pushes (sorted by slice, then worker, for determinism: under
         a barrier the slices of one iteration are contiguous in worker order, also after
         a lost worker's slice was cut among the others) and step once.
-        `staleness` (σ of each push) drives the policy's learning-rate modulation."""
+        `staleness` (σ of each push) drives the policy's learning-rate modulation.
+
+        Without a barrier a push may lack blocks this server holds (its worker routed by
+        the table before a hand-over: those gradients come forwarded by the old owner).
+        A block is then stepped by the pushes that have it, each with its weight in the
+        group, so every gradient counts once with the share it has in its update; a block
+        no push has is not stepped. `forwarded`: such a forwarded gradient, applied on
+        its own — the version and the sample count do not move (the worker's push for
+        this server's other blocks counted them)."""
         staleness = [0] * len(group) if staleness is None else list(staleness)
         order = sorted(range(len(group)), key=lambda i: (group[i].start, group[i].worker))
         group, staleness = [group[i] for i in order], [staleness[i] for i in order]
@@ -164,14 +174,23 @@ class ParameterStore:
         self._copy_on_write()
         # Buffers (BatchNorm statistics) are averaged over samples, never scaled by staleness.
         by_samples = self.policy.weights([p.samples for p in group])
-        combined = {k: self._combine(k, [(grads[i].get(k, p.tensors[k]) if grads else p.tensors[k])
-                                         for i, p in enumerate(group)],
-                                     weights if b.kind == "param" else by_samples)
-                    for k, b in self.blocks.items()}
+        whole = all(len(p.tensors) == len(self.blocks) for p in group)
+        combined: dict[int, torch.Tensor] = {}
+        for k, b in self.blocks.items():
+            have = range(len(group)) if whole else [i for i, p in enumerate(group) if k in p.tensors]
+            if not have:
+                continue
+            w = weights if b.kind == "param" else by_samples
+            if not whole:  # buffers are averages: over the pushes that have them
+                w = [w[i] for i in have]
+                if b.kind == "buffer":
+                    w = [x / sum(w) for x in w] if sum(w) > 0 else w
+            combined[k] = self._combine(k, [grads[i].get(k, group[i].tensors[k]) if grads else group[i].tensors[k]
+                                            for i in have], w)
         for key, param in zip(self._param_keys, self._params):
-            param.grad = combined[key]
+            param.grad = combined.get(key)
         for key, b in self.blocks.items():
-            if b.kind == "buffer":
+            if b.kind == "buffer" and key in combined:
                 self.values[key].copy_(combined[key])
         lr = learning_rate(self.spec.lr, self.spec.schedule, self.samples / self.spec.global_batch,
                            total=self.spec.total, step_size=self.spec.step_size, gamma=self.spec.gamma)
@@ -183,16 +202,19 @@ class ParameterStore:
                     # torch's SGD skips a zero momentum without touching the buffer; the
                     # rule's buf = 0·buf + g means the next momentum starts from g afresh.
                     for param in g["params"]:
-                        self.optimizer.state.get(param, {}).pop("momentum_buffer", None)
+                        if param.grad is not None:
+                            self.optimizer.state.get(param, {}).pop("momentum_buffer", None)
         if self._params and self._plain_sgd:
             # Exactly SGD.step's arithmetic without momentum and weight decay (w −= lr·g), less
             # its per-call overhead (profiler scope, grad mode, argument checks).
             for param in self._params:
-                param.add_(param.grad, alpha=-(lr * lr_factor))
+                if param.grad is not None:
+                    param.add_(param.grad, alpha=-(lr * lr_factor))
         elif self._params:
-            self.optimizer.step()
-        self.version += 1
-        self.samples += sum(p.samples for p in group)
+            self.optimizer.step()  # a parameter without a gradient (None) is not stepped
+        if not forwarded:
+            self.version += 1
+            self.samples += sum(p.samples for p in group)
 
     def _bsp_step(self, group: list[Push], staleness: list[int]) -> Step:
         """BSP's lr and momentum for this update (policy/staleness.py): its samples against
@@ -213,7 +235,7 @@ class ParameterStore:
             fixed: dict[int, torch.Tensor] = {}
             if p.then is not None and lam > 0:
                 for k, b in self.blocks.items():
-                    if b.kind != "param" or k not in p.then:
+                    if b.kind != "param" or k not in p.then or k not in p.tensors:
                         continue
                     ms = None
                     if adaptive:

@@ -109,9 +109,15 @@ class Worker:
             self.coord.close()
 
     def _plan_table(self, plan: Message, versions: dict[int, int], in_flight: int) -> dict[int, int]:
-        """Apply a block table that came with a plan (a barrier: every server is at the
-        plan's version, so the weights just pulled are current on the new owners too)."""
+        """Apply a block table that came with a plan. Under a barrier every server is at
+        the plan's version, so the weights just pulled are current on the new owners too.
+        Without one the blocks were handed over while we ran: the next exchange routes by
+        the new table (a gradient that reached an old owner is forwarded by it), and the
+        versions read so far stand."""
         if "table" not in plan.fields:
+            return versions
+        if not self.barrier:
+            self.client.set_table(plan.fields["table"], plan.fields["servers"])
             return versions
         if in_flight:
             raise WorkerError(f"worker {self.rank}: the block table changed with {in_flight} "
@@ -171,7 +177,7 @@ class Worker:
                 pull = self.client.pull(pull_version)
                 push = self.client.push(pushes, versions, f["size"], start=f["start"], count=count)
             else:
-                push = self.client.push(pushes, versions, f["size"], count=count, reads=reads)
+                push = self.client.push(pushes, versions, f["size"], count=count, reads=reads, step=step)
                 pull = self.client.pull(pull_version)
             staleness = [] if d else self.client.wait(push)
             step += 1

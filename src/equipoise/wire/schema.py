@@ -61,6 +61,8 @@ SCHEMA: dict[str, dict[str, FieldType]] = {
     "straggle": {},  # optional factor, rate_mbps, bandwidth_mbps
     "migrate": {"keys": list, "to": str},  # coordinator -> source server
     "adopt": {"blocks": list, "version": int, "samples": int},  # source -> destination, + tensors
+    # no barrier: a gradient of a handed-over block that reached its old owner, + tensors "g<key>"
+    "forward": {"worker": int, "samples": int},  # optional step, delay, count, epoch
     "table_req": {"worker": int},  # a worker whose plan said await_table, before its first push
     "table": {"table": list, "servers": list, "version": int},
     # control
