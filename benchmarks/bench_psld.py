@@ -66,6 +66,8 @@ class Spec:
     reps: int = 3
     transport: str = "ipc"
     seed: int = 0
+    protocol: str = "bsp"  # "ssp": PSLD without a barrier (blocks handed over while workers run)
+    staleness_bound: int = 2
 
 
 MLP = dict(model="mlp-deep")
@@ -88,6 +90,10 @@ PRESETS = {
     # every server slowed in turn
     "sweep": Spec(cases=(0, 1, 2, 3)),
     "sweep-mlp": Spec(cases=(0, 1, 2, 3), **MLP),
+    # the same case without a barrier: SSP (s = 2), PSLD moving blocks while workers run
+    "ssp": Spec(cases=("greedy",), policies=("greedy", "psld", "oracle"), protocol="ssp", **LINK_BOUND),
+    "ssp-ci": Spec(dataset="digits", model="mlp", iterations=30, block_size=4000, bandwidth=20.0, settled=10,
+                   cases=("greedy",), policies=("greedy", "psld"), reps=1, protocol="ssp"),
     "dynamic": Spec(**DYNAMIC),
     "dynamic-mlp": Spec(**DYNAMIC, **MLP),
 }
@@ -149,7 +155,9 @@ def job(spec: Spec, label: str, slow: int, tmp: Path) -> dict[str, Any]:
                psld_interval=spec.interval, psld_epsilon=0.05 if dynamic else 0.0,
                eval_every=0, checkpoint_every=0, progress=False, timeout=300.0, transport=spec.transport,
                heartbeat_s=10.0,  # a loaded machine can starve a process for seconds: not a lost peer
-               seed=spec.seed, lr=0.02)
+               seed=spec.seed, lr=0.02, protocol=spec.protocol)
+    if spec.protocol == "ssp":
+        cfg["staleness_bound"] = spec.staleness_bound
     if dynamic:  # the trace covers every server, so it, not server_slowdown, sets the speeds
         rows = ["iteration,server,factor"] + [f"0,{s},{factors[s]}" for s in range(spec.servers)]
         rows += [f"{spec.switch},{slow},1.0", f"{spec.switch},{spec.switch_to},{spec.factor}"]

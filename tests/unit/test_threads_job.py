@@ -1,6 +1,8 @@
 """Whole jobs on the in-memory transport (threads): the protocols' end-to-end semantics,
 fast and without sockets."""
 
+import json
+
 import pytest
 import torch
 
@@ -79,3 +81,28 @@ def test_dc_asgd_corrects_every_gradient_with_the_weights_it_read(tmp_path, digi
     assert applied == 12 * 3 * cfg.servers
     assert summary["dc_compensated"] == applied
     assert summary["async_steps"]["delay_mean"] > 0  # three workers, overlap: gradients are late
+
+
+@pytest.mark.parametrize("protocol,extra", [("asp", {"overlap": True}), ("softsync", {}),
+                                            ("ssp", {"staleness_bound": 1})])
+def test_blocks_move_and_servers_come_and_go_while_workers_run(tmp_path, digits, protocol, extra):
+    """No barrier: blocks moved, a server added and one drained and stopped mid-run;
+    every block has every gradient applied exactly once (counted on the servers, where
+    a gradient that reached an old owner is counted where it was forwarded to)."""
+    events = [{"iteration": 3, "move": 0, "to": 1}, {"iteration": 4, "move": 1, "to": 0},
+              {"iteration": 5, "add": 1}, {"iteration": 7, "move": 2, "to": 2}, {"iteration": 9, "remove": 0}]
+    cfg = job(protocol=protocol, iterations=14, server_events=events, **extra)
+    summary = run_threads(cfg, tmp_path, digits)
+    assert summary["status"] == "completed"
+    assert summary["gradients"] == {"owed": 14 * 3, "applied_min": 14 * 3, "applied_max": 14 * 3}
+    assert summary["lost_updates"] == 0
+    if protocol == "ssp":
+        assert summary["staleness_max"] <= 1
+    events = [e["event"] for e in records(tmp_path, "event")]
+    assert events.count("block_moved") >= 3 and "server_added" in events
+    assert "server_removed" in events and "server_retired" in events
+
+
+def records(run_dir, kind):
+    with open(run_dir / "metrics.jsonl") as fh:
+        return [r for r in map(json.loads, fh) if r.get("type") == kind]
