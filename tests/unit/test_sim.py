@@ -214,6 +214,8 @@ def test_sim_keys_are_validated():
         Config.from_dict({"sim_latency_s": -1.0})
     with pytest.raises(ConfigError, match="neighbours"):
         simulate({**BASE, "neighbours": [{"worker": 0}]}, write=False)
+    with pytest.raises(ConfigError, match="simulated at barriers only"):
+        simulate({**BASE, "protocol": "ssp", "placement": "psld"}, write=False)
 
 
 def test_host_rate_is_the_processor_sharing_fixed_point():
