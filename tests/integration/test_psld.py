@@ -1,7 +1,7 @@
 """PSLD with real processes on loopback (Chen et al., SoCC 2020): blocks migrate and servers come
 and go while a BSP job trains, and the job ends with exactly the parameters of a run
 without any of it; a user asks a running job for a server from the command line; PSLD
-moves load off a slowed server by itself."""
+moves load off a slowed server by itself, with a barrier and without."""
 
 from __future__ import annotations
 
@@ -83,11 +83,18 @@ def test_ctl_refuses_what_is_not_a_run_directory(tmp_path):
     assert done.returncode == 2 and "not a run directory" in done.stderr
 
 
-def test_psld_moves_load_off_a_slowed_server(tmp_path):
+@pytest.mark.parametrize("protocol", ["bsp", "ssp"])
+def test_psld_moves_load_off_a_slowed_server(tmp_path, protocol):
+    """Also without a barrier (SSP): the blocks are handed over while the workers run,
+    and every block still gets every gradient once, counted on the servers."""
+    knobs = {"staleness_bound": 1} if protocol == "ssp" else {}
     summary = equipoise.train(dict(BASE, placement="psld", iterations=60, servers=3, block_size=2000,
                                    server_slowdown=[1.0, 1.0, 8.0], server_rate=20.0, psld_interval=5,
-                                   psld_epsilon=0.0), out=tmp_path / "run")
+                                   psld_epsilon=0.0, protocol=protocol, **knobs), out=tmp_path / "run")
     assert summary["samples"] == 60 * 48
+    if protocol == "ssp":  # one plan per worker batch of 16
+        assert summary["gradients"] == {"owed": 180, "applied_min": 180, "applied_max": 180}
+        assert summary["staleness_max"] <= 1
     servers = records(tmp_path / "run", "servers")
     slow_share = [r["load_bytes"][r["servers"].index(2)] / sum(r["load_bytes"]) for r in servers]
     assert slow_share[-1] < slow_share[0] / 2, slow_share
