@@ -66,6 +66,8 @@ def train(config: ConfigLike = None, *, out: str | Path | None = None,
     if cfg.launcher == "ray":
         from .runtime.launch.ray_cluster import preflight
         preflight(cfg)
+    else:  # the workers run here: the devices they ask for must be here
+        check_devices(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.toml").write_text(to_toml(cfg.to_dict()), encoding="utf-8")
     try:
@@ -84,8 +86,20 @@ def train(config: ConfigLike = None, *, out: str | Path | None = None,
     return summary
 
 
+def check_devices(cfg: Config) -> None:
+    """ConfigError, one line, if a worker's device or precision is not on this machine
+    (a CUDA device asked for where none exists, bf16 on a pre-Ampere GPU)."""
+    from .runtime.device import DeviceError, check_local
+
+    try:
+        check_local(cfg)
+    except DeviceError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def control(run_dir: str | Path, action: str, **fields: int) -> None:
-    """Ask a running job to change its servers at its next barrier (BSP/LB-BSP):
+    """Ask a running job to change its servers at its next barrier (BSP/LB-BSP; as the
+    stream passes the next iteration under asp, softsync and ssp):
     ``control(run, "add_server")``, ``control(run, "remove_server", server=2)`` or
     ``control(run, "move", block=5, to=1)``. The request is appended to
     run_dir/control.jsonl; the outcome appears as an event in metrics.jsonl."""

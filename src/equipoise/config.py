@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping, TypeVar
@@ -35,6 +36,8 @@ LAUNCHERS = ("local", "ray")
 RAY_STRATEGIES = ("SPREAD", "PACK", "STRICT_SPREAD", "STRICT_PACK")  # Ray's placement group strategies
 RAY_DATA = ("ship", "path")
 RESOURCE_KEYS = ("worker_resources", "server_resources")
+DEVICE_RE = re.compile(r"^(cpu|auto|cuda(:\d+)?)$")  # a worker's device: runtime/device.py
+PRECISIONS = ("32", "bf16-mixed")
 T = TypeVar("T")
 
 
@@ -105,6 +108,12 @@ class Config:
     psld_epsilon: float = 0.1  # PSLD: probability of exploring instead of exploiting
     psld_max_servers: int = 0  # PSLD may add servers up to this many; 0: never adds
     threads: int = 1
+    device: str = "cpu"  # every worker's: cpu | cuda | cuda:N | auto (a GPU if there is one)
+    devices: tuple[str, ...] = ()  # one per worker, instead of `device` (a mixed job)
+    precision: str = "32"  # 32 | bf16-mixed (autocast to bfloat16)
+    precisions: tuple[str, ...] = ()  # one per worker, instead of `precision`
+    eval_device: str = "cpu"  # where the coordinator evaluates snapshots
+    deterministic: bool = False  # torch's deterministic algorithms on the workers
     timeout: float = 120.0
     heartbeat_s: float = 2.0  # children beat this often; 3 missed beats: the process is lost (0: off)
     worker_restarts: int = 0  # replacement workers started for lost ones, in all (torchrun's max_restarts)
@@ -205,6 +214,7 @@ class Config:
         _choice("launcher", self.launcher, LAUNCHERS)
         _choice("ray_strategy", self.ray_strategy, RAY_STRATEGIES)
         _choice("ray_data", self.ray_data, RAY_DATA)
+        self._validate_devices()
         if self.launcher == "ray":
             for key in ("cpu_limit", "neighbours"):
                 if getattr(self, key):
@@ -407,6 +417,24 @@ class Config:
                                   "{iteration = N, remove = RANK} or {iteration = N, move = BLOCK, to = RANK} "
                                   "with non-negative integers")
 
+    def _validate_devices(self) -> None:
+        """Device and precision strings (whether this machine has the devices is asked
+        where the workers run: runtime/device.py)."""
+        for key, many in (("device", "devices"), ("eval_device", None)):
+            values = [getattr(self, key)] + (list(getattr(self, many)) if many else [])
+            for i, v in enumerate(values):
+                if not DEVICE_RE.match(v):
+                    name = key if i == 0 else f"{many}[{i - 1}]"
+                    raise ConfigError(f"{name} = {v!r} is not cpu, cuda, cuda:N or auto")
+        _choice("precision", self.precision, PRECISIONS)
+        for i, v in enumerate(self.precisions):
+            if v not in PRECISIONS:
+                raise ConfigError(f"precisions[{i}] = {v!r} is not one of {', '.join(PRECISIONS)}")
+        for key in ("devices", "precisions"):
+            if getattr(self, key) and len(getattr(self, key)) != self.workers:
+                raise ConfigError(f"{key} has {len(getattr(self, key))} entries for {self.workers} workers: "
+                                  "give one per worker")
+
     def _validate_membership(self) -> None:
         if self.membership and self.protocol not in ("bsp", "lbbsp"):
             raise ConfigError(f"membership events need protocol bsp or lbbsp, not {self.protocol!r}")
@@ -465,7 +493,7 @@ def _coerce_list(key: str, value: Any, default: tuple) -> tuple:
             return tuple(dict(v) for v in value)
         raise ConfigError(f"{key} = {list(value)!r} should be a list of tables "
                           f"like [{{{', '.join(_TABLE_LISTS[key])} = ...}}]")
-    elem = {"batch_split": 1}.get(key, 1.0)
+    elem = {"batch_split": 1, "devices": "", "precisions": ""}.get(key, 1.0)
     try:
         return tuple(_coerce(key, v, elem) for v in value)
     except ConfigError:

@@ -209,11 +209,17 @@ class Workload:
         return out
 
     @torch.no_grad()
-    def evaluate(self, model: nn.Module, batch_size: int = 1000, limit: int = 0) -> dict[str, float]:
-        """The metrics of `model` over the evaluation set (its first `limit` samples)."""
+    def evaluate(self, model: nn.Module, batch_size: int = 1000, limit: int = 0,
+                 device: torch.device | None = None) -> dict[str, float]:
+        """The metrics of `model` over the evaluation set (its first `limit` samples), its
+        batches moved to `device` (where the model is) if given."""
+        from .runtime.device import to_device
+
         model.eval()
         sums: dict[str, list[float]] = {}
         for batch, n in self.eval_batches(batch_size, limit):
+            if device is not None:
+                batch = to_device(batch, device)
             for key, (s, c) in self.batch_metrics(model, batch, n).items():
                 acc = sums.setdefault(key, [0.0, 0.0])
                 acc[0] += s

@@ -20,6 +20,9 @@ pytestmark = pytest.mark.timeout(60)
     (["--set", "slowdown=[1,2]"], ["slowdown", "workers"]),
     (["/nonexistent/job.toml"], ["/nonexistent/job.toml"]),
     (["--resume", "/nonexistent/run"], ["/nonexistent/run"]),
+    (["--set", "dataset=digits", "--set", "workers=2", "--set", 'devices=["cpu", "cuda:1"]'],
+     ["worker 1", "cuda:1", "no CUDA device"]),
+    (["--set", "device=gpu"], ["device", "gpu"]),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, words, tmp_path):
     proc = cli("train", "--out", str(tmp_path / "run"), *args)

@@ -83,7 +83,7 @@ def test_render_and_plain_line_show_workers_servers_and_events():
     state = _state(_records())
     text = _text(render(state, header=True))
     assert "iteration 12/12" in text and "acc 87.5%" in text
-    assert re.search(r"w1\s+32\s+800\s+80%\s+0%\s+0%\s+20%\s+1\.0\s+slow", text), text  # data 0%: none recorded
+    assert re.search(r"w1\s+32\s+800\s+80%\s+0%\s+0%\s+20%\s+–\s+1\.0\s+slow", text), text  # data 0%, no copy: none recorded
     assert re.search(r"s1\s+2\s+1\.00\s+40%\s+25\s+running", text), text
     assert "blocks [4] [1] → 0, 1.5 MB in 20 ms" in text and "started" not in text
     line = plain_line(state)

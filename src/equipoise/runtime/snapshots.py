@@ -31,6 +31,7 @@ class SnapshotSettings:
     checkpoint_every: int
     timeout: float
     target: dict  # {metric = "test_<name>", below | above = value}; {}: none
+    eval_device: str = "cpu"  # where snapshots are evaluated
 
 
 @dataclass
@@ -106,11 +107,14 @@ class Snapshots:
     def _evaluate(self, t: int, blocks, values, elapsed: float) -> dict:
         """The metrics (test_<name> for each) of the snapshot taken `elapsed` training
         seconds in; the first that meets the target records when it did."""
+        from .device import resolve
+
         torch.set_num_threads(1)
         model = self.new_model()
         write_values(model, blocks, values)
+        device = resolve(self.settings.eval_device, "evaluation (eval_device)")
         limit = 0 if t >= self.total else self.settings.eval_samples
-        metrics = self.data.evaluate(model, limit=limit)
+        metrics = self.data.evaluate(model.to(device), limit=limit, device=device)
         n = self.data.num_eval
         record = {"type": "eval", "iteration": t, "time": time.time(), "elapsed": elapsed,
                   **{f"test_{k}": v for k, v in metrics.items()},

@@ -57,7 +57,7 @@ class RunStats:
                   "staleness_max": max(stale) if stale else None,
                   "staleness": [sum(r["staleness"]) / len(r["staleness"]) if r["staleness"] else None
                                 for r in reports]}
-        for key in ("compute_s", "data_s", "wait_s", "comm_s", "cpu", "mem", "version"):
+        for key in ("compute_s", "data_s", "h2d_s", "d2h_s", "wait_s", "comm_s", "cpu", "mem", "version"):
             record[key] = [r.get(key) for r in reports]
         if any("table_wait_s" in r for r in reports):  # blocks moved during this iteration
             record["table_wait_s"] = [r.get("table_wait_s", 0.0) for r in reports]

@@ -28,7 +28,8 @@ from ..policy.placement import Block
 from ..policy.sync import make_sync_policy
 from ..scenario import Scenario
 from ..wire import Message, PeerTimeout, Transport
-from .blocks import read_pushes, write_values
+from .device import DeviceError, DeviceLink, autocast, check_precision, resolve, set_deterministic, to_device
+from .device import worker_device, worker_precision
 from .client import ClientError, PSClient, Pulled, receive
 from ..workload import SampleError, StepError, load_workload
 from .stretch import Stretch, noise_seed
@@ -76,6 +77,13 @@ class Worker:
     def run(self) -> None:
         cfg = self.cfg
         torch.set_num_threads(cfg.threads)
+        set_deterministic(cfg.deterministic)
+        try:
+            self.device = resolve(worker_device(cfg, self.rank), f"worker {self.rank}")
+            self.precision = worker_precision(cfg, self.rank)
+            check_precision(self.precision, self.device, f"worker {self.rank}")
+        except DeviceError as exc:
+            raise WorkerError(str(exc)) from None
         data = load_workload(cfg, shared=self.data)
         self.loader = None
         welcome = self._request(Message("hello", {
@@ -86,7 +94,8 @@ class Worker:
         self.client.epoch = self.epoch
         try:
             self.client.set_table(welcome.fields["table"], welcome.fields["servers"])
-            self.model = build_model(cfg.model, data.input_shape, data.num_classes)
+            self.model = build_model(cfg.model, data.input_shape, data.num_classes).to(self.device)
+            self.link = DeviceLink(self.model, self.blocks, self.device, self.depth)
             self.barrier = self.policy.barrier()
             self.model.train()
             self.stretch = Stretch(self.model, noise=cfg.slowdown_noise, seed=noise_seed(cfg.seed, self.rank))
@@ -169,9 +178,8 @@ class Worker:
                 versions = self._plan_table(table, versions, len(in_flight))
                 measured["table_wait_s"] = time.perf_counter() - t3
             with self.stretch.local():  # packing the push: slow on a slow machine too
-                pushes = read_pushes(self.model, self.blocks)
-                if d:  # copies: the next backward overwrites .grad while these may still be queued
-                    pushes = {k: t.clone() for k, t in pushes.items()}
+                # With d, copies: the next backward overwrites .grad while these may still be queued.
+                pushes = self.link.read(copy=bool(d))
             pull_version = self.policy.pull_version(step + 1 + d, f["iteration"])
             if self.policy.pull_first():
                 pull = self.client.pull(pull_version)
@@ -216,7 +224,7 @@ class Worker:
         applied that iteration, report it, and return the next plan."""
         f = plan.fields
         loss, count, measured = self._step(data, sampler, f)
-        pushes = read_pushes(self.model, self.blocks)
+        pushes = self.link.read()
         ticket = self.client.push(pushes, versions, f["size"], part=int(f["part"]),
                                   only=[int(r) for r in f["servers"]], start=f["start"], count=count)
         staleness = self.client.wait(ticket)
@@ -229,7 +237,7 @@ class Worker:
         version and stamp of them, and the longest time a server held the pull back."""
         pulled: Pulled = self.client.wait(pull)
         with self.stretch.local():  # unpacking the weights: slow on a slow machine too
-            write_values(self.model, self.blocks, pulled.values)
+            self.link.write(pulled.values)
         return pulled.versions, pulled.reads, pulled.held_s
 
     def _step(self, data, sampler: SliceSampler, f: dict) -> tuple[float, float, dict]:
@@ -250,6 +258,10 @@ class Worker:
         ahead = f["start"] + self.cfg.global_batch
         if self.barrier and not f.get("recover") and ahead + f["size"] <= self.end:
             self.loader.prefetch(ahead, f["size"])  # the same offset in the next iteration, most likely
+        if self.device.type != "cpu":
+            t0 = time.perf_counter()
+            batch = to_device(batch, self.device, non_blocking=True)
+            self.link.h2d_s += time.perf_counter() - t0
         cpu0, t1 = time.process_time(), time.perf_counter()
         self.stretch.start(f["size"])
         loss, count = self._compute(data, batch, f)
@@ -264,7 +276,7 @@ class Worker:
         servers applied since the last report (one per server and gradient)."""
         staleness, self._pending_staleness = self._pending_staleness + staleness, []
         return {"iteration": f["iteration"], "start": f["start"], "samples": f["size"], "loss": loss, "count": count,
-                "version": min(versions.values()), "staleness": staleness, **measured,
+                "version": min(versions.values()), "staleness": staleness, **measured, **self.link.take_times(),
                 "mem": self.proc.memory_info().rss / self._mem_total, **exchange}
 
     def _exchange_times(self, since: float, pull_held: float, plan: Message) -> dict:
@@ -277,7 +289,8 @@ class Worker:
     def _compute(self, data, batch, plan: dict) -> tuple[float, float]:
         self.model.zero_grad(set_to_none=False)
         try:
-            step = data.loss_of(self.model, batch, plan["size"])
+            with autocast(self.device, self.precision):
+                step = data.loss_of(self.model, batch, plan["size"])
         except StepError as exc:
             raise WorkerError(f"worker {self.rank}: iteration {plan['iteration']}: {exc}") from None
         if not math.isfinite(step.value):

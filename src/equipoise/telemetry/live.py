@@ -77,7 +77,7 @@ class ClusterState:
         self.elapsed = rec.get("elapsed", self.elapsed)
         n = len(rec.get("workers") or ())
         columns = [rec.get(k) or [None] * n for k in ("batch", "compute_s", "wait_s", "comm_s", "staleness",
-                                                        "data_s")]
+                                                        "data_s", "h2d_s", "d2h_s")]
         for i, w in enumerate(rec.get("workers") or ()):
             self.workers.setdefault(w, deque(maxlen=WINDOW)).append(tuple(c[i] for c in columns))
             self.gone.pop(w, None)
@@ -141,13 +141,15 @@ class ClusterState:
 
 def _worker_row(rank: int, hist: list[tuple], gone: str | None) -> dict:
     batch = next((h[0] for h in reversed(hist) if _ok(h[0])), None)
-    sums = [sum(h[k] for h in hist if len(h) > k and _ok(h[k])) for k in range(6)]
+    sums = [sum(h[k] for h in hist if len(h) > k and _ok(h[k])) for k in range(8)]
     total = sums[1] + sums[2] + sums[3] + sums[5]
     stale = [h[4] for h in hist if _ok(h[4])]
     return {"rank": rank, "batch": batch,
             "speed": sum(h[0] for h in hist if _ok(h[0]) and _ok(h[1])) / sums[1] if sums[1] > 0 else None,
             "compute": sums[1] / total if total > 0 else None, "wait": sums[2] / total if total > 0 else None,
             "comm": sums[3] / total if total > 0 else None, "data": sums[5] / total if total > 0 else None,
+            # host <-> device copies (a GPU worker), part of its communication time
+            "copy": (sums[6] + sums[7]) / total if total > 0 and sums[6] + sums[7] > 0 else None,
             "staleness": sum(stale) / len(stale) if stale else None, "state": gone or "running"}
 
 
@@ -202,12 +204,12 @@ def headline(state: ClusterState) -> str:
 def render(state: ClusterState, *, header: bool = False) -> Group:
     """The view: [the headline,] the workers' table, the servers' table, the last events."""
     workers = Table(title=f"workers (last {WINDOW} iterations)", title_justify="left", box=None, pad_edge=False)
-    for name in ("worker", "batch", "samples/s", "compute", "data", "wait", "comm", "staleness", "state"):
+    for name in ("worker", "batch", "samples/s", "compute", "data", "wait", "comm", "copy", "staleness", "state"):
         workers.add_column(name, justify="left" if name in ("worker", "state") else "right")
     for r in state.worker_rows():
         style = _STYLE.get(r["state"], "")
         workers.add_row(f"w{r['rank']}", _num(r["batch"]), _num(r["speed"]), _pct(r["compute"]),
-                        _pct(r["data"]), _pct(r["wait"]), _pct(r["comm"]), _num(r["staleness"], "{:.1f}"), Text(r["state"], style=style))
+                        _pct(r["data"]), _pct(r["wait"]), _pct(r["comm"]), _pct(r["copy"]), _num(r["staleness"], "{:.1f}"), Text(r["state"], style=style))
     parts: list[Any] = [Text(headline(state), style="bold")] if header else []
     parts.append(workers if workers.row_count else Text("workers: no iteration recorded yet", style="dim"))
     server_rows = state.server_rows()

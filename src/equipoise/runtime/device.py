@@ -1,0 +1,203 @@
+"""Where a worker computes: its device and precision, and the copies between the wire's
+host tensors and the device.
+
+Servers always run on CPU (as BytePS's summation servers do): the wire carries host
+tensors. A worker on a GPU keeps its model there and moves bytes through pinned host
+buffers allocated once (`DeviceLink`): the weights a pull brought are copied into
+pinned buffers and on to the device without blocking (the forward queues behind the
+copies on the same stream); the gradients are copied once from the device into pinned
+buffers that are themselves the frames of the push. With overlap a push may still be in
+flight while the next backward runs, so there are two sets of gradient buffers, used in
+turn. Nothing is allocated per iteration. On CPU the same calls do no copies at all
+(views of the model, as before), unless `staged` asks for the staging path (tests run
+every device code path that way on a machine without a GPU).
+
+`h2d_s` and `d2h_s` (seconds copying in and out, per step) go into each iteration's
+report, metrics.jsonl and the live view.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..config import DEVICE_RE, PRECISIONS
+from ..policy.placement import Block
+from .blocks import _flat, read_pushes, write_values
+
+
+class DeviceError(ValueError):
+    """A device or precision this machine cannot give; one line naming what and who."""
+
+
+def worker_device(cfg, rank: int) -> str:
+    """The device string worker `rank` is configured for (`devices` by rank, else `device`)."""
+    return cfg.devices[rank] if cfg.devices and rank < len(cfg.devices) else cfg.device
+
+
+def worker_precision(cfg, rank: int) -> str:
+    return cfg.precisions[rank] if cfg.precisions and rank < len(cfg.precisions) else cfg.precision
+
+
+def resolve(spec: str, who: str, *, cuda=torch.cuda) -> torch.device:
+    """The torch device for `spec` ("cpu", "cuda", "cuda:N", "auto": a GPU if there is
+    one) on this machine; DeviceError naming `who` if it has no such device. Under Ray
+    the GPUs an actor sees are the ones Ray assigned it (CUDA_VISIBLE_DEVICES), so
+    "cuda" is the first of those."""
+    if not DEVICE_RE.match(spec):
+        raise DeviceError(f"{who}: device = {spec!r} is not cpu, cuda, cuda:N or auto")
+    if spec == "cpu" or (spec == "auto" and not cuda.is_available()):
+        return torch.device("cpu")
+    if spec == "auto":
+        return torch.device("cuda", 0)
+    if not cuda.is_available():
+        raise DeviceError(f"{who}: device = {spec!r}, but this machine has no CUDA device "
+                          f"(torch {torch.__version__}, built for CUDA {torch.version.cuda or 'none'})")
+    index = int(spec.split(":")[1]) if ":" in spec else 0
+    count = cuda.device_count()
+    if index >= count:
+        raise DeviceError(f"{who}: device = {spec!r}, but this machine has {count} CUDA device(s) "
+                          f"(cuda:0 … cuda:{count - 1})")
+    return torch.device("cuda", index)
+
+
+def check_precision(precision: str, device: torch.device, who: str, *, cuda=torch.cuda) -> None:
+    """bf16-mixed needs bfloat16 arithmetic: on a GPU, compute capability ≥ 8.0 (Ampere);
+    refused, naming the worker and its device, on an older one."""
+    if precision not in PRECISIONS:
+        raise DeviceError(f"{who}: precision = {precision!r} is not one of {', '.join(PRECISIONS)}")
+    if precision == "bf16-mixed" and device.type == "cuda":
+        major, minor = cuda.get_device_capability(device)
+        if major < 8:
+            raise DeviceError(f"{who}: precision = \"bf16-mixed\" on {device} ({cuda.get_device_name(device)}, "
+                              f"compute capability {major}.{minor}): bfloat16 needs 8.0 (Ampere) or newer; "
+                              f"give this worker precision \"32\" in `precisions`")
+
+
+def check_local(cfg, *, cuda=torch.cuda) -> None:
+    """Every worker's device and precision on this machine (the local launcher's
+    workers all run here): DeviceError, one line, for the first that it cannot give."""
+    for rank in range(cfg.workers):
+        who = f"worker {rank}"
+        device = resolve(worker_device(cfg, rank), who, cuda=cuda)
+        check_precision(worker_precision(cfg, rank), device, who, cuda=cuda)
+    resolve(cfg.eval_device, "evaluation (eval_device)", cuda=cuda)
+
+
+def set_deterministic(on: bool) -> None:
+    """torch's deterministic algorithms (and cuBLAS's fixed workspace they need), so a
+    GPU run can be compared with the reference; before the first CUDA call."""
+    if not on:
+        return
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+
+
+def autocast(device: torch.device, precision: str):
+    """The step's forward under `precision`: bf16-mixed is torch.autocast to bfloat16
+    (the weights, gradients and the wire stay float32)."""
+    if precision == "bf16-mixed":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return nullcontext()
+
+
+def to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:
+    """A batch (tensors, or tuples, lists and dicts of them) on `device`."""
+    if device.type == "cpu":
+        return batch
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=non_blocking)
+    if isinstance(batch, (list, tuple)):
+        moved = [to_device(b, device, non_blocking) for b in batch]
+        return type(batch)(moved) if not hasattr(batch, "_fields") else type(batch)(*moved)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device, non_blocking) for k, v in batch.items()}
+    return batch
+
+
+class DeviceLink:
+    """Worker-side copies between the wire's host tensors and a model on `device`."""
+
+    def __init__(self, model: nn.Module, blocks: list[Block], device: torch.device, depth: int = 0,
+                 staged: bool | None = None):
+        """`depth`: exchanges kept in flight while a step computes (overlap); `staged`:
+        copy through host buffers (default: off the CPU only)."""
+        self.model, self.blocks, self.device, self.depth = model, blocks, device, depth
+        self.staged = device.type != "cpu" if staged is None else staged
+        self.h2d_s = self.d2h_s = 0.0
+        self._cuda = device.type == "cuda"
+        self._pending: list[tuple[Any, Any]] = []  # CUDA events around copies in, read at `take_times`
+        if not self.staged:
+            return
+        pin = self._cuda
+        flat = _flat(model)
+        self._flat = flat
+        shape = {b.key: flat[b.name][b.start:b.stop] for b in blocks}
+
+        def host(key):
+            t = shape[key]
+            return torch.empty(t.numel(), dtype=t.dtype, pin_memory=pin)
+
+        self.inbound = {b.key: host(b.key) for b in blocks}
+        self.outbound = [{b.key: host(b.key) for b in blocks} for _ in range(depth + 1)]
+        self._turn = 0
+
+    def write(self, values: dict[int, torch.Tensor]) -> None:
+        """The pulled weights into the model (blocks without a value keep theirs)."""
+        if not self.staged:
+            return write_values(self.model, self.blocks, values)
+        t0 = time.perf_counter()
+        start = torch.cuda.Event(enable_timing=True) if self._cuda else None
+        if start is not None:
+            start.record()
+        with torch.no_grad():
+            for b in self.blocks:
+                if b.key in values:
+                    buf = self.inbound[b.key]
+                    buf.copy_(values[b.key])  # host to pinned host
+                    self._flat[b.name][b.start:b.stop].copy_(buf, non_blocking=self._cuda)
+        if start is not None:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._pending.append((start, end))
+            self.h2d_s += time.perf_counter() - t0  # the host side now; the copies' own time at take_times
+        else:
+            self.h2d_s += time.perf_counter() - t0
+
+    def read(self, copy: bool = False) -> dict[int, torch.Tensor]:
+        """What to push for each block: host tensors, ready to send. Unstaged: views of
+        the model (`copy`: copies, for a push left in flight while the next backward
+        overwrites .grad); staged: this turn's pinned buffers, filled once."""
+        pushes = read_pushes(self.model, self.blocks)
+        if not self.staged:
+            return {k: t.clone() for k, t in pushes.items()} if copy else pushes
+        t0 = time.perf_counter()
+        out = self.outbound[self._turn]
+        self._turn = (self._turn + 1) % len(self.outbound)
+        for k, t in pushes.items():
+            out[k].copy_(t, non_blocking=self._cuda)
+        if self._cuda:
+            torch.cuda.current_stream(self.device).synchronize()  # the frames must be whole before they are sent
+        self.d2h_s += time.perf_counter() - t0
+        return dict(out)
+
+    def take_times(self) -> dict[str, float]:
+        """h2d_s and d2h_s since the last call (a CUDA copy in is timed by its events,
+        read once the step has synchronised)."""
+        for start, end in self._pending:
+            end.synchronize()
+            self.h2d_s += start.elapsed_time(end) / 1e3
+        self._pending = []
+        out = {"h2d_s": self.h2d_s, "d2h_s": self.d2h_s}
+        self.h2d_s = self.d2h_s = 0.0
+        return out
+
+
+__all__ = ["DeviceError", "DeviceLink", "PRECISIONS", "autocast", "check_local", "check_precision", "resolve",
+           "set_deterministic", "to_device", "worker_device", "worker_precision"]
