@@ -139,3 +139,70 @@ def test_deterministic_turns_on_torchs_deterministic_algorithms(monkeypatch):
         assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"  # cuBLAS's reproducible workspace
     finally:
         torch.use_deterministic_algorithms(before)
+
+
+OOM_MODEL = '''
+import torch
+from torch import nn
+
+
+class Limited(nn.Module):
+    """An MLP whose forward runs out of (emulated) device memory above LIMIT samples."""
+
+    def __init__(self, input_shape, num_classes):
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, num_classes))
+
+    def forward(self, x):
+        if self.training and x.shape[0] > 20:  # training steps only (the evaluation is batched by 1000)
+            raise torch.cuda.OutOfMemoryError(f"CUDA out of memory (emulated) with {x.shape[0]} samples")
+        return self.net(x)
+
+
+def build(input_shape, num_classes):
+    return Limited(input_shape, num_classes)
+'''
+
+
+def test_a_worker_running_out_of_memory_is_capped_and_its_slice_split_again(tmp_path, digits):
+    """Worker 1's slice of 30 does not fit (above 20 the model raises CUDA's
+    out-of-memory error): its cap drops, the 30 samples are cut again among the workers
+    within their caps, and the job ends as single-process SGD on the global batch does
+    (any split of it is the same step, up to float rounding of the sums: 1e-5)."""
+    (tmp_path / "limited.py").write_text(OOM_MODEL)
+    cfg = job(model=f"{tmp_path / 'limited.py'}:build", batch_split=[5, 30, 13])
+    run = tmp_path / "run"
+    run.mkdir()
+    summary = run_threads(cfg, run, digits)
+    assert summary["status"] == "completed" and summary["samples"] == 8 * 48
+    records = [json.loads(line) for line in open(run / "metrics.jsonl")]
+    ooms = [r for r in records if r.get("event") == "out_of_memory"]
+    assert ooms and ooms[0]["worker"] == 1 and ooms[0]["batch"] == 30 and ooms[0]["cap"] == 22
+    assert sum(size for _, size in ooms[0]["shares"]) == 30
+    assert all(size <= 20 for r in records if r.get("type") == "iteration" for size in r["batch"])
+    # the reference: the same model without the limit (the same initial weights), batches of 48
+    (tmp_path / "unlimited.py").write_text(OOM_MODEL.replace("x.shape[0] > 20", "False"))
+    ref = train_reference(job(model=f"{tmp_path / 'unlimited.py'}:build"), data=digits).state_dict()
+    got = torch.load(run / "model.pt", weights_only=True)
+    assert all(torch.allclose(got[k], ref[k], atol=1e-5) for k in ref)
+
+
+def test_a_memory_probe_caps_a_workers_share(tmp_path, digits, monkeypatch):
+    """An injected probe: worker 2's device holds 10 samples (base 100 B + 10 B a
+    sample against a 200 B budget), below its equal share of 16: it gets at most 10, the
+    others take the rest, and BSP still ends at the reference."""
+    def probe(step, device, share=1, **kw):
+        import threading
+        return device_mod.MemoryProbe(100.0, 10.0, 200.0) if threading.current_thread().name == "worker2" else None
+
+    monkeypatch.setattr(device_mod, "probe_memory", probe)
+    cfg = job(batch_split=[])
+    summary = run_threads(cfg, tmp_path, digits)
+    assert summary["status"] == "completed"
+    records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert [r["cap"] for r in records if r.get("event") == "memory_cap"] == [10]
+    iters = [r for r in records if r.get("type") == "iteration"]
+    assert all(r["batch"][r["workers"].index(2)] <= 10 and sum(r["batch"]) == 48 for r in iters)
+    ref = train_reference(cfg, data=digits).state_dict()
+    got = torch.load(tmp_path / "model.pt", weights_only=True)
+    assert all(torch.allclose(got[k], ref[k], atol=1e-5) for k in ref)

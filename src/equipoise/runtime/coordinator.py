@@ -229,9 +229,18 @@ class Coordinator(Losses):
             if worker not in self.workers:
                 self.listener.send(peer, Message("error", {"message": f"unknown worker {worker}"}))
                 return
-            if f["step"] > 0 and f["report"]:
+            cap = f.get("memory_cap")
+            if cap is not None:  # the worker's probe of its device memory
+                if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+                    raise ValueError(f"memory_cap = {cap!r} is not a batch size ≥ 1")
+                self.planner.set_memory_cap(worker, cap)
+                self._event("memory_cap", self.iteration, worker=worker, cap=cap, source="probe")
+            oom = bool(f["report"].get("oom")) if f["step"] > 0 and f["report"] else False
+            if f["step"] > 0 and f["report"] and not oom:
                 self._collect(worker, f["report"])
             self.waiting[worker] = (peer, time.monotonic())
+            if oom:
+                self._out_of_memory(worker, f["report"])
             if worker in self.stopped:  # with overlap, a request sent ahead of the stop
                 return self._stop(worker)
             self._advance(worker)
@@ -243,6 +252,11 @@ class Coordinator(Losses):
     def _advance(self, worker: int) -> None:
         """A plan request of `worker` is waiting: answer what can be answered."""
         raise NotImplementedError
+
+    def _out_of_memory(self, worker: int, report: dict) -> None:
+        """A slice ran out of memory on `worker` (only a barrier can cut it again)."""
+        raise JobError(f"{report.get('message', f'worker {worker} ran out of memory')}: under {self.cfg.protocol} "
+                       "its slice cannot be split again; lower max_batch")
 
     def _reply_plan(self, worker: int, iteration: int, start: int, size: int, version: int,
                     await_table: bool = False) -> None:

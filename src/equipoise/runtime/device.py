@@ -21,7 +21,8 @@ from __future__ import annotations
 import os
 import time
 from contextlib import nullcontext
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -199,5 +200,52 @@ class DeviceLink:
         return out
 
 
-__all__ = ["DeviceError", "DeviceLink", "PRECISIONS", "autocast", "check_local", "check_precision", "resolve",
-           "set_deterministic", "to_device", "worker_device", "worker_precision"]
+
+
+class OutOfMemory(RuntimeError):
+    """A step ran out of device memory with `size` samples (the worker's own catch of
+    torch.OutOfMemoryError, after freeing what the step held)."""
+
+    def __init__(self, size: int, message: str):
+        super().__init__(message)
+        self.size = size
+
+
+@dataclass(frozen=True)
+class MemoryProbe:
+    """Peak memory of a step as base + per_sample · batch, against what the worker may
+    use (`budget`), in bytes."""
+
+    base: float
+    per_sample: float
+    budget: float
+
+    def cap(self) -> int:
+        """The largest batch whose predicted peak fits the budget (≥ 1)."""
+        return max(1, int((self.budget - self.base) // max(self.per_sample, 1.0)))
+
+
+def probe_memory(step: Callable[[int], None], device: torch.device, *, share: int = 1,
+                 sizes: tuple[int, int] = (2, 8), fraction: float = 0.9) -> MemoryProbe | None:
+    """Measure a step's peak memory at two batch sizes (`step(b)` runs a forward and
+    backward on b samples) and fit base + per-sample bytes; the budget is `fraction` of
+    what the device holds, shared by the `share` workers on it. None off a GPU (host
+    memory is not capped)."""
+    if device.type != "cuda":
+        return None
+    peaks = []
+    for b in sizes:
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        step(b)
+        torch.cuda.synchronize(device)
+        peaks.append(torch.cuda.max_memory_allocated(device))
+    per = max(1.0, (peaks[1] - peaks[0]) / (sizes[1] - sizes[0]))
+    _, total = torch.cuda.mem_get_info(device)
+    return MemoryProbe(peaks[0] - per * sizes[0], per, fraction * total / max(1, share))
+
+
+__all__ = ["DeviceError", "DeviceLink", "MemoryProbe", "OutOfMemory", "PRECISIONS", "autocast", "check_local",
+           "check_precision", "probe_memory", "resolve", "set_deterministic", "to_device", "worker_device",
+           "worker_precision"]

@@ -70,6 +70,38 @@ class BarrierCoordinator(BarrierLosses, Coordinator):
                 self.servers.replicate()
         self._end_iteration(t - 1)
 
+    def _out_of_memory(self, worker: int, report: dict) -> None:
+        """A slice of iteration t ran out of memory on `worker`, before its push: its cap
+        becomes ¾ of that batch, and the slice is cut again among the active workers
+        (by their planned sizes, each piece within its worker's cap, the worker itself
+        included), as shares the servers' update t waits for — the step is the same SGD
+        step as before, whoever computes which samples."""
+        t, size, start = self.assign.iteration, int(report["samples"]), int(report["start"])
+        if t is None or int(report["iteration"]) != t:
+            raise JobError(f"worker {worker}: out of memory in iteration {report['iteration']}, "
+                           f"but iteration {t} is in flight")
+        if size <= 1:
+            raise JobError(f"{report.get('message', f'worker {worker}: out of memory')}: not even one sample "
+                           f"fits its device")
+        cap = max(1, (3 * size) // 4)
+        self.planner.set_memory_cap(worker, min(cap, self.planner.cap(worker) or cap))
+        active = sorted(set(self.workers) - self.stopped)
+        planned = {s.worker: s.size for s in self.assign.slices if s.part == 0}
+        caps = {w: c for w in active if (c := self.planner.cap(w)) is not None}
+        shares = {w: float(min(planned.get(w, size), caps.get(w, size))) or 1.0 for w in active}
+        holding = tuple(r for r in self.servers.pool.live() if r in self.servers.table)
+        new = self.assign.resplit(worker, start, shares, caps, holding)
+        for rank in holding:
+            self.servers.pool.request(rank, Message("expect", {"version": t, "pushes": self.assign.expected(rank)}),
+                                      "ack")
+        self._event("out_of_memory", t, worker=worker, batch=size, cap=self.planner.cap(worker),
+                    shares=[[s.worker, s.size] for s in new])
+        log.warning("%s; its cap is now %d samples, the slice is cut into %d shares",
+                    report.get("message", f"worker {worker} ran out of memory"), self.planner.cap(worker), len(new))
+        for w in sorted(self.waiting):
+            if w != worker and self.assign.queue.get(w):
+                self._send_share(w)
+
     def _membership(self, t: int) -> bool:
         """Apply the scenario's membership events due at iteration t (a quiet moment: no
         update in flight). Returns True if workers joined and their first plan request

@@ -44,6 +44,7 @@ class Planner:
         self.comm: dict[int, float] = {}
         self.policy = None
         self._last_compute: dict[int, float] = {}
+        self.memory_caps: dict[int, int] = {}  # the most samples each worker's memory holds (probe, or an OOM)
         if cfg.protocol == "lbbsp":
             kw = {"minimum": cfg.min_batch}
             if cfg.batch_policy == "proportional":
@@ -57,11 +58,40 @@ class Planner:
         for name, preds in self.predictors.items():
             for w in self.workers:
                 preds.setdefault(w, make_predictor(name))
-        if self.policy is not None and self.cfg.max_batch:
-            self.policy.caps = {w: self.cfg.max_batch for w in self.workers}
+        self._set_caps()
+
+    def cap(self, worker: int) -> int | None:
+        """The most samples `worker` may get: `max_batch` and its memory cap."""
+        caps = [c for c in (self.cfg.max_batch, self.memory_caps.get(worker)) if c]
+        return min(caps) if caps else None
+
+    def set_memory_cap(self, worker: int, cap: int) -> None:
+        """`worker`'s memory holds at most `cap` samples (a probe measured it, or a step
+        ran out of memory above it): no plan gives it more."""
+        self.memory_caps[worker] = max(1, int(cap))
+        self._set_caps()
+
+    def _set_caps(self) -> None:
+        if self.policy is not None:
+            self.policy.caps = {w: c for w in self.workers if (c := self.cap(w)) is not None}
 
     def sizes(self) -> dict[int, int]:
-        """Batch sizes for the next iteration, given everything observed so far."""
+        """Batch sizes for the next iteration, given everything observed so far; none
+        above a worker's cap (`max_batch`, its memory)."""
+        sizes = self._sizes()
+        caps = {w: self.cap(w) for w in sizes}
+        if all(c is None or sizes[w] <= c for w, c in caps.items()):
+            return sizes
+        ws = sorted(sizes)
+        if sum(caps[w] or self.cfg.global_batch for w in ws) < self.cfg.global_batch:
+            raise ValueError(f"the workers' memory caps {[caps[w] for w in ws]} hold fewer than the "
+                             f"global batch of {self.cfg.global_batch} samples")
+        # The same shares, within the caps (any split of the global batch is the same step).
+        fixed = batching.allocate(self.cfg.global_batch, [max(sizes[w], 1e-9) for w in ws],
+                                  minimum=0, caps=[caps[w] for w in ws])
+        return dict(zip(ws, fixed))
+
+    def _sizes(self) -> dict[int, int]:
         cfg, ws = self.cfg, self.workers
         if cfg.batch_split and len(ws) == len(cfg.batch_split):
             return dict(zip(ws, cfg.batch_split))

@@ -70,6 +70,28 @@ class Assignments:
             self.queue.setdefault(s.worker, deque()).append(s)
         return new
 
+    def resplit(self, worker: int, start: int, shares: dict[int, float], caps: dict[int, int],
+                servers: tuple[int, ...]) -> list[Slice]:
+        """The slice of `worker` starting at `start` ran out of memory: it is cut among
+        the workers of `shares` (worker → weight > 0), each cut again into pieces of at
+        most its worker's cap (`caps`), for the servers it was owed to (`servers`, those
+        holding blocks, if it was owed to all; none applied the iteration: the push
+        never left). Returns the new slices, also queued."""
+        old = next((s for s in self.slices if s.worker == worker and s.start == start), None)
+        if old is None:
+            raise ValueError(f"worker {worker} has no slice at {start} in iteration {self.iteration}")
+        self.slices.remove(old)
+        new: list[Slice] = []
+        for w, (at, size) in _cut(old.start, old.size, shares).items():
+            cap = max(1, caps.get(w, size))
+            for piece in range(0, size, cap):
+                new.append(Slice(w, next(self._parts), at + piece, min(cap, size - piece),
+                                 servers if old.servers is None else old.servers))
+        for s in new:
+            self.slices.append(s)
+            self.queue.setdefault(s.worker, deque()).append(s)
+        return new
+
     def expected(self, server: int) -> int:
         """Pushes server `server`'s update for the iteration in flight waits for."""
         return sum(1 for s in self.slices if s.reaches(server))

@@ -28,8 +28,9 @@ from ..policy.placement import Block
 from ..policy.sync import make_sync_policy
 from ..scenario import Scenario
 from ..wire import Message, PeerTimeout, Transport
-from .device import DeviceError, DeviceLink, autocast, check_precision, resolve, set_deterministic, to_device
-from .device import worker_device, worker_precision
+from . import device as devices
+from .device import DeviceError, DeviceLink, OutOfMemory, autocast, check_precision, resolve, set_deterministic
+from .device import to_device, worker_device, worker_precision
 from .client import ClientError, PSClient, Pulled, receive
 from ..workload import SampleError, StepError, load_workload
 from .stretch import Stretch, noise_seed
@@ -103,6 +104,7 @@ class Worker:
             sampler = SliceSampler(len(data), cfg.global_batch, cfg.seed)
             self.loader = Loader(data, sampler, cfg.loader_workers, timeout=cfg.timeout)
             self.end = cfg.total_iterations(len(data)) * cfg.global_batch  # the stream's last position
+            self.memory_cap = self._probe(data)
             while True:
                 try:
                     return self._loop(data, sampler)
@@ -116,6 +118,24 @@ class Worker:
                 self.loader.close()
             self.client.close()
             self.coord.close()
+
+    def _probe(self, data) -> int | None:
+        """The largest batch this worker's device memory holds, from a probe of a step's
+        peak memory at two batch sizes (runtime/device.py); None off a GPU. The probe's
+        gradients are dropped: they are no step of the job."""
+        cfg = self.cfg
+        mine = worker_device(cfg, self.rank)
+        share = (sum(worker_device(cfg, r) == mine for r in range(cfg.workers)) if cfg.launcher == "local" else 1)
+
+        def step(b: int) -> None:
+            batch = to_device(self.loader.get(0, min(b, len(data))), self.device)
+            with autocast(self.device, self.precision):
+                out = data.loss_of(self.model, batch, b)
+            out.objective.backward()
+            self.model.zero_grad(set_to_none=True)
+
+        probe = devices.probe_memory(step, self.device, share=share)
+        return None if probe is None else probe.cap()
 
     def _plan_table(self, plan: Message, versions: dict[int, int], in_flight: int) -> dict[int, int]:
         """Apply a block table that came with a plan. Under a barrier every server is at
@@ -171,7 +191,17 @@ class Worker:
         step = 0
         while True:
             f = plan.fields
-            loss, count, measured = self._step(data, sampler, f)
+            try:
+                loss, count, measured = self._step(data, sampler, f)
+            except OutOfMemory as oom:
+                if not self.barrier:
+                    raise WorkerError(f"{oom}; without a barrier its slice cannot be split again: lower "
+                                      f"max_batch") from None
+                plan, versions, exchange = self._out_of_memory(oom, data, sampler, f, versions, step)
+                step += 1
+                if plan.fields["stop"]:
+                    return
+                continue
             t3 = time.perf_counter()
             if f.get("await_table"):  # blocks moved during this compute: route by the new table
                 table = self._request(Message("table_req", {"worker": self.rank, "epoch": self.epoch}), "table")
@@ -216,14 +246,47 @@ class Worker:
             versions = self._plan_table(plan, versions, len(in_flight))
             exchange = self._exchange_times(t3, held, plan)
 
+    def _out_of_memory(self, oom: OutOfMemory, data, sampler: SliceSampler, f: dict, versions: dict[int, int],
+                       step: int) -> tuple[Message, dict[int, int], dict]:
+        """This step ran out of device memory (barrier protocols, no exchange in flight):
+        nothing is pushed; the coordinator lowers our cap and cuts the slice again among
+        the workers (shares, as for a lost worker's slice), which we may be given a
+        piece of. Then the iteration's weights are pulled as usual; returns the next
+        plan, the versions and the exchange's times."""
+        t3 = time.perf_counter()
+        if f.get("await_table"):  # blocks moved during this iteration: the shares route by the new table
+            table = self._request(Message("table_req", {"worker": self.rank, "epoch": self.epoch}), "table")
+            versions = self._plan_table(table, versions, 0)
+        pull = self.client.pull(self.policy.pull_version(step + 1, f["iteration"]))
+        self.coord.send(self._plan_req(step + 1, self._oom_report(f, oom, versions)))
+        plan = self._recv_coord("plan")
+        while plan.fields.get("recover"):
+            plan = self._recover(data, sampler, plan, versions, step + 1)
+        versions, _, held = self._take(pull)
+        if plan.fields["stop"]:
+            return plan, versions, {}
+        versions = self._plan_table(plan, versions, 0)
+        return plan, versions, self._exchange_times(t3, held, plan)
+
+    def _oom_report(self, f: dict, oom: OutOfMemory, versions: dict[int, int]) -> dict:
+        return {"iteration": f["iteration"], "start": f["start"], "samples": f["size"], "oom": True,
+                "part": int(f.get("part", 0)), "message": str(oom), "loss": 0.0, "count": 0.0,
+                "compute_s": 0.0, "wait_s": 0.0, "comm_s": 0.0, "staleness": [],
+                "version": min(versions.values(), default=0)}
+
     def _recover(self, data, sampler: SliceSampler, plan: Message, versions: dict[int, int],
                  step: int) -> Message:
-        """A worker died (barrier protocols): compute the share of its slice this plan
-        names on the weights of the iteration in flight — the model still holds them,
-        the next pull is not taken yet — push it only to the servers that have not
-        applied that iteration, report it, and return the next plan."""
+        """A worker died or a slice ran out of memory (barrier protocols): compute the
+        share of its slice this plan names on the weights of the iteration in flight —
+        the model still holds them, the next pull is not taken yet — push it only to the
+        servers that have not applied that iteration, report it, and return the next
+        plan. A share that runs out of memory itself is cut again."""
         f = plan.fields
-        loss, count, measured = self._step(data, sampler, f)
+        try:
+            loss, count, measured = self._step(data, sampler, f)
+        except OutOfMemory as oom:
+            self.coord.send(self._plan_req(step, self._oom_report(f, oom, versions)))
+            return self._recv_coord("plan")
         pushes = self.link.read()
         ticket = self.client.push(pushes, versions, f["size"], part=int(f["part"]),
                                   only=[int(r) for r in f["servers"]], start=f["start"], count=count)
@@ -264,8 +327,10 @@ class Worker:
             self.link.h2d_s += time.perf_counter() - t0
         cpu0, t1 = time.process_time(), time.perf_counter()
         self.stretch.start(f["size"])
-        loss, count = self._compute(data, batch, f)
-        self.stretch.finish()
+        try:
+            loss, count = self._compute(data, batch, f)
+        finally:
+            self.stretch.finish()
         t2 = time.perf_counter()
         cpu = _clamp01((time.process_time() - cpu0) / max(t2 - t1, 1e-9))
         return loss, count, {"compute_s": t2 - t1, "cpu": cpu, "data_s": self.loader.data_s}
@@ -289,6 +354,17 @@ class Worker:
     def _compute(self, data, batch, plan: dict) -> tuple[float, float]:
         self.model.zero_grad(set_to_none=False)
         try:
+            return self._forward_backward(data, batch, plan)
+        except torch.OutOfMemoryError:
+            pass  # outside the handler, so the exception's frames (and the memory they hold) are gone
+        self.model.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        raise OutOfMemory(plan["size"], f"worker {self.rank}: out of memory on {self.device} at iteration "
+                                        f"{plan['iteration']} with a batch of {plan['size']}")
+
+    def _forward_backward(self, data, batch, plan: dict) -> tuple[float, float]:
+        try:
             with autocast(self.device, self.precision):
                 step = data.loss_of(self.model, batch, plan["size"])
         except StepError as exc:
@@ -301,7 +377,9 @@ class Worker:
 
     # -- the coordinator ----------------------------------------------------------------
     def _plan_req(self, step: int, report: dict) -> Message:
-        return Message("plan_req", {"worker": self.rank, "step": step, "report": report, "epoch": self.epoch})
+        cap = {"memory_cap": self.memory_cap} if step == 0 and getattr(self, "memory_cap", None) else {}
+        return Message("plan_req", {"worker": self.rank, "step": step, "report": report, "epoch": self.epoch,
+                                    **cap})
 
     def _request(self, msg: Message, expect: str) -> Message:
         self.coord.send(msg)
