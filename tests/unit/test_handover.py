@@ -29,7 +29,8 @@ def init(keys, protocol, **extra):
 
 
 def grads(**by_key):
-    return {f"g{k[1:]}": torch.full((2,), float(v)) for k, v in by_key.items()}
+    return {f"g{k[1:]}": torch.tensor(v, dtype=torch.float32) if isinstance(v, list) else torch.full((2,), float(v))
+            for k, v in by_key.items()}
 
 
 class Pair:
@@ -152,3 +153,41 @@ def test_a_step_arriving_twice_counts_once_on_the_ssp_clock():
     assert not update.pushes[0].counted
     sync.on_applied(update)
     assert sync.pushed[0] == sync.clocks[0] == 2
+
+
+def test_a_refused_push_forwards_nothing_and_a_bad_forward_applies_nothing():
+    pair = Pair("asp", [0, 1], [2])
+    pair.ask_a(Message("migrate", {"keys": [1], "to": pair.b.listener.address}), b"coord")
+    pair.ask_a(Message("lose", {"worker": 1, "workers": 1}), b"coord")
+    (r,) = pair.ask_a(Message("push", {"worker": 1, "version": 0, "samples": 4}, grads(g0=1, g1=1)))
+    assert r.type == "error" and "lost" in r.fields["message"] and pair.a.forwarded == 0
+    (r,) = pair.ask_a(Message("push", {"worker": 0, "version": 0, "samples": 4}, grads(g0=1, g1=[1, 2, 3])))
+    assert r.type == "error" and "block 1 has shape" in r.fields["message"]
+    assert pair.a.store.values[0].tolist() == [0.0, 0.0] and pair.values_b()[1] == [0.0, 0.0]
+    conn = pair.transport.connect(pair.b.listener.address)
+    for fields, tensors in (({"worker": 0, "samples": 4, "step": "x"}, grads(g1=1)),
+                            ({"worker": 0, "samples": 4}, {})):
+        conn.send(Message("forward", fields, tensors))
+        assert conn.recv(timeout=10).type == "error"
+    assert pair.values_b()[1] == [0.0, 0.0] and pair.b.block_grads[1] == 0
+    conn.close()
+    pair.close()
+
+
+def test_an_empty_push_is_refused_under_a_barrier():
+    pair = Pair("bsp", [0, 1], [2])
+    (r,) = pair.ask_a(Message("push", {"worker": 0, "version": 0, "samples": 4}, {}))
+    assert r.type == "error" and "wrong blocks" in r.fields["message"] and pair.a.sync.unapplied == 0
+    pair.close()
+
+
+def test_an_adopt_with_malformed_clocks_changes_nothing():
+    pair = Pair("ssp", [0], [], staleness_bound=1)
+    conn = pair.transport.connect(pair.b.listener.address)
+    conn.send(Message("adopt", {"blocks": [block(1)], "version": 7, "samples": 28,
+                                "clocks": {"clocks": [[0, 1]], "pushed": [[0, "x"]]}}, {"b1": torch.ones(2)}))
+    assert conn.recv(timeout=10).type == "error"
+    pair.values_b()
+    assert not pair.b.store.blocks and pair.b.store.version == 0 and pair.b.sync.clocks == {0: 0, 1: 0}
+    conn.close()
+    pair.close()

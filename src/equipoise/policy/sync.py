@@ -460,13 +460,13 @@ class ServerSync:
         (`clock_state`); only with nothing pending."""
         if self.pending:
             raise NotIdle(f"cannot move to version {version} with {len(self.pending)} pushes pending")
+        if clocks and self.policy.clocked:  # parsed whole before anything changes
+            got = {name: {int(w): int(c) for w, c in clocks.get(name, [])} for name in ("clocks", "pushed", "retired")}
+            seen = {int(w): {int(x) for x in steps} for w, steps in clocks.get("seen", [])}
+            if set(got["clocks"]) != set(got["pushed"]):
+                raise ValueError(f"clocks of workers {sorted(got['clocks'])} but pushes of {sorted(got['pushed'])}")
+            self.clocks, self.pushed, self.retired, self.seen = got["clocks"], got["pushed"], got["retired"], seen
         self.version = int(version)
-        if clocks and self.policy.clocked:
-            pairs = {name: {int(w): c for w, c in clocks.get(name, [])} for name in ("clocks", "pushed", "retired")}
-            self.clocks = {w: int(c) for w, c in pairs["clocks"].items()}
-            self.pushed = {w: int(c) for w, c in pairs["pushed"].items()}
-            self.retired = {w: int(c) for w, c in pairs["retired"].items()}
-            self.seen = {int(w): {int(x) for x in steps} for w, steps in clocks.get("seen", [])}
 
     @property
     def unapplied(self) -> int:

@@ -43,13 +43,15 @@ def read_values(model: nn.Module, blocks: list[Block]) -> dict[int, torch.Tensor
     return {b.key: flat[b.name][b.start:b.stop] for b in blocks}
 
 
-def write_values(model: nn.Module, blocks: list[Block], values: dict[int, torch.Tensor]) -> None:
-    """Copy block values into the model in place; a block without a value keeps its own
-    (a pull that reached a block's old owner after a hand-over)."""
+def write_values(model: nn.Module, blocks: list[Block], values: dict[int, torch.Tensor],
+                 partial: bool = False) -> None:
+    """Copy block values into the model in place; with `partial` a block without a value
+    keeps its own (a worker's pull that reached a block's old owner after a hand-over),
+    else it is a KeyError."""
     flat = _flat(model)
     with torch.no_grad():
         for b in blocks:
-            if b.key in values:
+            if not partial or b.key in values:
                 flat[b.name][b.start:b.stop].copy_(values[b.key])
 
 

@@ -152,7 +152,7 @@ class DeviceLink:
     def write(self, values: dict[int, torch.Tensor]) -> None:
         """The pulled weights into the model (blocks without a value keep theirs)."""
         if not self.staged:
-            return write_values(self.model, self.blocks, values)
+            return write_values(self.model, self.blocks, values, partial=True)
         t0 = time.perf_counter()
         start = torch.cuda.Event(enable_timing=True) if self._cuda else None
         if start is not None:

@@ -167,8 +167,8 @@ class StreamCoordinator(Coordinator):
     out before it and not yet applied on some server are applied there never (each
     server's state is its own moment). Every server counts the gradients it applied, and
     the coordinator the plans it handed out (each one gradient owed to every server), both
-    rolled back with the snapshot: `lost_updates` is, at the end, the most any server was
-    owed and never applied."""
+    rolled back with the snapshot: `lost_updates` is, at the end, the most any block was
+    owed and never applied (each plan is one gradient owed to every block)."""
 
     recovers_servers = True
 
@@ -200,17 +200,20 @@ class StreamCoordinator(Coordinator):
             self.servers.carry_out(t, actions)
 
     def _routed(self, worker: int) -> None:
-        """A plan request of `worker`: once it has sent overlap + 1 of them since it was
-        given a table, none of its exchanges in flight routes by an older one; servers
-        emptied for removal that no worker reaches any more are stopped."""
+        """A plan request of `worker`: once it has sent overlap + 2 of them since the one
+        answered with a table (with overlap, the last exchange by the old table is
+        collected only after the request two after the switch), none of its exchanges in
+        flight routes by an older one; servers emptied for removal that no worker
+        reaches any more are stopped."""
         self.asked[worker] = self.asked.get(worker, 0) + 1
         version, at = self.switched.get(worker, (None, 0))
         if version is not None and self.asked[worker] - at > int(self.cfg.overlap) + 1:
             self.routing[worker] = version
             del self.switched[worker]
         if self.servers.pool.leaving:
-            active = [w for w in self.workers if w not in self.stopped]
-            self.servers.retire(self.iteration, min([self.routing.get(w, 0) for w in active],
+            # A stopped worker still collects its exchanges in flight, which may reach a
+            # server by its last table: it counts until the end (then every server stops).
+            self.servers.retire(self.iteration, min([self.routing.get(w, 0) for w in self.workers],
                                                     default=self.servers.version))
 
     def _after_loss(self, worker: int, delivered: bool, active: list[int], replies: dict[int, Message]) -> str:

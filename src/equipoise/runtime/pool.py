@@ -137,6 +137,7 @@ class ServerPool:
         self.request(rank, Message("stop", {"reason": "server removed"}), "ack")
         self.conns[rank].close()
         self.conns[rank] = None
+        self.addresses[rank] = ""  # also if a replacement took its rank while it drained
         self.leaving.pop(rank, None)
         self._on_removed(rank)
 

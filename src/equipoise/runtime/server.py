@@ -22,7 +22,7 @@ from ..policy.placement import Block
 from ..policy.sync import ServerSync, SyncFault, Update, make_sync_policy
 from ..wire import Message, Transport
 from ..wire.bandwidth import TokenBucket
-from ..wire.names import grad_name, grads_of, pack, states_for, states_of, values_of
+from ..wire.names import grad_name, grads_of, pack, states_for, states_of, value_name, values_of
 from ..wire.transport import QuietLog, kind_of
 from .replica import Replication
 from .store import OptimizerSpec, ParameterStore, Push, PushError
@@ -72,6 +72,7 @@ class Server:
         self.compensated = 0  # delay compensation: gradients corrected with the weights they read
         self.block_grads: dict[int, int] = {}  # gradients applied to each block held, in all (they move with it)
         self.moved: dict[int, str] = {}  # no barrier: blocks handed over -> the new owner's address
+        self.moved_shape: dict[int, tuple[int, str]] = {}  # and the size and dtype each left with
         self._forwards: dict[str, object] = {}  # connections to those owners
         self.forwarded = 0  # gradients of handed-over blocks sent on to their new owners
         self.replication: Replication | None = None  # replication = 1: backup duties both ways
@@ -161,16 +162,16 @@ class Server:
                                   dc_lambda=float(f.get("dc_lambda", 0.0)))
         store = ParameterStore(blocks, values, OptimizerSpec.from_dict(f["optimizer"]), policy,
                                version=f["version"], samples=f["samples"], optim_state=states_of(msg.tensors))
+        counts = {int(k): int(n) for k, n in f.get("block_gradients", [])}  # a rollback restores them
         self._straggle(f.get("straggler", {}))  # before the store changes: a bad one changes nothing
         self.epoch = int(f.get("epoch", 0))
         ranks = f.get("ranks")
         if ranks is not None and not (isinstance(ranks, list) and all(isinstance(r, int) for r in ranks)):
             raise TypeError(f"ranks = {ranks!r} must be a list of worker ranks")
-        counts = {int(k): int(n) for k, n in f.get("block_gradients", [])}  # a rollback restores them
         self.store, self.sync = store, ServerSync(policy, workers, version=store.version, ranks=ranks)
         self.pushes, self.held, self.reads = {}, [], {}
         self.block_grads = {b.key: counts.get(b.key, 0) for b in blocks}
-        self.moved = {}
+        self.moved, self.moved_shape = {}, {}
         self._close_forwards()
         if self.replication is not None:
             self.replication.reset(store.version)
@@ -266,6 +267,7 @@ class Server:
             self.block_grads.pop(k, None)
             if not self.sync.policy.barrier():
                 self.moved[k] = str(msg.fields["to"])
+                self.moved_shape[k] = (int(tensors[value_name(k)].numel()), str(tensors[value_name(k)].dtype))
         self._release()  # pulls held here no longer wait for the blocks that left
         self.listener.send(peer, Message("ack", {"version": self.sync.published(), "bytes": nbytes,
                                                  "seconds": self.clock.now() - t0}))
@@ -277,21 +279,23 @@ class Server:
         f = msg.fields
         store = self.store
         barrier = self.sync.policy.barrier()
+        # Everything parsed and checked before anything changes: a bad adopt changes nothing.
         blocks = [Block.from_list(r) for r in f["blocks"]]
         clash = [b.key for b in blocks if b.key in store.blocks]
         if clash:
             raise KeyError(f"server {self.rank} already holds blocks {clash}")
+        sent = values_of(msg.tensors)
+        values = {b.key: sent[b.key] for b in blocks}
+        counts = {int(k): int(n) for k, n in f.get("block_gradients", [])}
+        version, samples = int(f["version"]), int(f["samples"])
         if not store.blocks:  # an empty server saw no updates: it joins the sender's version (and clocks)
-            self.sync.join(int(f["version"]), None if barrier else f.get("clocks"))
-            store.version, store.samples = int(f["version"]), int(f["samples"])
-        if barrier and (int(f["version"]) != store.version or int(f["samples"]) != store.samples):
+            self.sync.join(version, None if barrier else f.get("clocks"))
+            store.version, store.samples = version, samples
+        if barrier and (version != store.version or samples != store.samples):
             raise PushError(f"server {self.rank} at version {store.version} cannot adopt blocks of "
                             f"version {f['version']}")
         # Without a barrier each server is at its own moment: the blocks join this one's stream.
-        sent = values_of(msg.tensors)
-        counts = {int(k): int(n) for k, n in f.get("block_gradients", [])}
-        self._rebuild(list(store.blocks.values()) + blocks, {b.key: sent[b.key] for b in blocks},
-                      states_of(msg.tensors))
+        self._rebuild(list(store.blocks.values()) + blocks, values, states_of(msg.tensors))
         for b in blocks:
             self.block_grads[b.key] = counts.get(b.key, 0)
             self.moved.pop(b.key, None)
@@ -390,15 +394,17 @@ class Server:
                     int(f.get("start", -1)), None if count is None else float(count),
                     None if read is None else min(read, self.store.samples))
         away = self._split(push)
-        if push.tensors:
+        if push.tensors or not away:  # an empty push is refused here, as a push of wrong blocks
             self.store.check(push, partial=bool(away) or not self.sync.policy.barrier())
-        if away:
-            self._forward(push, away, step)
+        if away:  # everything is checked before anything is applied or forwarded
+            self._check_away(push.worker, away)
         if read is not None and self.sync.policy.delay_compensation != "none":
             push.then = self.reads.get(push.worker, {}).get(read)
-        if push.tensors:
+        if push.tensors:  # SyncFault here refuses the push whole: nothing forwarded yet
             token = self.sync.accept(push.worker, push.version, push.samples, int(f.get("part", 0)), step)
             self.pushes[token] = push
+        if away:
+            self._forward(push, away, step)
         self._apply_ready(release=False)  # after the ack
         self._charge(_nbytes(push.tensors.values()), t0)
         self.listener.send(peer, Message("ack", {"version": self.sync.published(),
@@ -442,14 +448,25 @@ class Server:
             del push.tensors[k]
         return away
 
-    def _forward(self, push: Push, away: dict, step: int | None) -> None:
-        """Send the gradients of handed-over blocks to their new owners, with what their
-        step needs there: the worker, its samples and units, its step (SSP's clock) and
-        its delay in samples (this server's stamp against its own count)."""
-        for key, t in away.items():  # the new owner checks shapes; a NaN is refused here, in the ack
+    def _check_away(self, worker: int, away: dict) -> None:
+        """What a gradient to forward must be, checked here so that a refusal reaches its
+        sender: a worker not declared lost, each block's shape and dtype as it left,
+        finite."""
+        if worker in self.sync.lost:
+            raise SyncFault(f"push from worker {worker}, which was declared lost")
+        for key, t in away.items():
+            numel, dtype = self.moved_shape[key]
+            if t.dim() != 1 or t.numel() != numel or str(t.dtype) != dtype:
+                raise PushError(f"push from worker {worker}: block {key} has shape {tuple(t.shape)} {t.dtype}, "
+                                f"expected ({numel},) {dtype}")
             if not math.isfinite(float(t.sum())):
-                raise PushError(f"push from worker {push.worker}: block {key} holds a non-finite "
-                                "gradient (NaN or inf)")
+                raise PushError(f"push from worker {worker}: block {key} holds a non-finite gradient (NaN or inf)")
+
+    def _forward(self, push: Push, away: dict, step: int | None) -> None:
+        """Send the gradients of handed-over blocks (checked: `_check_away`) to their new
+        owners, with what their step needs there: the worker, its samples and units, its
+        step (SSP's clock) and its delay in samples (this server's stamp against its own
+        count). A send that times out is logged: that gradient is lost (lost_updates)."""
         delay = None if push.read is None else max(0, self.store.samples - push.read)
         by_owner: dict[str, dict] = {}
         for key, t in away.items():
@@ -459,11 +476,15 @@ class Server:
             if conn is None:
                 conn = self._forwards[address] = self.transport.connect(address)
             self._drain(conn)
-            self.forwarded += 1
-            conn.send(Message("forward", {"worker": push.worker, "samples": push.samples, "step": step,
-                                          "epoch": self.epoch, "delay": delay,
-                                          **({} if push.count is None else {"count": push.count})},
-                              {grad_name(k): v for k, v in grads.items()}))
+            try:
+                conn.send(Message("forward", {"worker": push.worker, "samples": push.samples, "step": step,
+                                              "epoch": self.epoch, "delay": delay,
+                                              **({} if push.count is None else {"count": push.count})},
+                                  {grad_name(k): v for k, v in grads.items()}))
+                self.forwarded += 1
+            except TimeoutError:
+                log.warning("server %d: could not forward worker %d's gradient of blocks %s to %s in time: "
+                            "lost", self.rank, push.worker, sorted(grads), address)
 
     def _drain(self, conn) -> None:
         """A new owner answers a forward only to refuse it: log what it said."""
@@ -490,21 +511,30 @@ class Server:
             return
         f = msg.fields
         count, delay, step = f.get("count"), f.get("delay"), f.get("step")
-        if delay is not None and (isinstance(delay, bool) or not isinstance(delay, int) or delay < 0):
-            raise PushError(f"forward of worker {f['worker']}: delay = {delay!r} is not a sample count ≥ 0")
+        for name, x in (("delay", delay), ("step", step)):
+            if x is not None and (isinstance(x, bool) or not isinstance(x, int) or x < 0):
+                raise PushError(f"forward of worker {f['worker']}: {name} = {x!r} is not a count ≥ 0")
+        if count is not None and (isinstance(count, bool) or not isinstance(count, (int, float))):
+            raise PushError(f"forward of worker {f['worker']}: count = {count!r} is not a number")
+        if not msg.tensors:
+            raise PushError(f"forward of worker {f['worker']} carries no gradient")
+        if int(f["worker"]) in self.sync.lost:
+            raise SyncFault(f"forward of worker {f['worker']}, which was declared lost")
         store = self.store
         push = Push(int(f["worker"]), store.version, int(f["samples"]), grads_of(msg.tensors),
                     -1, None if count is None else float(count),
                     None if delay is None else max(0, store.samples - delay))
         away = self._split(push)
-        if push.tensors:
+        if push.tensors or not away:
             store.check(push, partial=True)
         if away:
-            self._forward(push, away, None if step is None else int(step))
+            self._check_away(push.worker, away)
         if push.tensors:
             store.apply([push], [0], forwarded=True)
             self._count([push])
-        self.sync.forwarded(push.worker, None if step is None else int(step))
+        if away:
+            self._forward(push, away, step)
+        self.sync.forwarded(push.worker, step)
         self._release()
 
     # -- replication = 1 --------------------------------------------------------------
