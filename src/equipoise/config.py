@@ -26,7 +26,7 @@ OPTIMIZERS = ("sgd", "adam")
 SCHEDULES = ("constant", "step", "cosine")
 BUILTIN_MODELS = ("mlp", "mlp-deep", "cnn", "resnet20")
 DATASETS = ("fashion-mnist", "mnist", "digits", "cifar10", "synthetic")
-BATCH_POLICIES = ("proportional", "step")
+BATCH_POLICIES = ("proportional", "step", "model")
 PLACEMENTS = ("round_robin", "mxnet", "byteps", "greedy", "psld", "oracle")
 
 

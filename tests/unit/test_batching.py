@@ -259,3 +259,46 @@ def test_make_batch_policy_and_equal_policy():
 
 def test_iteration_time_is_the_slowest_finish():
     assert iteration_time([10, 20], [1.0, 4.0], [0.0, 1.0]) == 10.0
+
+
+def test_piecewise_linear_interpolates_is_monotone_and_extrapolates():
+    from equipoise.policy.batching import PiecewiseLinear
+
+    m = PiecewiseLinear(alpha=1.0)
+    m.observe(10, 1.0)
+    assert m.predict(20) == pytest.approx(2.0)  # one size: time ∝ batch
+    m.observe(20, 1.0)  # flat while the device is under-used
+    m.observe(40, 3.0)
+    assert m.predict(15) == pytest.approx(1.0) and m.predict(30) == pytest.approx(2.0)
+    assert m.predict(60) == pytest.approx(5.0)  # the last segment's slope, 0.1 s a sample
+    m.observe(30, 0.5)  # noise below a smaller batch's time: never less than it
+    assert m.predict(30) == pytest.approx(1.0)
+
+
+def test_the_model_tuner_balances_gpu_like_step_times_within_caps():
+    """Step times flat up to a knee, then linear (a GPU under-used, then busy), with
+    worker 2 four times slower per sample; the model tuner reaches sizes whose times
+    are within a step's worth of each other, never above a worker's cap, Σ = X."""
+    from equipoise.policy.batching import StepTuner
+
+    def t(w, x):
+        return max(0.05, x * (0.004 if w == 2 else 0.001))
+
+    tuner = StepTuner(256, window=2, model=True, caps={1: 100})
+    sizes = tuner.decide({0: 0.0, 1: 0.0, 2: 0.0})
+    for _ in range(80):
+        sizes = tuner.decide({w: t(w, x) for w, x in sizes.items()}, sizes)
+        assert sum(sizes.values()) == 256 and sizes[1] <= 100
+    # worker 1 (as fast as 0) is held at its cap; 0 and 2 share the other 156 samples
+    # at equal times: x0 = 4·x2, so 124.8 and 31.2 (one sample moves 1–4 ms)
+    assert sizes[1] == 100 and abs(sizes[2] - 31.2) <= 1, sizes
+    plain = StepTuner(256, window=2, caps={1: 100})
+    s = plain.decide({0: 0.0, 1: 0.0, 2: 0.0})
+    for _ in range(10):
+        s = plain.decide({w: t(w, x) for w, x in s.items()})
+    fast = StepTuner(256, window=2, model=True, caps={1: 100})
+    f = fast.decide({0: 0.0, 1: 0.0, 2: 0.0})
+    for _ in range(10):
+        f = fast.decide({w: t(w, x) for w, x in f.items()}, f)
+    # after 10 iterations (5 windows) the model's moves have got further than fixed steps
+    assert max(t(w, x) for w, x in f.items()) < max(t(w, x) for w, x in s.items())

@@ -106,3 +106,15 @@ def test_blocks_move_and_servers_come_and_go_while_workers_run(tmp_path, digits,
 def records(run_dir, kind):
     with open(run_dir / "metrics.jsonl") as fh:
         return [r for r in map(json.loads, fh) if r.get("type") == kind]
+
+
+def test_the_model_tuner_gives_a_slowed_worker_less(tmp_path, digits):
+    from equipoise.reference import run_splits
+
+    cfg = job(protocol="lbbsp", batch_policy="model", iterations=30, slowdown=[1.0, 1.0, 4.0])
+    run_threads(cfg, tmp_path, digits)
+    last = records(tmp_path, "iteration")[-1]
+    assert last["batch"][last["workers"].index(2)] < 16 and sum(last["batch"]) == 48
+    ref = train_reference(cfg, data=digits, splits=run_splits(tmp_path)).state_dict()
+    got = final_values(tmp_path)
+    assert all(torch.allclose(got[k], ref[k], atol=1e-5) for k in ref)

@@ -10,6 +10,10 @@ aggregation g = Σ (x_i/X)·g_i is only equivalent to SGD with batch X under tha
 * ``ProportionalPolicy``: ``allocate`` plus hysteresis and changing membership [ours].
 * ``StepTuner``: move samples from the slowest to the fastest worker, halving the step
   and growing the window when moves oscillate (GPU clusters [paper]; sizes [ours]).
+  With ``model=True`` (``batch_policy = "model"``) each worker's step time is a
+  ``PiecewiseLinear`` function of its batch (GPU clusters [paper]: flat while the device
+  is under-used, then linear), learnt from the sizes it ran, and a move is sized to
+  equalise the pair's predicted times (at most 4 steps) [ours].
 """
 from __future__ import annotations
 
@@ -19,7 +23,52 @@ from numbers import Integral, Real
 from typing import Mapping, Sequence
 
 __all__ = ["equal_split", "allocate", "ideal_allocation", "iteration_time",
-           "EqualPolicy", "ProportionalPolicy", "StepTuner", "make_batch_policy"]
+           "EqualPolicy", "ProportionalPolicy", "StepTuner", "PiecewiseLinear", "make_batch_policy"]
+
+
+class PiecewiseLinear:
+    """A worker's step time as a function of its batch: the mean time measured at each
+    batch size it ran (an EWMA per size, at most ``knots`` sizes, the oldest dropped),
+    joined by straight lines, non-decreasing; beyond the last size the last segment's
+    slope (or, with one size, time ∝ batch)."""
+
+    def __init__(self, alpha: float = 0.5, knots: int = 16):
+        self.alpha, self.knots = alpha, knots
+        self._t: dict[int, float] = {}
+        self._order: list[int] = []
+
+    def observe(self, batch: int, seconds: float) -> None:
+        if batch < 1 or not (math.isfinite(seconds) and seconds >= 0):
+            return
+        old = self._t.get(batch)
+        self._t[batch] = seconds if old is None else (1 - self.alpha) * old + self.alpha * seconds
+        if batch in self._order:
+            self._order.remove(batch)
+        self._order.append(batch)
+        while len(self._order) > self.knots:
+            del self._t[self._order.pop(0)]
+
+    def __len__(self) -> int:
+        return len(self._t)
+
+    def predict(self, batch: float) -> float:
+        xs = sorted(self._t)
+        if not xs:
+            raise ValueError("no step time observed yet")
+        ts, peak = [], 0.0
+        for x in xs:  # non-decreasing: a larger batch never takes less time
+            peak = max(peak, self._t[x])
+            ts.append(peak)
+        if len(xs) == 1:
+            return ts[0] * batch / xs[0]
+        if batch <= xs[0]:
+            slope = (ts[1] - ts[0]) / (xs[1] - xs[0])
+            return max(0.0, ts[0] - slope * (xs[0] - batch))
+        i = bisect.bisect_left(xs, batch)
+        if i == len(xs):
+            i -= 1
+        x0, x1, t0, t1 = xs[i - 1], xs[i], ts[i - 1], ts[i]
+        return t0 + (t1 - t0) * (batch - x0) / (x1 - x0)
 
 
 def equal_split(total: int, workers: int) -> list[int]:
@@ -186,8 +235,9 @@ class StepTuner(_BatchPolicy):
 
     def __init__(self, global_batch: int, *, step_fraction: float = 0.05, window: int = 5,
                  minimum: int = 1, caps: Mapping[int, int] | None = None,
-                 max_window: int | None = None):
+                 max_window: int | None = None, model: bool = False):
         super().__init__(global_batch, minimum=minimum, caps=caps)
+        self.models: dict[int, PiecewiseLinear] | None = {} if model else None
         if not (_is_real(step_fraction) and 0.0 < step_fraction <= 1.0):
             raise ValueError(f"step_fraction must be in (0, 1], got {step_fraction!r}")
         _check_int("window", window, 1)
@@ -206,11 +256,18 @@ class StepTuner(_BatchPolicy):
         """The sizes last returned by ``decide`` (empty before the first call)."""
         return dict(self._alloc)
 
-    def decide(self, iteration_times: Mapping[int, float]) -> dict[int, int]:
-        """Record one iteration's compute times (seconds); return the next sizes."""
+    def decide(self, iteration_times: Mapping[int, float],
+               sizes: Mapping[int, int] | None = None) -> dict[int, int]:
+        """Record one iteration's compute times (seconds), measured with `sizes` (default:
+        the sizes last returned); return the next sizes."""
         ids = _ids(iteration_times)
         for w in ids:
             _check_real(f"iteration_times[{w}]", iteration_times[w], positive=False)
+        if self.models is not None:
+            for w in ids:
+                ran = (sizes or self._alloc).get(w)
+                if ran:
+                    self.models.setdefault(w, PiecewiseLinear()).observe(int(ran), float(iteration_times[w]))
         if set(ids) != set(self._alloc):
             self._restart(ids)
             return dict(self._alloc)
@@ -249,8 +306,24 @@ class StepTuner(_BatchPolicy):
             return                                  # balanced, or nothing can move
         self._adapt(donor, recipient)
         amount = min(self.step, room)
+        models = self.models or {}
+        if donor in models and recipient in models:
+            amount = min(room, 4 * self.step, self._balance(models[donor], models[recipient], donor, recipient, room))
         self._alloc[donor] -= amount
         self._alloc[recipient] += amount
+
+    def _balance(self, d: PiecewiseLinear, r: PiecewiseLinear, donor: int, recipient: int, room: int) -> int:
+        """The move (≥ 1) after which the donor's predicted time is no longer above the
+        recipient's: the smallest such, by bisection (one falls, the other rises)."""
+        xd, xr = self._alloc[donor], self._alloc[recipient]
+        lo, hi = 1, room
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if d.predict(xd - mid) <= r.predict(xr + mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
 
     def _adapt(self, donor: int, recipient: int) -> None:
         last = self._last_move
@@ -288,6 +361,8 @@ class StepTuner(_BatchPolicy):
 
 def make_batch_policy(name: str, global_batch: int, **kw):
     """Build a batch policy by name: "equal", "proportional" or "step"."""
+    if name == "model":  # the step tuner with piecewise-linear step-time models
+        return StepTuner(global_batch, model=True, **kw)
     classes = {"equal": EqualPolicy, "proportional": ProportionalPolicy, "step": StepTuner}
     if name not in classes:
         raise ValueError(f"batch policy name must be one of {sorted(classes)}, got {name!r}")

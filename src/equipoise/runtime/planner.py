@@ -44,6 +44,7 @@ class Planner:
         self.comm: dict[int, float] = {}
         self.policy = None
         self._last_compute: dict[int, float] = {}
+        self._last_samples: dict[int, int] = {}
         self.memory_caps: dict[int, int] = {}  # the most samples each worker's memory holds (probe, or an OOM)
         if cfg.protocol == "lbbsp":
             kw = {"minimum": cfg.min_batch}
@@ -99,6 +100,9 @@ class Planner:
             return dict(zip(ws, batching.equal_split(cfg.global_batch, len(ws))))
         if cfg.batch_policy == "step":
             return self.policy.decide({w: self._last_compute[w] for w in ws})
+        if cfg.batch_policy == "model":  # the sizes the times were measured with
+            return self.policy.decide({w: self._last_compute[w] for w in ws},
+                                      {w: self._last_samples[w] for w in ws})
         chosen = self.predictors[cfg.predictor]
         speeds = {w: chosen[w].predict() for w in ws}
         return self.policy.decide(speeds, {w: self.comm.get(w, 0.0) for w in ws})
@@ -110,6 +114,7 @@ class Planner:
                 continue
             compute = max(float(r["compute_s"]), 1e-9)
             self._last_compute[w] = compute
+            self._last_samples[w] = int(r["samples"])
             # The per-iteration constant cost of LB-BSP's c_i + x_i/v_i = T: communication.
             self.comm[w] = 0.7 * self.comm.get(w, float(r["comm_s"])) + 0.3 * float(r["comm_s"])
             for preds in self.predictors.values():
