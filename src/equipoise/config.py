@@ -113,6 +113,7 @@ class Config:
     precision: str = "32"  # 32 | bf16-mixed (autocast to bfloat16)
     precisions: tuple[str, ...] = ()  # one per worker, instead of `precision`
     eval_device: str = "cpu"  # where the coordinator evaluates snapshots
+    memory_limits: tuple[float, ...] = ()  # GiB of device memory each worker may use (0: its share of the device)
     deterministic: bool = False  # torch's deterministic algorithms on the workers
     timeout: float = 120.0
     heartbeat_s: float = 2.0  # children beat this often; 3 missed beats: the process is lost (0: off)
@@ -430,7 +431,9 @@ class Config:
         for i, v in enumerate(self.precisions):
             if v not in PRECISIONS:
                 raise ConfigError(f"precisions[{i}] = {v!r} is not one of {', '.join(PRECISIONS)}")
-        for key in ("devices", "precisions"):
+        if any(not math.isfinite(x) or x < 0 for x in self.memory_limits):
+            raise ConfigError(f"memory_limits = {list(self.memory_limits)} must be finite GiB ≥ 0 (0: no limit)")
+        for key in ("devices", "precisions", "memory_limits"):
             if getattr(self, key) and len(getattr(self, key)) != self.workers:
                 raise ConfigError(f"{key} has {len(getattr(self, key))} entries for {self.workers} workers: "
                                   "give one per worker")

@@ -226,13 +226,18 @@ class MemoryProbe:
 
 
 def probe_memory(step: Callable[[int], None], device: torch.device, *, share: int = 1,
-                 sizes: tuple[int, int] = (2, 8), fraction: float = 0.9) -> MemoryProbe | None:
+                 limit_gib: float = 0.0, sizes: tuple[int, int] = (2, 8),
+                 fraction: float = 0.9) -> MemoryProbe | None:
     """Measure a step's peak memory at two batch sizes (`step(b)` runs a forward and
     backward on b samples) and fit base + per-sample bytes; the budget is `fraction` of
-    what the device holds, shared by the `share` workers on it. None off a GPU (host
-    memory is not capped)."""
+    what the device holds, shared by the `share` workers on it, or `limit_gib` (which
+    torch then enforces for this process: above it a step runs out of memory). None off
+    a GPU (host memory is not capped)."""
     if device.type != "cuda":
         return None
+    _, total = torch.cuda.mem_get_info(device)
+    if limit_gib:
+        torch.cuda.set_per_process_memory_fraction(min(1.0, limit_gib * 2**30 / total), device)
     peaks = []
     for b in sizes:
         torch.cuda.synchronize(device)
@@ -242,8 +247,8 @@ def probe_memory(step: Callable[[int], None], device: torch.device, *, share: in
         torch.cuda.synchronize(device)
         peaks.append(torch.cuda.max_memory_allocated(device))
     per = max(1.0, (peaks[1] - peaks[0]) / (sizes[1] - sizes[0]))
-    _, total = torch.cuda.mem_get_info(device)
-    return MemoryProbe(peaks[0] - per * sizes[0], per, fraction * total / max(1, share))
+    budget = fraction * (limit_gib * 2**30 if limit_gib else total / max(1, share))
+    return MemoryProbe(peaks[0] - per * sizes[0], per, budget)
 
 
 __all__ = ["DeviceError", "DeviceLink", "MemoryProbe", "OutOfMemory", "PRECISIONS", "autocast", "check_local",

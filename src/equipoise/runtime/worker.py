@@ -134,7 +134,8 @@ class Worker:
             out.objective.backward()
             self.model.zero_grad(set_to_none=True)
 
-        probe = devices.probe_memory(step, self.device, share=share)
+        limit = cfg.memory_limits[self.rank] if self.rank < len(cfg.memory_limits) else 0.0
+        probe = devices.probe_memory(step, self.device, share=share, limit_gib=limit)
         return None if probe is None else probe.cap()
 
     def _plan_table(self, plan: Message, versions: dict[int, int], in_flight: int) -> dict[int, int]:
