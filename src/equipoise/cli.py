@@ -57,6 +57,18 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories written by `equipoise train`")
     r.add_argument("--out", help="folder for report.html and the PNG files (default: RUN_DIR/report for one "
                                  "run, report/ beside the runs for several)")
+    tb = sub.add_parser("testbed", help="emulated hosts on this machine: network namespaces with shaped links "
+                        "and CPU quotas (root; docs/testbed.md)")
+    tb.add_argument("action", choices=["up", "down", "status", "exec"])
+    tb.add_argument("--hosts", type=int, default=3, help="up: how many hosts (default 3)")
+    tb.add_argument("--rate", type=float, default=0.0, metavar="MBIT",
+                    help="up: every host's link rate each way in Mbit/s (0: unshaped)")
+    tb.add_argument("--rates", default="", metavar="R,R,...", help="up: one link rate per host instead")
+    tb.add_argument("--cpus", default="", metavar="C,C,...", help="up: CPUs per host (a cgroup quota; 0: none)")
+    tb.add_argument("--memory", default="", metavar="MIB,MIB,...", help="up: memory limit per host in MiB (0: none)")
+    tb.add_argument("--prefix", default="eqtb", help="the names' prefix (default eqtb)")
+    tb.add_argument("host", nargs="?", type=int, help="exec: the host's index")
+    tb.add_argument("argv", nargs="*", help="exec: the command (after --)")
     w = sub.add_parser("watch", help="the live per-worker and per-server view of a running or finished job")
     w.add_argument("run_dir", help="the run directory of the job")
     w.add_argument("--idle", type=float, default=120.0, metavar="S",
@@ -135,6 +147,50 @@ def _ctl(args: argparse.Namespace) -> int:
     return 0
 
 
+def _per_host(text: str, n: int, what: str, default: float = 0.0) -> list[float]:
+    if not text:
+        return [default] * n
+    values = [float(x) for x in text.split(",")]
+    if len(values) != n:
+        raise ValueError(f"--{what} has {len(values)} values for {n} hosts")
+    return values
+
+
+def _testbed(args: argparse.Namespace) -> int:
+    import json
+    import subprocess
+
+    from .testbed import Host, Testbed, TestbedError, down, status
+
+    try:
+        if args.action == "down":
+            print("\n".join(down(args.prefix)) or "nothing to remove")
+            return 0
+        if args.action == "status":
+            print(json.dumps(status(args.prefix), indent=2))
+            return 0
+        if args.action == "exec":
+            if args.host is None or not args.argv:
+                raise ValueError("exec needs a host index and a command: equipoise testbed exec 1 -- CMD ...")
+            tb = Testbed([Host()] * (args.host + 1), prefix=args.prefix)
+            if tb.ns(args.host) not in status(args.prefix):
+                raise ValueError(f"host {args.host} ({tb.ns(args.host)}) is not up: equipoise testbed up first")
+            return subprocess.call(tb.command(args.host, args.argv), preexec_fn=tb._joiner(args.host))
+        n = args.hosts
+        rates = _per_host(args.rates, n, "rates", args.rate)
+        cpus, memory = _per_host(args.cpus, n, "cpus"), _per_host(args.memory, n, "memory")
+        tb = Testbed([Host(rate_mbit=r, cpus=c, memory_mib=int(m)) for r, c, m in zip(rates, cpus, memory)],
+                     prefix=args.prefix)
+        tb.up()
+        for i in range(n):
+            print(f"{tb.ns(i)}  {tb.address(i)}  rate {rates[i] or 'unshaped'} Mbit/s  cpus {cpus[i] or '-'}  "
+                  f"memory {int(memory[i]) or '-'} MiB")
+        return 0
+    except (TestbedError, ValueError, OSError) as exc:
+        print(f"equipoise: error: testbed: {exc}", file=sys.stderr)
+        return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "report":
@@ -145,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
         return _watch(args)
     if args.command == "simulate":
         return _simulate(args)
+    if args.command == "testbed":
+        return _testbed(args)
     from . import api
     from .data import DataError
     from .workload import StepError

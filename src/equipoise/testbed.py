@@ -1,0 +1,290 @@
+"""A cluster in a box: emulated hosts with network stacks of their own, on one Linux
+machine (root only).
+
+Each host is a network namespace joined to a bridge by a veth pair, with its own address
+in a private range (10.77.0.0/24 by default), so processes on different hosts talk over
+real TCP through the kernel, not over loopback. Links are shaped in the kernel by `tc`'s
+token bucket filter (`tbf`), in both directions: the host's side shapes what it sends
+(the veth end in its namespace), the bridge's side what it receives. A host may also
+get a CPU quota (cgroup v1 `cpu`), a memory limit (`memory`) and be frozen (`freezer`);
+its link can be taken down and brought up again (a partition).
+
+Every name carries a prefix (`eqtb` by default): `down` removes whatever has it —
+namespaces and the processes in them, links, cgroups — also what a crashed run left, and
+`up` starts with a `down`. Traffic stays on the testbed's own addresses: the bridge has
+none and no route leads out.
+
+    with Testbed([Host(rate_mbit=400), Host(rate_mbit=400, cpus=0.5)]) as tb:
+        server = tb.popen(0, ["python", "-m", "http.server", "--bind", tb.address(0)])
+        tb.run(1, ["curl", f"http://{tb.address(0)}:8000/"])
+
+What it does not emulate: latency and loss (`netem` is not available on the machines it
+was built on; `tbf`'s queue adds delay only when a link is saturated), separate kernels,
+clocks or file systems (hosts share this machine's), and a NIC's hardware.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+PREFIX = "eqtb"
+SUBNET = "10.77.0"  # hosts are SUBNET.1, SUBNET.2, …; /24
+CGROUPS = Path("/sys/fs/cgroup")
+CONTROLLERS = ("cpu", "memory", "freezer")
+
+
+class TestbedError(RuntimeError):
+    """The testbed cannot be set up here (not root, a tool missing) or a command failed;
+    one line naming what."""
+
+    __test__ = False
+
+
+@dataclass(frozen=True)
+class Host:
+    """One emulated host: link rate in Mbit/s each way (0: unshaped) and its burst in
+    KiB, CPUs (a cgroup quota; 0: none) and memory in MiB (0: none)."""
+
+    rate_mbit: float = 0.0
+    burst_kib: int = 64
+    cpus: float = 0.0
+    memory_mib: int = 0
+
+    def __post_init__(self):
+        for name in ("rate_mbit", "cpus"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} = {getattr(self, name)!r} must be ≥ 0")
+        if self.burst_kib < 1 or self.memory_mib < 0:
+            raise ValueError(f"burst_kib = {self.burst_kib} must be ≥ 1 and memory_mib = {self.memory_mib} ≥ 0")
+
+
+def available() -> str | None:
+    """None if a testbed can be built here, else the reason (for tests to skip with)."""
+    if os.geteuid() != 0:
+        return "the testbed needs root (network namespaces, tc, cgroups)"
+    for tool in ("ip", "tc", "bridge"):
+        if shutil.which(tool) is None:
+            return f"the testbed needs `{tool}` (iproute2)"
+    missing = [c for c in CONTROLLERS if not (CGROUPS / c).is_dir()]
+    if missing:
+        return f"the testbed needs the cgroup v1 controllers {missing} under {CGROUPS}"
+    return None
+
+
+def _sh(*argv: str, check: bool = True, timeout: float = 30.0) -> subprocess.CompletedProcess:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise TestbedError(f"`{' '.join(argv)}` did not finish within {timeout:.0f} s") from None
+    if check and done.returncode != 0:
+        raise TestbedError(f"`{' '.join(argv)}` failed: {done.stderr.strip() or done.stdout.strip()}")
+    return done
+
+
+@dataclass
+class Testbed:
+    """`hosts` as namespaces <prefix>-h0, <prefix>-h1, … on bridge <prefix>-br."""
+
+    __test__ = False  # not a test class, whatever pytest makes of its name
+    hosts: Sequence[Host]
+    prefix: str = PREFIX
+    subnet: str = SUBNET
+    _up: bool = field(default=False, init=False)
+
+    def __post_init__(self):
+        if not 1 <= len(self.hosts) <= 200:
+            raise ValueError(f"{len(self.hosts)} hosts: a testbed has 1 to 200")
+        if not (self.prefix.isalnum() and len(self.prefix) <= 6):
+            raise ValueError(f"prefix = {self.prefix!r}: at most 6 letters or digits (interface names are short)")
+
+    # -- names ------------------------------------------------------------------------
+    def ns(self, i: int) -> str:
+        return f"{self.prefix}-h{i}"
+
+    def address(self, i: int) -> str:
+        return f"{self.subnet}.{i + 1}"
+
+    def _outer(self, i: int) -> str:  # the bridge's end of host i's veth pair
+        return f"{self.prefix}-v{i}"
+
+    def _cgroup(self, controller: str, i: int) -> Path:
+        return CGROUPS / controller / self.ns(i)
+
+    # -- life -------------------------------------------------------------------------
+    def __enter__(self) -> "Testbed":
+        self.up()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.down()
+
+    def up(self) -> None:
+        """Build every host (after removing anything left with this prefix); on any
+        failure what was built is removed again."""
+        reason = available()
+        if reason:
+            raise TestbedError(reason)
+        down(self.prefix)
+        try:
+            bridge = f"{self.prefix}-br"
+            _sh("ip", "link", "add", bridge, "type", "bridge")
+            _sh("ip", "link", "set", bridge, "up")
+            for i, host in enumerate(self.hosts):
+                self._host(i, host, bridge)
+        except BaseException:
+            down(self.prefix)
+            raise
+        self._up = True
+
+    def _host(self, i: int, host: Host, bridge: str) -> None:
+        ns, outer, inner = self.ns(i), self._outer(i), f"{self.prefix}-i{i}"
+        _sh("ip", "netns", "add", ns)
+        _sh("ip", "link", "add", outer, "type", "veth", "peer", "name", inner)
+        _sh("ip", "link", "set", inner, "netns", ns)
+        _sh("ip", "link", "set", outer, "master", bridge)
+        _sh("ip", "link", "set", outer, "up")
+        _sh("ip", "-n", ns, "link", "set", "lo", "up")
+        _sh("ip", "-n", ns, "link", "set", inner, "name", "eth0")
+        _sh("ip", "-n", ns, "addr", "add", f"{self.address(i)}/24", "dev", "eth0")
+        _sh("ip", "-n", ns, "link", "set", "eth0", "up")
+        if host.rate_mbit:
+            self.shape(i, host.rate_mbit, host.burst_kib)
+        if host.cpus:
+            path = self._cgroup("cpu", i)
+            path.mkdir(exist_ok=True)
+            period = 100_000
+            (path / "cpu.cfs_period_us").write_text(str(period))
+            (path / "cpu.cfs_quota_us").write_text(str(max(1_000, int(host.cpus * period))))
+        if host.memory_mib:
+            path = self._cgroup("memory", i)
+            path.mkdir(exist_ok=True)
+            (path / "memory.limit_in_bytes").write_text(str(host.memory_mib << 20))
+        self._cgroup("freezer", i).mkdir(exist_ok=True)
+
+    def down(self) -> None:
+        down(self.prefix)
+        self._up = False
+
+    # -- shaping and faults -------------------------------------------------------------
+    def shape(self, i: int, rate_mbit: float, burst_kib: int = 64) -> None:
+        """Host i's link at `rate_mbit` each way (a tbf on both ends of its veth pair)."""
+        for where in (("ip", "netns", "exec", self.ns(i), "tc", "qdisc", "replace", "dev", "eth0"),
+                      ("tc", "qdisc", "replace", "dev", self._outer(i))):
+            _sh(*where, "root", "tbf", "rate", f"{rate_mbit}mbit", "burst", f"{burst_kib}kb", "latency", "100ms")
+
+    def link(self, i: int, up: bool) -> None:
+        """Cut host i off (a partition: the bridge drops its frames both ways; its link
+        keeps its carrier, as behind a failed switch) or connect it again."""
+        _sh("bridge", "link", "set", "dev", self._outer(i), "state", "3" if up else "0")
+
+    def freeze(self, i: int, frozen: bool = True) -> None:
+        """Stop (or resume) every process of host i at once (cgroup freezer)."""
+        (self._cgroup("freezer", i) / "freezer.state").write_text("FROZEN" if frozen else "THAWED")
+
+    def kill(self, i: int) -> None:
+        """Host i removed: every process in it killed, its link gone."""
+        _kill_netns(self.ns(i))
+        _sh("ip", "link", "del", self._outer(i), check=False)
+
+    # -- running things on a host -----------------------------------------------------------
+    def command(self, i: int, argv: Sequence[str]) -> list[str]:
+        """`argv` to run in host i's namespace (start it with `popen` or `run`, which
+        also put it in the host's cgroups)."""
+        return ["ip", "netns", "exec", self.ns(i), *argv]
+
+    def _joiner(self, i: int):
+        """For the child before it execs: join host i's cgroups (inside the namespace
+        `ip netns exec` mounts a sysfs of its own, so this happens before)."""
+        groups = [self._cgroup(c, i) / "cgroup.procs" for c in CONTROLLERS if self._cgroup(c, i).is_dir()]
+
+        def join() -> None:
+            for g in groups:
+                g.write_text(str(os.getpid()))
+        return join
+
+    def popen(self, i: int, argv: Sequence[str], **kw) -> subprocess.Popen:
+        return subprocess.Popen(self.command(i, argv), preexec_fn=self._joiner(i), **kw)
+
+    def run(self, i: int, argv: Sequence[str], timeout: float = 60.0, **kw) -> subprocess.CompletedProcess:
+        kw.setdefault("capture_output", True)
+        kw.setdefault("text", True)
+        return subprocess.run(self.command(i, argv), timeout=timeout, preexec_fn=self._joiner(i), **kw)
+
+    def status(self) -> dict:
+        return status(self.prefix)
+
+
+def _kill_netns(ns: str) -> None:
+    pids = _sh("ip", "netns", "pids", ns, check=False).stdout.split()
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+    deadline = time.monotonic() + 5
+    while pids and time.monotonic() < deadline:
+        pids = _sh("ip", "netns", "pids", ns, check=False).stdout.split()
+        time.sleep(0.05)
+
+
+def _namespaces(prefix: str) -> list[str]:
+    out = _sh("ip", "netns", "list", check=False).stdout.split("\n")
+    return sorted(line.split()[0] for line in out if line.strip().startswith(f"{prefix}-"))
+
+
+def down(prefix: str = PREFIX) -> list[str]:
+    """Remove everything named with `prefix`: processes in its namespaces, the
+    namespaces, links, cgroups. Returns what was removed (nothing is an error)."""
+    if os.geteuid() != 0:
+        raise TestbedError("the testbed needs root to tear down (network namespaces, cgroups)")
+    removed: list[str] = []
+    for c in CONTROLLERS:  # thaw first: a frozen process cannot die
+        for path in sorted((CGROUPS / c).glob(f"{prefix}-*")) if (CGROUPS / c).is_dir() else []:
+            if c == "freezer" and (path / "freezer.state").exists():
+                (path / "freezer.state").write_text("THAWED")
+    for ns in _namespaces(prefix):
+        _kill_netns(ns)
+        _sh("ip", "netns", "del", ns, check=False)
+        removed.append(ns)
+    links = _sh("ip", "-o", "link", "show", check=False).stdout.splitlines()
+    for line in links:
+        name = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
+        if name.startswith(f"{prefix}-"):
+            _sh("ip", "link", "del", name, check=False)
+            removed.append(name)
+    for c in CONTROLLERS:
+        for path in sorted((CGROUPS / c).glob(f"{prefix}-*")) if (CGROUPS / c).is_dir() else []:
+            for pid in (path / "cgroup.procs").read_text().split() if (path / "cgroup.procs").exists() else []:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            for _ in range(50):
+                try:
+                    path.rmdir()
+                    removed.append(str(path))
+                    break
+                except OSError:
+                    time.sleep(0.05)
+    return removed
+
+
+def status(prefix: str = PREFIX) -> dict:
+    """The hosts with `prefix` now up: namespace → {address, qdisc, processes}."""
+    out = {}
+    for ns in _namespaces(prefix):
+        addr = _sh("ip", "-n", ns, "-4", "-o", "addr", "show", "dev", "eth0", check=False).stdout.split()
+        qdisc = _sh("ip", "netns", "exec", ns, "tc", "qdisc", "show", "dev", "eth0", check=False).stdout.strip()
+        out[ns] = {"address": addr[3].split("/")[0] if len(addr) > 3 else None, "qdisc": qdisc,
+                   "processes": len(_sh("ip", "netns", "pids", ns, check=False).stdout.split())}
+    return out
+
+
+__all__ = ["Host", "Testbed", "TestbedError", "available", "down", "status"]
