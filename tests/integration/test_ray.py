@@ -145,12 +145,26 @@ def test_a_user_dataset_is_built_by_every_worker_on_its_node(cluster, tmp_path):
     assert _gone(summary)
 
 
-def test_a_job_the_cluster_cannot_hold_fails_naming_what_it_asked(cluster, tmp_path):
-    cfg = {**BASE, "launcher": "ray", "worker_resources": {"CPU": 1, "GPU": 1}, "timeout": 3.0}
-    with pytest.raises(JobError, match=r"could not place the job within 3 s.*GPU"):
+def test_a_job_the_cluster_can_never_hold_is_refused_at_once_one_it_cannot_hold_now_waits(cluster, tmp_path):
+    """Asking for a GPU of a cluster without one is a user mistake, reported before any
+    placement group is made; a job that fits the cluster (5 of its 6 CPUs) but not what
+    is free now (4 held by another placement group) waits `timeout`, then fails naming
+    what it asked and what was free."""
+    from equipoise.config import ConfigError
+
+    before = len(ray.util.placement_group_table())
+    cfg = {**BASE, "launcher": "ray", "worker_resources": {"CPU": 1, "GPU": 1}, "timeout": 60.0}
+    with pytest.raises(ConfigError, match=r"can never hold this job: it asks for 3 GPU in all .* 0 GPU"):
         equipoise.train(cfg, out=tmp_path / "run")
-    assert ray.util.placement_group_table() and all(
-        pg["state"] == "REMOVED" for pg in ray.util.placement_group_table().values())
+    assert len(ray.util.placement_group_table()) == before
+    hold = ray.util.placement_group([{"CPU": 2}, {"CPU": 2}])
+    ray.get(hold.ready(), timeout=30)
+    try:
+        with pytest.raises(JobError, match=r"could not place the job within 3 s.*CPU"):
+            equipoise.train({**BASE, "launcher": "ray", "timeout": 3.0}, out=tmp_path / "run2")
+    finally:
+        ray.util.remove_placement_group(hold)
+    assert all(pg["state"] == "REMOVED" for pg in ray.util.placement_group_table().values())
 
 
 def test_a_node_lost_mid_run_with_replication(cluster, tmp_path):

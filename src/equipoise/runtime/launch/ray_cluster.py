@@ -28,6 +28,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -112,6 +113,12 @@ class RayPeers(LaunchedPeers):
         cfg = self.cfg
         bundles = ([{k: v for k, v in cfg.server_resources.items() if v > 0}] * cfg.servers
                    + [{k: v for k, v in cfg.worker_resources.items() if v > 0}] * cfg.workers)
+        nodes = [n.get("Resources", {}) for n in self.ray.nodes() if n.get("Alive")]
+        reason = infeasible(bundles, cfg.ray_strategy, nodes)
+        if reason:  # a user mistake, reported at once: waiting would not help
+            raise ConfigError(f"the Ray cluster can never hold this job: {reason}; ask for less per actor "
+                              f"(e.g. fractional amounts in worker_resources and server_resources), fewer "
+                              f"workers or servers, or add nodes")
         pg = placement_group(bundles, strategy=cfg.ray_strategy, name=f"equipoise-{os.getpid()}")
         try:
             self.ray.get(pg.ready(), timeout=cfg.timeout)
@@ -315,6 +322,43 @@ class RayPeers(LaunchedPeers):
             except Exception:
                 pass  # already gone
         remove_placement_group(self.pg)
+
+
+def infeasible(bundles: list[dict], strategy: str, nodes: list[dict]) -> str | None:
+    """Why no placement of `bundles` (one per actor) under `strategy` can ever fit the
+    cluster of `nodes` (each node's total resources), or None if one may: a total over
+    the cluster, a bundle no node holds, STRICT_PACK's sum on no node, STRICT_SPREAD's
+    bundles on fewer nodes than actors. (Whether free resources suffice now is Ray's to
+    wait for.)"""
+    totals: dict[str, float] = {}
+    for n in nodes:
+        for k, v in n.items():
+            totals[k] = totals.get(k, 0.0) + float(v)
+    asked: dict[str, float] = {}
+    for b in bundles:
+        for k, v in b.items():
+            asked[k] = asked.get(k, 0.0) + float(v)
+    eps = 1e-9
+    for k, v in sorted(asked.items()):
+        if v > totals.get(k, 0.0) + eps:
+            hint = ""
+            if totals.get(k, 0.0) > 0:
+                share = math.floor(100 * totals[k] / len(bundles)) / 100
+                hint = f" (at most {share:g} {k} per actor fits, e.g. worker_resources = {{{k} = {share:g}}})"
+            return (f"it asks for {v:g} {k} in all ({len(bundles)} actors) and the cluster has "
+                    f"{totals.get(k, 0.0):g} {k} on {len(nodes)} node(s){hint}")
+
+    def fits(bundle: dict, node: dict) -> bool:
+        return all(node.get(k, 0.0) + eps >= v for k, v in bundle.items())
+
+    for b in bundles:
+        if not any(fits(b, n) for n in nodes):
+            return f"no node holds one actor's {b} (nodes: {nodes})"
+    if strategy == "STRICT_PACK" and not any(fits(asked, n) for n in nodes):
+        return f"STRICT_PACK puts every actor on one node, and no node holds {asked}"
+    if strategy == "STRICT_SPREAD" and len(bundles) > len(nodes):
+        return f"STRICT_SPREAD puts every actor on a node of its own: {len(bundles)} actors, {len(nodes)} nodes"
+    return None
 
 
 def _connect(cfg: Config) -> bool:
