@@ -303,9 +303,27 @@ class Coordinator(Losses):
                 continue
             peer, msg = got
             if not self.servers.note_hello(msg) and msg.type == "plan_req" and msg.fields.get("epoch", 0) == self.epoch:
-                self.waiting[int(msg.fields["worker"])] = (peer, time.monotonic())
+                self._keep_plan_req(peer, msg.fields)
             if msg.type == "hello" and wanted(msg):
                 return peer
+
+    def _keep_plan_req(self, peer: bytes, f: dict) -> None:
+        """A plan request that came while a hello was awaited: its report is collected
+        (a lost worker's last report may come now, after its loss: that iteration's
+        record must hold its slice) and the request kept for the barrier, or answered
+        with a stop if its worker has stopped (a lost one's must not count as waiting)."""
+        try:
+            worker, report = int(f["worker"]), f.get("report")
+            if f.get("step", 0) > 0 and report and not report.get("oom"):
+                self._collect(worker, report)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            log.warning("refused a plan request from %s: %s: %s", peer.hex(), type(exc).__name__, exc)
+            return
+        if worker not in self.workers:
+            return
+        self.waiting[worker] = (peer, time.monotonic())
+        if worker in self.stopped:
+            self._stop(worker)
 
     def _recv(self, timeout: float) -> tuple[bytes, Message] | None:
         """The next message, unless its sender's authenticated role (`origin`) contradicts
