@@ -85,7 +85,7 @@ def test_a_block_handed_over_under_asp_gets_every_gradient_once():
     assert ack.type == "ack" and set(pair.a.store.blocks) == {0}
     # worker 1 still routes by the old table: block 1's gradient reaches A, which forwards it
     (ack,) = pair.ask_a(Message("push", {"worker": 1, "version": 0, "samples": 4}, grads(g0=2, g1=2)))
-    assert ack.type == "ack" and pair.a.forwarded == 1
+    assert ack.type == "ack" and pair.a.handover.sent == 1
     assert pair.a.store.values[0].tolist() == [-3.0, -3.0]
     # ... and its push to B lacks block 1: block 2 is stepped, block 1 is not
     assert pair.push_b({"worker": 1, "version": 0, "samples": 4}, grads(g2=1)).type == "ack"
@@ -106,7 +106,7 @@ def test_a_forward_with_a_non_finite_gradient_is_refused_at_the_old_owner():
     pair = Pair("asp", [0, 1], [2])
     pair.ask_a(Message("migrate", {"keys": [1], "to": pair.b.listener.address}), b"coord")
     (r,) = pair.ask_a(Message("push", {"worker": 1, "version": 0, "samples": 4}, grads(g0=1, g1=float("nan"))))
-    assert r.type == "error" and "block 1" in r.fields["message"] and pair.a.forwarded == 0
+    assert r.type == "error" and "block 1" in r.fields["message"] and pair.a.handover.sent == 0
     assert pair.a.store.values[0].tolist() == [0.0, 0.0]  # nothing of the push applied
     (r,) = pair.ask_a(Message("push", {"worker": 1, "version": 0, "samples": 4}, grads(g0=1, g7=1)))
     assert r.type == "error" and "unexpected [7]" in r.fields["message"]
@@ -160,7 +160,7 @@ def test_a_refused_push_forwards_nothing_and_a_bad_forward_applies_nothing():
     pair.ask_a(Message("migrate", {"keys": [1], "to": pair.b.listener.address}), b"coord")
     pair.ask_a(Message("lose", {"worker": 1, "workers": 1}), b"coord")
     (r,) = pair.ask_a(Message("push", {"worker": 1, "version": 0, "samples": 4}, grads(g0=1, g1=1)))
-    assert r.type == "error" and "lost" in r.fields["message"] and pair.a.forwarded == 0
+    assert r.type == "error" and "lost" in r.fields["message"] and pair.a.handover.sent == 0
     (r,) = pair.ask_a(Message("push", {"worker": 0, "version": 0, "samples": 4}, grads(g0=1, g1=[1, 2, 3])))
     assert r.type == "error" and "block 1 has shape" in r.fields["message"]
     assert pair.a.store.values[0].tolist() == [0.0, 0.0] and pair.values_b()[1] == [0.0, 0.0]

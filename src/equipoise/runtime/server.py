@@ -22,8 +22,9 @@ from ..policy.placement import Block
 from ..policy.sync import ServerSync, SyncFault, Update, make_sync_policy
 from ..wire import Message, Transport
 from ..wire.bandwidth import TokenBucket
-from ..wire.names import grad_name, grads_of, pack, states_for, states_of, value_name, values_of
+from ..wire.names import grads_of, pack, states_for, states_of, value_name, values_of
 from ..wire.transport import QuietLog, kind_of
+from .handover import Forwarding
 from .replica import Replication
 from .store import OptimizerSpec, ParameterStore, Push, PushError
 
@@ -71,10 +72,7 @@ class Server:
         self.steps = [0, 0.0, 0.0, 0.0]  # async_scaling: updates, Σ delay τ̄, Σ momentum, Σ lr factor
         self.compensated = 0  # delay compensation: gradients corrected with the weights they read
         self.block_grads: dict[int, int] = {}  # gradients applied to each block held, in all (they move with it)
-        self.moved: dict[int, str] = {}  # no barrier: blocks handed over -> the new owner's address
-        self.moved_shape: dict[int, tuple[int, str]] = {}  # and the size and dtype each left with
-        self._forwards: dict[str, object] = {}  # connections to those owners
-        self.forwarded = 0  # gradients of handed-over blocks sent on to their new owners
+        self.handover = Forwarding(rank, transport)  # no barrier: blocks handed over, late gradients sent on
         self.replication: Replication | None = None  # replication = 1: backup duties both ways
         self.epoch = 0  # the coordinator's rollbacks: worker requests of earlier ones are stale
         self.done = False
@@ -99,7 +97,7 @@ class Server:
         finally:
             if self.replication is not None:
                 self.replication.close()
-            self._close_forwards()
+            self.handover.close()
             conn.close()
             self.listener.close()
 
@@ -171,8 +169,7 @@ class Server:
         self.store, self.sync = store, ServerSync(policy, workers, version=store.version, ranks=ranks)
         self.pushes, self.held, self.reads = {}, [], {}
         self.block_grads = {b.key: counts.get(b.key, 0) for b in blocks}
-        self.moved, self.moved_shape = {}, {}
-        self._close_forwards()
+        self.handover.reset()
         if self.replication is not None:
             self.replication.reset(store.version)
         self.listener.send(peer, Message("ready", {"rank": self.rank}))
@@ -185,7 +182,7 @@ class Server:
             "histogram": [[s, n] for s, n in sorted(sync.histogram.items())] if sync else [],
             "unapplied": sync.unapplied if sync else 0,
             "steps": list(self.steps), "compensated": self.compensated,
-            "block_gradients": sorted(self.block_grads.items()), "forwarded": self.forwarded}))
+            "block_gradients": sorted(self.block_grads.items()), "forwarded": self.handover.sent}))
 
     def _straggle(self, f: dict) -> None:
         """Set the emulated slowdown; ValueError (and nothing set) unless the factor and
@@ -266,8 +263,7 @@ class Server:
         for k in keys:
             self.block_grads.pop(k, None)
             if not self.sync.policy.barrier():
-                self.moved[k] = str(msg.fields["to"])
-                self.moved_shape[k] = (int(tensors[value_name(k)].numel()), str(tensors[value_name(k)].dtype))
+                self.handover.handed(k, str(msg.fields["to"]), tensors[value_name(k)])
         self._release()  # pulls held here no longer wait for the blocks that left
         self.listener.send(peer, Message("ack", {"version": self.sync.published(), "bytes": nbytes,
                                                  "seconds": self.clock.now() - t0}))
@@ -298,7 +294,7 @@ class Server:
         self._rebuild(list(store.blocks.values()) + blocks, values, states_of(msg.tensors))
         for b in blocks:
             self.block_grads[b.key] = counts.get(b.key, 0)
-            self.moved.pop(b.key, None)
+            self.handover.adopted(b.key)
         self._charge(_nbytes(msg.tensors.values()), t0)
         self.listener.send(peer, Message("ack", {"version": self.sync.published()}))
 
@@ -393,11 +389,11 @@ class Server:
         push = Push(int(f["worker"]), version, int(f["samples"]), grads_of(msg.tensors),
                     int(f.get("start", -1)), None if count is None else float(count),
                     None if read is None else min(read, self.store.samples))
-        away = self._split(push)
+        away = self.handover.split(push, self.store.blocks)
         if push.tensors or not away:  # an empty push is refused here, as a push of wrong blocks
             self.store.check(push, partial=bool(away) or not self.sync.policy.barrier())
         if away:  # everything is checked before anything is applied or forwarded
-            self._check_away(push.worker, away)
+            self.handover.check(push.worker, away, self.sync.lost)
         if read is not None and self.sync.policy.delay_compensation != "none":
             push.then = self.reads.get(push.worker, {}).get(read)
         if push.tensors:  # SyncFault here refuses the push whole: nothing forwarded yet
@@ -439,67 +435,11 @@ class Server:
                 if k in grads:
                     grads[k] += 1
 
-    def _split(self, push: Push) -> dict:
-        """Take out of `push` the gradients of blocks this server handed over (their
-        worker routed by an older table); they are forwarded. A block neither held nor
-        handed over stays in, for `check` to refuse."""
-        away = {k: push.tensors[k] for k in push.tensors if k in self.moved and k not in self.store.blocks}
-        for k in away:
-            del push.tensors[k]
-        return away
-
-    def _check_away(self, worker: int, away: dict) -> None:
-        """What a gradient to forward must be, checked here so that a refusal reaches its
-        sender: a worker not declared lost, each block's shape and dtype as it left,
-        finite."""
-        if worker in self.sync.lost:
-            raise SyncFault(f"push from worker {worker}, which was declared lost")
-        for key, t in away.items():
-            numel, dtype = self.moved_shape[key]
-            if t.dim() != 1 or t.numel() != numel or str(t.dtype) != dtype:
-                raise PushError(f"push from worker {worker}: block {key} has shape {tuple(t.shape)} {t.dtype}, "
-                                f"expected ({numel},) {dtype}")
-            if not math.isfinite(float(t.sum())):
-                raise PushError(f"push from worker {worker}: block {key} holds a non-finite gradient (NaN or inf)")
-
     def _forward(self, push: Push, away: dict, step: int | None) -> None:
-        """Send the gradients of handed-over blocks (checked: `_check_away`) to their new
-        owners, with what their step needs there: the worker, its samples and units, its
-        step (SSP's clock) and its delay in samples (this server's stamp against its own
-        count). A send that times out is logged: that gradient is lost (lost_updates)."""
+        """Send handed-over blocks' gradients on, with their delay in samples: this
+        server's count against the stamp the worker read."""
         delay = None if push.read is None else max(0, self.store.samples - push.read)
-        by_owner: dict[str, dict] = {}
-        for key, t in away.items():
-            by_owner.setdefault(self.moved[key], {})[key] = t
-        for address, grads in by_owner.items():
-            conn = self._forwards.get(address)
-            if conn is None:
-                conn = self._forwards[address] = self.transport.connect(address)
-            self._drain(conn)
-            try:
-                conn.send(Message("forward", {"worker": push.worker, "samples": push.samples, "step": step,
-                                              "epoch": self.epoch, "delay": delay,
-                                              **({} if push.count is None else {"count": push.count})},
-                                  {grad_name(k): v for k, v in grads.items()}))
-                self.forwarded += 1
-            except TimeoutError:
-                log.warning("server %d: could not forward worker %d's gradient of blocks %s to %s in time: "
-                            "lost", self.rank, push.worker, sorted(grads), address)
-
-    def _drain(self, conn) -> None:
-        """A new owner answers a forward only to refuse it: log what it said."""
-        while True:
-            try:
-                reply = conn.recv(timeout=0)
-            except TimeoutError:
-                return
-            log.warning("server %d: %s refused a forwarded gradient: %s", self.rank, conn.address,
-                        reply.fields.get("message", reply.type))
-
-    def _close_forwards(self) -> None:
-        for conn in self._forwards.values():
-            conn.close()
-        self._forwards = {}
+        self.handover.send(push, away, step, delay, self.epoch)
 
     def _on_forward(self, peer: bytes, msg: Message) -> None:
         """A block's gradient that reached its old owner after the hand-over: applied
@@ -524,11 +464,11 @@ class Server:
         push = Push(int(f["worker"]), store.version, int(f["samples"]), grads_of(msg.tensors),
                     -1, None if count is None else float(count),
                     None if delay is None else max(0, store.samples - delay))
-        away = self._split(push)
+        away = self.handover.split(push, store.blocks)
         if push.tensors or not away:
             store.check(push, partial=True)
         if away:
-            self._check_away(push.worker, away)
+            self.handover.check(push.worker, away, self.sync.lost)
         if push.tensors:
             store.apply([push], [0], forwarded=True)
             self._count([push])
@@ -609,9 +549,9 @@ class Server:
         if h.kind == "pull":
             # `read` stamps the weights: the worker echoes it with the gradient computed on
             # them, and the server measures that gradient's delay in samples applied since.
+            moved = {"moved": sorted(self.handover.moved)} if self.handover.moved else {}
             msg = Message("params", {"version": self.sync.published(), "held_s": t0 - h.since,
-                                     "read": store.samples, **({"moved": sorted(self.moved)} if self.moved else {})},
-                          pack(values))
+                                     "read": store.samples, **moved}, pack(values))
             if self.sync.policy.delay_compensation != "none" and h.worker >= 0:
                 self._remember_read(h.worker, store.samples, values)
             self._charge(_nbytes(values.values()), t0)
