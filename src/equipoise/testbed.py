@@ -220,6 +220,39 @@ class Testbed:
     def status(self) -> dict:
         return status(self.prefix)
 
+    # -- Ray across the hosts -----------------------------------------------------------------
+    def start_ray(self, cpus: Sequence[float] | None = None, resources: Sequence[dict] | None = None,
+                  port: int = 6379, timeout: float = 120.0) -> str:
+        """A Ray cluster over the hosts: the head on host 0, a node on every other host,
+        each at its host's address with `cpus[i]` CPUs and `resources[i]` custom
+        resources. Returns the head's address (HOST:PORT) for `ray_address`; run the
+        driver on host 0. `down` (or `stop_ray`) ends every Ray process."""
+        import json
+
+        env = ray_env()
+        for i in range(len(self.hosts)):
+            node = ["--head", "--port", str(port), "--include-dashboard=false"] if i == 0 else \
+                ["--address", f"{self.address(0)}:{port}"]
+            extra = (["--num-cpus", f"{cpus[i]:g}"] if cpus else []) + \
+                (["--resources", json.dumps(resources[i])] if resources and resources[i] else [])
+            done = self.run(i, ["ray", "start", *node, "--node-ip-address", self.address(i), "--disable-usage-stats",
+                                *extra], timeout=timeout, env=env)
+            if done.returncode != 0:
+                raise TestbedError(f"ray start on host {i} failed: {done.stderr.strip().splitlines()[-1:]}")
+        return f"{self.address(0)}:{port}"
+
+    def stop_ray(self) -> None:
+        for i in reversed(range(len(self.hosts))):
+            self.run(i, ["ray", "stop", "--force"], timeout=60, env=ray_env())
+
+
+def ray_env() -> dict[str, str]:
+    """The environment for Ray on testbed hosts: usage statistics off, and no
+    RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER (set to 0, Ray refuses a cluster of several nodes)."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    return env
+
 
 def _kill_netns(ns: str) -> None:
     pids = _sh("ip", "netns", "pids", ns, check=False).stdout.split()
@@ -287,4 +320,4 @@ def status(prefix: str = PREFIX) -> dict:
     return out
 
 
-__all__ = ["Host", "Testbed", "TestbedError", "available", "down", "status"]
+__all__ = ["Host", "Testbed", "TestbedError", "available", "down", "ray_env", "status"]
