@@ -1,0 +1,126 @@
+"""equipoise on the testbed (equipoise.testbed; root): emulated hosts whose CPUs and
+links the kernel limits, with Ray across them, and no emulation key of equipoise's own
+(no `slowdown`, `server_slowdown` or `server_bandwidth`).
+
+Presets:
+
+* `lbbsp`: four worker hosts under CPU quotas in the ratio [1, 1, 1/2, 1/4] (cgroup
+  v1), the two servers on a host of their own. BSP against LB-BSP, interleaved. LB-BSP
+  must find the slow hosts from what it measures; goal ≥ 2× BSP's samples/s.
+* `cost`: the same job on unshaped testbed hosts under Ray against the local launcher
+  on loopback (servers and workers as processes of this machine). Goal: within 5%.
+* `ci`: `lbbsp` tiny, one round, to check the script.
+
+One testbed and one Ray cluster per invocation; the systems run interleaved (A, B, A, B,
+…) over `reps` rounds. Samples/s over a steady window (the iterations after `warmup`).
+Medians with ranges, and ratios taken within each round. Writes
+benchmarks/results/bench_testbed_<preset>.json.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from benchmarks.bench_lbbsp import steady_window
+from benchmarks.common import (fmt_range, interleave, load_average, markdown_table, preset_main, summary,
+                               write_results)
+
+NAME = "bench_testbed"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Spec:
+    kind: str = "lbbsp"  # lbbsp | cost
+    model: str = "cnn"
+    dataset: str = "fashion-mnist"
+    global_batch: int = 128
+    iterations: int = 40
+    warmup: int = 10
+    quotas: tuple[float, ...] = (1.0, 1.0, 0.5, 0.25)  # CPUs of each worker host
+    reps: int = 3
+
+
+PRESETS = {
+    "ci": Spec(dataset="digits", model="mlp", global_batch=64, iterations=8, warmup=2, reps=1),
+    "lbbsp": Spec(),
+    "cost": Spec(kind="cost", quotas=(0.0, 0.0, 0.0, 0.0)),
+}
+
+
+def job(spec: Spec, protocol: str) -> dict[str, Any]:
+    return dict(dataset=spec.dataset, model=spec.model, protocol=protocol, workers=len(spec.quotas), servers=2,
+                global_batch=spec.global_batch, iterations=spec.iterations, eval_every=0, checkpoint_every=0,
+                progress=False, timeout=300.0, heartbeat_s=10.0, lr=0.05, seed=0)
+
+
+def on_testbed(tb, spec: Spec, protocol: str, address: str, tmp: Path) -> dict:
+    from equipoise.testbed import ray_env
+
+    out = tmp / f"{protocol}-{time.monotonic_ns()}"
+    cfg = {**job(spec, protocol), "launcher": "ray", "ray_address": address, "auth": "curve",
+           "server_resources": {"CPU": 0.5, "srv": 1}, "worker_resources": {"CPU": 0.5, "wrk": 1}}
+    code = (f"import sys; sys.path.insert(0, {str(ROOT / 'src')!r}); import equipoise, json; "
+            f"s = equipoise.train({cfg!r}, out={str(out)!r}); print(json.dumps(s['nodes']))")
+    done = tb.run(0, [sys.executable, "-c", code], timeout=900, env=ray_env())
+    if done.returncode != 0:
+        raise RuntimeError(f"the job on the testbed failed: {done.stderr.strip().splitlines()[-3:]}")
+    nodes = json.loads(done.stdout.strip().splitlines()[-1])
+    window = steady_window(out / "metrics.jsonl", spec.warmup)
+    return {"samples_per_s": window["samples_per_s"], "batch": window["batch"],
+            "hosts": {r: n["ip"] for r, n in sorted(nodes.items())}}
+
+
+def on_loopback(spec: Spec, tmp: Path) -> dict:
+    import equipoise
+
+    out = tmp / f"loopback-{time.monotonic_ns()}"
+    equipoise.train(job(spec, "bsp"), out=out)
+    return {"samples_per_s": steady_window(out / "metrics.jsonl", spec.warmup)["samples_per_s"]}
+
+
+def run(preset: str, results_path: str | None = None, plots: str | None = None, reps: int | None = None) -> dict:
+    from equipoise.testbed import Host, Testbed, available
+
+    spec = PRESETS[preset] if reps is None else replace(PRESETS[preset], reps=reps)
+    reason = available()
+    if reason:
+        raise SystemExit(f"bench_testbed: {reason}")
+    # Host 0: the driver and both servers (resource srv); hosts 1..4: one worker each (wrk),
+    # each under its CPU quota.
+    hosts = [Host()] + [Host(cpus=q) for q in spec.quotas]
+    result: dict[str, Any] = {"preset": preset, "spec": asdict(spec), "loadavg_at_start": load_average(),
+                              "ratios_computed": "within each round, then median (min–max) over rounds"}
+    with tempfile.TemporaryDirectory(prefix="bench-testbed-") as name, Testbed(hosts, prefix="eqbn") as tb:
+        tmp = Path(name)
+        address = tb.start_ray(cpus=[2] + [1] * len(spec.quotas),
+                               resources=[{"srv": 2}] + [{"wrk": 1}] * len(spec.quotas))
+        if spec.kind == "lbbsp":
+            systems = {p: (lambda p=p: on_testbed(tb, spec, p, address, tmp)) for p in ("bsp", "lbbsp")}
+        else:
+            systems = {"testbed": lambda: on_testbed(tb, spec, "bsp", address, tmp),
+                       "loopback": lambda: on_loopback(spec, tmp)}
+        runs = interleave(systems, spec.reps)
+    names = list(systems)
+    result["runs"] = runs
+    result["summary"] = {n: summary([r["samples_per_s"] for r in runs[n]]) for n in names}
+    a, b = names[1], names[0]
+    result["ratio"] = {f"{a}/{b}": summary([x["samples_per_s"] / y["samples_per_s"] for x, y in zip(runs[a], runs[b])])}
+    rows = [[n, fmt_range(result["summary"][n])] for n in names]
+    print(f"## bench_testbed, preset {preset}: {spec.model} on {spec.dataset}, worker hosts' CPUs {list(spec.quotas)}, "
+          f"{spec.reps} interleaved rounds, samples/s after {spec.warmup} iterations\n")
+    print(markdown_table(["system", "samples/s, median (min–max)"], rows))
+    for k, v in result["ratio"].items():
+        print(f"\n{k}: {fmt_range(v)}")
+    print(f"\nwrote {write_results(f'{NAME}_{preset}', result, results_path)}")
+    return result
+
+
+if __name__ == "__main__":
+    preset_main(__doc__, PRESETS, run, "(unused)", reps=True)
