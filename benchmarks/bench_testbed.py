@@ -40,7 +40,7 @@ class Spec:
     kind: str = "lbbsp"  # lbbsp | cost
     model: str = "cnn"
     dataset: str = "fashion-mnist"
-    global_batch: int = 128
+    global_batch: int = 256
     iterations: int = 40
     warmup: int = 10
     quotas: tuple[float, ...] = (1.0, 1.0, 0.5, 0.25)  # CPUs of each worker host

@@ -159,7 +159,11 @@ class Testbed:
         if host.cpus:
             path = self._cgroup("cpu", i)
             path.mkdir(exist_ok=True)
-            period = 100_000
+            # The shortest period the kernel allows for this share (its quota ≥ 1 ms): a
+            # step throttled in long periods runs at full speed, then not at all, so its
+            # time would depend on where it falls; short ones keep the share steady.
+            period = int(min(1_000_000, max(1_000, 1_000 / host.cpus)))
+            (path / "cpu.cfs_quota_us").write_text("-1")  # lift first: period and quota must stay consistent
             (path / "cpu.cfs_period_us").write_text(str(period))
             (path / "cpu.cfs_quota_us").write_text(str(max(1_000, int(host.cpus * period))))
         if host.memory_mib:

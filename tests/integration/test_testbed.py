@@ -87,8 +87,8 @@ def test_hosts_have_their_own_addresses_shaped_links_quotas_and_nothing_is_left(
         assert send(tb, 1, 0, 1 << 20) == 1 << 20  # real TCP between two stacks
         groups = tb.run(2, ["cat", "/proc/self/cgroup"]).stdout
         assert f"cpu:/{PREFIX}-h2" in groups.replace("cpu,cpuacct", "cpu") and f"memory:/{PREFIX}-h2" in groups
-        quota = (tb._cgroup("cpu", 2) / "cpu.cfs_quota_us").read_text().strip()
-        assert quota == "50000"  # half of a 100 ms period
+        quota, period = (int((tb._cgroup("cpu", 2) / f"cpu.cfs_{k}_us").read_text()) for k in ("quota", "period"))
+        assert (quota, period) == (1000, 2000)  # half a CPU, in the shortest period that allows it
         # no way out: the hosts have no route beyond the testbed's /24
         out = tb.run(0, [sys.executable, "-c", "import socket; socket.create_connection(('192.0.2.1', 80), 2)"])
         assert out.returncode != 0 and "unreachable" in out.stderr.lower()
