@@ -7,8 +7,10 @@ Presets:
 * `lbbsp`: four worker hosts under CPU quotas in the ratio [1, 1, 1/2, 1/4] (cgroup
   v1: 0.4, 0.4, 0.2 and 0.1 CPUs), the two servers on a host of their own. BSP against LB-BSP, interleaved. LB-BSP
   must find the slow hosts from what it measures; goal ≥ 2× BSP's samples/s.
-* `cost`: the same job on unshaped testbed hosts under Ray against the local launcher
-  on loopback (servers and workers as processes of this machine). Goal: within 5%.
+* `cost`: the same job (`auth = "curve"` both) on unshaped testbed hosts under Ray
+  against the local launcher on loopback (servers and workers as processes of this
+  machine). Goal: within 5%. The two differ in the launcher too: Ray's raylets (one per
+  host) share this machine's two cores with the job.
 * `ci`: `lbbsp` tiny, one round, to check the script.
 
 One testbed and one Ray cluster per invocation; the systems run interleaved (A, B, A, B,
@@ -84,7 +86,7 @@ def on_loopback(spec: Spec, tmp: Path) -> dict:
     import equipoise
 
     out = tmp / f"loopback-{time.monotonic_ns()}"
-    equipoise.train(job(spec, "bsp"), out=out)
+    equipoise.train({**job(spec, "bsp"), "auth": "curve"}, out=out)  # encrypted as on the testbed
     return {"samples_per_s": steady_window(out / "metrics.jsonl", spec.warmup)["samples_per_s"]}
 
 
