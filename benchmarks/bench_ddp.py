@@ -139,9 +139,10 @@ def _steady_rate(metrics: Path, spec: Spec) -> float:
 
 # -- DDP -----------------------------------------------------------------------------------
 
-def _ddp_rank(rank: int, spec: Spec, port: int, results: Any) -> None:
+def _ddp_rank(rank: int, spec: Spec, port: int, results: Any, master: str = "127.0.0.1") -> None:
     """One DDP rank: train `spec.iterations` iterations on slice `rank` of each global
-    batch; rank 0 puts the timing of iterations [warmup, iterations) into `results`."""
+    batch; rank 0 puts the timing of iterations [warmup, iterations) into `results`.
+    `master`: rank 0's address (another host's, on the testbed)."""
     import torch.distributed as dist
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
@@ -150,7 +151,7 @@ def _ddp_rank(rank: int, spec: Spec, port: int, results: Any) -> None:
     from equipoise.models import build_model
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    dist.init_process_group("gloo", init_method=f"tcp://{master}:{port}", rank=rank,
                             world_size=spec.workers, timeout=timedelta(seconds=spec.timeout))
     try:
         data = load_dataset(spec.dataset, seed=spec.seed)

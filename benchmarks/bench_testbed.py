@@ -11,6 +11,11 @@ Presets:
   against the local launcher on loopback (servers and workers as processes of this
   machine). Goal: within 5%. The two differ in the launcher too: Ray's raylets (one per
   host) share this machine's two cores with the job.
+* `ddp`: equipoise BSP against PyTorch DDP (gloo, one rank per worker host) on the
+  same four worker hosts, whose links are capped at `rate_mbit` each way; equipoise's two
+  servers on hosts of their own, unshaped (as BytePS deploys them). A parameter server
+  moves each gradient byte once each way per worker; ring all-reduce about 2(n−1)/n
+  times. Goal ≥ 1.2×.
 * `ci`: `lbbsp` tiny, one round, to check the script.
 
 One testbed and one Ray cluster per invocation; the systems run interleaved (A, B, A, B,
@@ -22,6 +27,7 @@ benchmarks/results/bench_testbed_<preset>.json.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -39,7 +45,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @dataclass(frozen=True)
 class Spec:
-    kind: str = "lbbsp"  # lbbsp | cost
+    kind: str = "lbbsp"  # lbbsp | cost | ddp
+    rate_mbit: float = 0.0  # ddp: the worker hosts' links
     model: str = "cnn"
     dataset: str = "fashion-mnist"
     global_batch: int = 256
@@ -55,7 +62,8 @@ class Spec:
 PRESETS = {
     "ci": Spec(dataset="digits", model="mlp", global_batch=64, iterations=8, warmup=2, reps=1),
     "lbbsp": Spec(),
-    "cost": Spec(kind="cost", quotas=(0.0, 0.0, 0.0, 0.0)),
+    "cost": Spec(kind="cost", quotas=(0.0, 0.0, 0.0, 0.0), global_batch=128),
+    "ddp": Spec(kind="ddp", quotas=(0.0, 0.0, 0.0, 0.0), global_batch=128, rate_mbit=100.0),
 }
 
 
@@ -90,6 +98,40 @@ def on_loopback(spec: Spec, tmp: Path) -> dict:
     return {"samples_per_s": steady_window(out / "metrics.jsonl", spec.warmup)["samples_per_s"]}
 
 
+def ddp_on_testbed(tb, spec: Spec, first: int) -> dict:
+    """DDP with rank r on host `first` + r; rank 0's host is the rendezvous."""
+    from benchmarks.common import free_port
+    from equipoise.testbed import ray_env
+
+    n, port = len(spec.quotas), free_port()
+    env = {**ray_env(), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0",
+           "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}
+    procs = [tb.popen(first + r, [sys.executable, "-m", "benchmarks.bench_testbed", "--ddp-rank", str(r),
+                                  tb.address(first), str(port), json.dumps(asdict(spec))],
+                      env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(n)]
+    outs = [p.communicate(timeout=900) for p in procs]
+    if any(p.returncode for p in procs):
+        raise RuntimeError(f"a DDP rank failed: {[o[1].strip().splitlines()[-1:] for o in outs]}")
+    return json.loads(outs[0][0].strip().splitlines()[-1])
+
+
+def ddp_rank_main(argv: list[str]) -> None:
+    """`--ddp-rank R MASTER PORT SPEC`: one DDP rank (bench_ddp's), on this host."""
+    from benchmarks.bench_ddp import Spec as DdpSpec
+    from benchmarks.bench_ddp import _ddp_rank
+
+    rank, master, port, raw = int(argv[0]), argv[1], int(argv[2]), json.loads(argv[3])
+    spec = DdpSpec(model=raw["model"], dataset=raw["dataset"], workers=len(raw["quotas"]), global_batch=raw["global_batch"],
+                   iterations=raw["iterations"], warmup=raw["warmup"], lr=0.05, momentum=0.9, seed=0, timeout=300.0)
+
+    class Out:
+        def put(self, value):
+            print(json.dumps(value), flush=True)
+
+    _ddp_rank(rank, spec, port, Out(), master=master)
+
+
 def run(preset: str, results_path: str | None = None, plots: str | None = None, reps: int | None = None) -> dict:
     from equipoise.testbed import Host, Testbed, available
 
@@ -100,13 +142,22 @@ def run(preset: str, results_path: str | None = None, plots: str | None = None, 
     # Host 0: the driver and both servers (resource srv); hosts 1..4: one worker each (wrk),
     # each under its CPU quota.
     hosts = [Host()] + [Host(cpus=q) for q in spec.quotas]
+    if spec.kind == "ddp":  # the driver; two server hosts; the worker hosts behind capped links
+        hosts = [Host(), Host(), Host()] + [Host(rate_mbit=spec.rate_mbit) for _ in spec.quotas]
     result: dict[str, Any] = {"preset": preset, "spec": asdict(spec), "loadavg_at_start": load_average(),
                               "ratios_computed": "within each round, then median (min–max) over rounds"}
     with tempfile.TemporaryDirectory(prefix="bench-testbed-") as name, Testbed(hosts, prefix="eqbn") as tb:
         tmp = Path(name)
-        address = tb.start_ray(cpus=[2] + [1] * len(spec.quotas),
-                               resources=[{"srv": 2}] + [{"wrk": 1}] * len(spec.quotas))
-        if spec.kind == "lbbsp":
+        if spec.kind == "ddp":
+            address = tb.start_ray(cpus=[1, 1, 1] + [1] * len(spec.quotas),
+                                   resources=[{}, {"srv": 1}, {"srv": 1}] + [{"wrk": 1}] * len(spec.quotas))
+        else:
+            address = tb.start_ray(cpus=[2] + [1] * len(spec.quotas),
+                                   resources=[{"srv": 2}] + [{"wrk": 1}] * len(spec.quotas))
+        if spec.kind == "ddp":
+            systems = {"ddp": lambda: ddp_on_testbed(tb, spec, 3),
+                       "equipoise": lambda: on_testbed(tb, spec, "bsp", address, tmp)}
+        elif spec.kind == "lbbsp":
             systems = {p: (lambda p=p: on_testbed(tb, spec, p, address, tmp)) for p in ("bsp", "lbbsp")}
         else:
             systems = {"testbed": lambda: on_testbed(tb, spec, "bsp", address, tmp),
@@ -128,4 +179,7 @@ def run(preset: str, results_path: str | None = None, plots: str | None = None, 
 
 
 if __name__ == "__main__":
-    preset_main(__doc__, PRESETS, run, "(unused)", reps=True)
+    if sys.argv[1:2] == ["--ddp-rank"]:
+        ddp_rank_main(sys.argv[2:])
+    else:
+        preset_main(__doc__, PRESETS, run, "(unused)", reps=True)
