@@ -101,8 +101,7 @@ class Testbed:
     def __post_init__(self):
         if not 1 <= len(self.hosts) <= 200:
             raise ValueError(f"{len(self.hosts)} hosts: a testbed has 1 to 200")
-        if not (self.prefix.isalnum() and len(self.prefix) <= 6):
-            raise ValueError(f"prefix = {self.prefix!r}: at most 6 letters or digits (interface names are short)")
+        _check_prefix(self.prefix)
 
     # -- names ------------------------------------------------------------------------
     def ns(self, i: int) -> str:
@@ -135,6 +134,7 @@ class Testbed:
         try:
             bridge = f"{self.prefix}-br"
             _sh("ip", "link", "add", bridge, "type", "bridge")
+            _no_ipv6(bridge)  # no link-local address: the root namespace stays unreachable
             _sh("ip", "link", "set", bridge, "up")
             for i, host in enumerate(self.hosts):
                 self._host(i, host, bridge)
@@ -149,6 +149,7 @@ class Testbed:
         _sh("ip", "link", "add", outer, "type", "veth", "peer", "name", inner)
         _sh("ip", "link", "set", inner, "netns", ns)
         _sh("ip", "link", "set", outer, "master", bridge)
+        _no_ipv6(outer)
         _sh("ip", "link", "set", outer, "up")
         _sh("ip", "-n", ns, "link", "set", "lo", "up")
         _sh("ip", "-n", ns, "link", "set", inner, "name", "eth0")
@@ -219,7 +220,10 @@ class Testbed:
     def run(self, i: int, argv: Sequence[str], timeout: float = 60.0, **kw) -> subprocess.CompletedProcess:
         kw.setdefault("capture_output", True)
         kw.setdefault("text", True)
-        return subprocess.run(self.command(i, argv), timeout=timeout, preexec_fn=self._joiner(i), **kw)
+        try:
+            return subprocess.run(self.command(i, argv), timeout=timeout, preexec_fn=self._joiner(i), **kw)
+        except subprocess.TimeoutExpired:
+            raise TestbedError(f"`{' '.join(argv)}` on host {i} did not finish within {timeout:g} s") from None
 
     def status(self) -> dict:
         return status(self.prefix)
@@ -230,7 +234,8 @@ class Testbed:
         """A Ray cluster over the hosts: the head on host 0, a node on every other host,
         each at its host's address with `cpus[i]` CPUs and `resources[i]` custom
         resources. Returns the head's address (HOST:PORT) for `ray_address`; run the
-        driver on host 0. `down` (or `stop_ray`) ends every Ray process."""
+        driver on host 0. `down` ends every Ray process with the hosts (`ray stop` would
+        stop every Ray process of this machine, a user's own cluster too)."""
         import json
 
         env = ray_env()
@@ -245,9 +250,6 @@ class Testbed:
                 raise TestbedError(f"ray start on host {i} failed: {done.stderr.strip().splitlines()[-1:]}")
         return f"{self.address(0)}:{port}"
 
-    def stop_ray(self) -> None:
-        for i in reversed(range(len(self.hosts))):
-            self.run(i, ["ray", "stop", "--force"], timeout=60, env=ray_env())
 
 
 def ray_env() -> dict[str, str]:
@@ -271,6 +273,19 @@ def _kill_netns(ns: str) -> None:
         time.sleep(0.05)
 
 
+def _check_prefix(prefix: str) -> None:
+    """Names are <prefix>-…: at most 6 letters or digits, so that nothing else (another
+    tool's namespaces, a glob) can match."""
+    if not (isinstance(prefix, str) and prefix.isalnum() and prefix.isascii() and 1 <= len(prefix) <= 6):
+        raise TestbedError(f"prefix = {prefix!r}: 1 to 6 ASCII letters or digits")
+
+
+def _no_ipv6(link: str) -> None:
+    path = Path(f"/proc/sys/net/ipv6/conf/{link}/disable_ipv6")
+    if path.exists():
+        path.write_text("1")
+
+
 def _namespaces(prefix: str) -> list[str]:
     out = _sh("ip", "netns", "list", check=False).stdout.split("\n")
     return sorted(line.split()[0] for line in out if line.strip().startswith(f"{prefix}-"))
@@ -279,6 +294,7 @@ def _namespaces(prefix: str) -> list[str]:
 def down(prefix: str = PREFIX) -> list[str]:
     """Remove everything named with `prefix`: processes in its namespaces, the
     namespaces, links, cgroups. Returns what was removed (nothing is an error)."""
+    _check_prefix(prefix)
     if os.geteuid() != 0:
         raise TestbedError("the testbed needs root to tear down (network namespaces, cgroups)")
     removed: list[str] = []
@@ -315,6 +331,7 @@ def down(prefix: str = PREFIX) -> list[str]:
 
 def status(prefix: str = PREFIX) -> dict:
     """The hosts with `prefix` now up: namespace → {address, qdisc, processes}."""
+    _check_prefix(prefix)
     out = {}
     for ns in _namespaces(prefix):
         addr = _sh("ip", "-n", ns, "-4", "-o", "addr", "show", "dev", "eth0", check=False).stdout.split()

@@ -10,7 +10,7 @@ def test_more_cpus_than_the_cluster_has_is_never_held_and_a_fraction_is_suggeste
     # README's steps on a 2-core machine: 2 servers and 3 workers of 1 CPU each
     reason = infeasible([{"CPU": 1.0}] * 5, "SPREAD", [NODE])
     assert "5 CPU in all (5 actors)" in reason and "2 CPU on 1 node" in reason
-    assert "worker_resources = {CPU = 0.4}" in reason
+    assert "worker_resources = {CPU = 0.4} and server_resources = {CPU = 0.4}" in reason
     assert infeasible([{"CPU": 0.4}] * 5, "SPREAD", [NODE]) is None
 
 

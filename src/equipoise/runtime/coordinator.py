@@ -229,12 +229,7 @@ class Coordinator(Losses):
             if worker not in self.workers:
                 self.listener.send(peer, Message("error", {"message": f"unknown worker {worker}"}))
                 return
-            cap = f.get("memory_cap")
-            if cap is not None:  # the worker's probe of its device memory
-                if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
-                    raise ValueError(f"memory_cap = {cap!r} is not a batch size ≥ 1")
-                self.planner.set_memory_cap(worker, cap)
-                self._event("memory_cap", self.iteration, worker=worker, cap=cap, source="probe")
+            self._memory_cap(worker, f.get("memory_cap"))
             oom = bool(f["report"].get("oom")) if f["step"] > 0 and f["report"] else False
             if f["step"] > 0 and f["report"] and not oom:
                 self._collect(worker, f["report"])
@@ -307,6 +302,15 @@ class Coordinator(Losses):
             if msg.type == "hello" and wanted(msg):
                 return peer
 
+    def _memory_cap(self, worker: int, cap) -> None:
+        """The cap a worker's probe of its device memory measured (with its first plan request)."""
+        if cap is None:
+            return
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+            raise ValueError(f"memory_cap = {cap!r} is not a batch size ≥ 1")
+        self.planner.set_memory_cap(worker, cap)
+        self._event("memory_cap", self.iteration, worker=worker, cap=self.planner.memory_caps[worker], source="probe")
+
     def _keep_plan_req(self, peer: bytes, f: dict) -> None:
         """A plan request that came while a hello was awaited: its report is collected
         (a lost worker's last report may come now, after its loss: that iteration's
@@ -314,6 +318,7 @@ class Coordinator(Losses):
         with a stop if its worker has stopped (a lost one's must not count as waiting)."""
         try:
             worker, report = int(f["worker"]), f.get("report")
+            self._memory_cap(worker, f.get("memory_cap"))
             if f.get("step", 0) > 0 and report and not report.get("oom"):
                 self._collect(worker, report)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:

@@ -154,22 +154,20 @@ class DeviceLink:
         if not self.staged:
             return write_values(self.model, self.blocks, values, partial=True)
         t0 = time.perf_counter()
+        mine = [b for b in self.blocks if b.key in values]
+        for b in mine:  # host to pinned host, on the CPU
+            self.inbound[b.key].copy_(values[b.key])
+        self.h2d_s += time.perf_counter() - t0
         start = torch.cuda.Event(enable_timing=True) if self._cuda else None
         if start is not None:
             start.record()
         with torch.no_grad():
-            for b in self.blocks:
-                if b.key in values:
-                    buf = self.inbound[b.key]
-                    buf.copy_(values[b.key])  # host to pinned host
-                    self._flat[b.name][b.start:b.stop].copy_(buf, non_blocking=self._cuda)
+            for b in mine:  # pinned host to the device: queued, timed by the events
+                self._flat[b.name][b.start:b.stop].copy_(self.inbound[b.key], non_blocking=self._cuda)
         if start is not None:
             end = torch.cuda.Event(enable_timing=True)
             end.record()
             self._pending.append((start, end))
-            self.h2d_s += time.perf_counter() - t0  # the host side now; the copies' own time at take_times
-        else:
-            self.h2d_s += time.perf_counter() - t0
 
     def read(self, copy: bool = False) -> dict[int, torch.Tensor]:
         """What to push for each block: host tensors, ready to send. Unstaged: views of
@@ -238,16 +236,24 @@ def probe_memory(step: Callable[[int], None], device: torch.device, *, share: in
     _, total = torch.cuda.mem_get_info(device)
     if limit_gib:
         torch.cuda.set_per_process_memory_fraction(min(1.0, limit_gib * 2**30 / total), device)
+    budget = fraction * (limit_gib * 2**30 if limit_gib else total / max(1, share))
     peaks = []
     for b in sizes:
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-        step(b)
+        try:
+            step(b)
+        except torch.OutOfMemoryError:
+            peaks.append(None)
+            break
         torch.cuda.synchronize(device)
         peaks.append(torch.cuda.max_memory_allocated(device))
+    if peaks[-1] is None:  # the probe itself did not fit: a cap of what did (at least 1)
+        torch.cuda.empty_cache()
+        fit = sizes[0] if len(peaks) == 2 else 1
+        return MemoryProbe(0.0, budget / (fit + 0.5), budget)
     per = max(1.0, (peaks[1] - peaks[0]) / (sizes[1] - sizes[0]))
-    budget = fraction * (limit_gib * 2**30 if limit_gib else total / max(1, share))
     return MemoryProbe(peaks[0] - per * sizes[0], per, budget)
 
 

@@ -19,6 +19,7 @@ from ..wire import Listener, Message, Transport
 from .checkpoint import Checkpoint
 from .coordinator import Coordinator
 from .losses import BarrierLosses, Memory
+from .planner import CapError
 from .rpc import JobError, Peers
 
 log = logging.getLogger("equipoise.coordinator")
@@ -58,8 +59,12 @@ class BarrierCoordinator(BarrierLosses, Coordinator):
         if self._membership(t):
             return  # a joining worker's first plan request completes the barrier
         actions = self.servers.at_barrier(t)
+        try:
+            sizes = self.planner.sizes()
+        except CapError as exc:  # the job's, not the plan request's that completed the barrier
+            raise JobError(f"iteration {t}: {exc}") from None
         slices = {w: (t * self.cfg.global_batch + offset, size)
-                  for w, (offset, size) in self.planner.slices(self.planner.sizes()).items()}
+                  for w, (offset, size) in self.planner.slices(sizes).items()}
         self.assign.begin(t, slices)
         for w, (start, size) in slices.items():
             self._reply_plan(w, t, start, size, version=t, await_table=bool(actions))

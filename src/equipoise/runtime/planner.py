@@ -19,6 +19,10 @@ from ..policy import batching
 from ..policy.predict import Predictor, make_predictor
 
 
+class CapError(ValueError):
+    """The workers' caps cannot hold the global batch (one line: what to change)."""
+
+
 @dataclass(frozen=True)
 class PlanSettings:
     """The configuration the planner reads."""
@@ -68,13 +72,16 @@ class Planner:
 
     def set_memory_cap(self, worker: int, cap: int) -> None:
         """`worker`'s memory holds at most `cap` samples (a probe measured it, or a step
-        ran out of memory above it): no plan gives it more."""
-        self.memory_caps[worker] = max(1, int(cap))
+        ran out of memory above it): no plan gives it more. A cap only ever falls (a
+        worker that starts again after a rollback sends its probe's cap again)."""
+        self.memory_caps[worker] = max(1, min(int(cap), self.memory_caps.get(worker, int(cap))))
         self._set_caps()
 
     def _set_caps(self) -> None:
         if self.policy is not None:
             self.policy.caps = {w: c for w in self.workers if (c := self.cap(w)) is not None}
+            # a memory cap is hard: below min_batch, it lowers the policy's minimum
+            self.policy.minimum = min([self.cfg.min_batch, *self.policy.caps.values()])
 
     def sizes(self) -> dict[int, int]:
         """Batch sizes for the next iteration, given everything observed so far; none
@@ -85,8 +92,9 @@ class Planner:
             return sizes
         ws = sorted(sizes)
         if sum(caps[w] or self.cfg.global_batch for w in ws) < self.cfg.global_batch:
-            raise ValueError(f"the workers' memory caps {[caps[w] for w in ws]} hold fewer than the "
-                             f"global batch of {self.cfg.global_batch} samples")
+            raise CapError(f"the workers' caps {[caps[w] for w in ws]} (max_batch, device memory) hold fewer "
+                           f"than the global batch of {self.cfg.global_batch} samples: lower global_batch or "
+                           "add workers")
         # The same shares, within the caps (any split of the global batch is the same step).
         fixed = batching.allocate(self.cfg.global_batch, [max(sizes[w], 1e-9) for w in ws],
                                   minimum=0, caps=[caps[w] for w in ws])
@@ -142,4 +150,4 @@ class Planner:
         return out
 
 
-__all__ = ["Planner"]
+__all__ = ["CapError", "Planner"]

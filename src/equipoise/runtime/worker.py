@@ -85,6 +85,8 @@ class Worker:
             check_precision(self.precision, self.device, f"worker {self.rank}")
         except DeviceError as exc:
             raise WorkerError(str(exc)) from None
+        if self.device.type == "cuda":  # streams, events and pinned memory of this GPU, not cuda:0
+            torch.cuda.set_device(self.device)
         data = load_workload(cfg, shared=self.data)
         self.loader = None
         welcome = self._request(Message("hello", {
@@ -124,8 +126,11 @@ class Worker:
         peak memory at two batch sizes (runtime/device.py); None off a GPU. The probe's
         gradients are dropped: they are no step of the job."""
         cfg = self.cfg
-        mine = worker_device(cfg, self.rank)
-        share = (sum(worker_device(cfg, r) == mine for r in range(cfg.workers)) if cfg.launcher == "local" else 1)
+
+        def where(rank: int) -> torch.device:
+            return resolve(worker_device(cfg, rank), f"worker {rank}")
+
+        share = sum(where(r) == self.device for r in range(cfg.workers)) if cfg.launcher == "local" else 1
 
         def step(b: int) -> None:
             batch = to_device(self.loader.get(0, min(b, len(data))), self.device)
@@ -324,7 +329,14 @@ class Worker:
             self.loader.prefetch(ahead, f["size"])  # the same offset in the next iteration, most likely
         if self.device.type != "cpu":
             t0 = time.perf_counter()
-            batch = to_device(batch, self.device, non_blocking=True)
+            try:
+                batch = to_device(batch, self.device, non_blocking=True)
+            except torch.OutOfMemoryError:
+                batch = None
+            if batch is None:  # outside the handler: the exception's frames hold memory
+                torch.cuda.empty_cache()
+                raise OutOfMemory(f["size"], f"worker {self.rank}: out of memory on {self.device} moving the "
+                                             f"batch of {f['size']} at iteration {f['iteration']}")
             self.link.h2d_s += time.perf_counter() - t0
         cpu0, t1 = time.process_time(), time.perf_counter()
         self.stretch.start(f["size"])

@@ -344,7 +344,8 @@ def infeasible(bundles: list[dict], strategy: str, nodes: list[dict]) -> str | N
             hint = ""
             if totals.get(k, 0.0) > 0:
                 share = math.floor(100 * totals[k] / len(bundles)) / 100
-                hint = f" (at most {share:g} {k} per actor fits, e.g. worker_resources = {{{k} = {share:g}}})"
+                hint = (f" (at most {share:g} {k} per actor fits: worker_resources = {{{k} = {share:g}}} and "
+                        f"server_resources = {{{k} = {share:g}}})")
             return (f"it asks for {v:g} {k} in all ({len(bundles)} actors) and the cluster has "
                     f"{totals.get(k, 0.0):g} {k} on {len(nodes)} node(s){hint}")
 
