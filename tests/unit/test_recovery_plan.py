@@ -96,6 +96,7 @@ def test_a_worker_lost_after_its_slice_was_applied_everywhere_keeps_its_slice_in
             self.assign, self.iteration, self.waiting = Assignments(), 6, {}
             self.assign.begin(5, {0: (240, 16), 1: (256, 16), 2: (272, 16)})
             self.servers = SimpleNamespace(pool=SimpleNamespace(request=lambda *a: None))
+            self.planner = SimpleNamespace(cap=lambda worker: None)  # no caps
             self.reports = {5: [{"worker": 0, "start": 240, "samples": 16, "loss": 1.0, "compute_s": 0.1,
                                  "wait_s": 0.0, "comm_s": 0.0, "staleness": []}]}
 
@@ -111,3 +112,12 @@ def test_a_worker_lost_after_its_slice_was_applied_everywhere_keeps_its_slice_in
     record = RunStats(48).iteration_record(5, stub.reports[5])
     assert record["batch"] == [16, 16, 16] and record["workers"] == [0, 1, 2]
     assert record["loss"] == 2.0  # the lost worker's unknown loss weighs nothing
+
+
+def test_a_lost_workers_shares_are_held_to_the_survivors_caps():
+    a = Assignments()
+    a.begin(0, {0: (0, 16), 1: (16, 16), 2: (32, 16)})
+    # worker 2's memory holds 4 samples: its share of 8 comes in two pieces
+    new = a.lose(1, {0: 16, 2: 16}, behind=[0, 1], caps={2: 4})
+    assert sorted((s.worker, s.start, s.size) for s in new) == [(0, 16, 8), (2, 24, 4), (2, 28, 4)]
+    assert a.expected(0) == 2 + 3

@@ -192,7 +192,8 @@ class BarrierLosses(Losses):
             planned = {s.worker: s.size for s in self.assign.slices if s.part == 0}  # LB-BSP: by speed
             behind = sorted(r for r, m in replies.items() if int(m.fields["at"]) == t)
             mine = [s for s in self.assign.slices if s.worker == worker]
-            new = self.assign.lose(worker, {w: planned.get(w, 1) for w in active}, behind)
+            caps = {w: c for w in active if (c := self.planner.cap(w)) is not None}
+            new = self.assign.lose(worker, {w: planned.get(w, 1) for w in active}, behind, caps)
             reported = {r.get("start") for r in self.reports.get(t, []) if r["worker"] == worker}
             for s in mine:  # applied by every server it was owed to, but its report never came
                 if not any(s.reaches(r) for r in behind) and s.start not in reported:

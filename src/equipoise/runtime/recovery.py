@@ -50,11 +50,13 @@ class Assignments:
         self.slices = [Slice(w, 0, start, size) for w, (start, size) in sorted(plans.items()) if size > 0]
         self.queue = {}
 
-    def lose(self, worker: int, shares: dict[int, float], behind: list[int]) -> list[Slice]:
+    def lose(self, worker: int, shares: dict[int, float], behind: list[int],
+             caps: dict[int, int] | None = None) -> list[Slice]:
         """`worker` died before delivering its slices; the servers in `behind` have not
         applied the iteration. Its slices are cut among the survivors by `shares`
-        (worker → weight > 0), each cut going to the servers of `behind` it was owed to.
-        Returns the new slices, also queued for their workers."""
+        (worker → weight > 0), each cut again into pieces of at most its worker's cap
+        (`caps`: device memory, max_batch), each going to the servers of `behind` it was
+        owed to. Returns the new slices, also queued for their workers."""
         mine = [s for s in self.slices if s.worker == worker]
         self.slices = [s for s in self.slices if s.worker != worker]
         self.queue.pop(worker, None)
@@ -63,12 +65,22 @@ class Assignments:
             servers = tuple(r for r in behind if lost.reaches(r))
             if not servers:
                 continue  # every server it was owed to applied the iteration already
-            for w, (start, size) in _cut(lost.start, lost.size, shares).items():
-                new.append(Slice(w, next(self._parts), start, size, servers))
+            new += self._pieces(lost.start, lost.size, shares, caps or {}, servers)
         for s in new:
             self.slices.append(s)
             self.queue.setdefault(s.worker, deque()).append(s)
         return new
+
+    def _pieces(self, start: int, size: int, shares: dict[int, float], caps: dict[int, int],
+                servers: tuple[int, ...] | None) -> list[Slice]:
+        """[start, start + size) cut by `shares`, each cut into pieces of at most its
+        worker's cap, as new slices (parts) for `servers`."""
+        out: list[Slice] = []
+        for w, (at, n) in _cut(start, size, shares).items():
+            cap = max(1, caps.get(w, n))
+            for piece in range(0, n, cap):
+                out.append(Slice(w, next(self._parts), at + piece, min(cap, n - piece), servers))
+        return out
 
     def resplit(self, worker: int, start: int, shares: dict[int, float], caps: dict[int, int],
                 servers: tuple[int, ...]) -> list[Slice]:
@@ -81,12 +93,7 @@ class Assignments:
         if old is None:
             raise ValueError(f"worker {worker} has no slice at {start} in iteration {self.iteration}")
         self.slices.remove(old)
-        new: list[Slice] = []
-        for w, (at, size) in _cut(old.start, old.size, shares).items():
-            cap = max(1, caps.get(w, size))
-            for piece in range(0, size, cap):
-                new.append(Slice(w, next(self._parts), at + piece, min(cap, size - piece),
-                                 servers if old.servers is None else old.servers))
+        new = self._pieces(old.start, old.size, shares, caps, servers if old.servers is None else old.servers)
         for s in new:
             self.slices.append(s)
             self.queue.setdefault(s.worker, deque()).append(s)
