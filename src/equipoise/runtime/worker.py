@@ -71,6 +71,7 @@ class Worker:
                                        staleness_bound=cfg.staleness_bound)
         self._pending_staleness: list[int] = []
         self.epoch = 0  # rollbacks so far: plan requests carry it, older ones are ignored
+        self.memory_cap: int | None = None  # the batch this worker's device memory holds (its probe)
         self._inbox: deque[Message] = deque()  # coordinator messages read while waiting for servers
         # Neighbours are real processes the launcher runs; the worker only emulates factors.
         self.scenario = Scenario.of(cfg)
@@ -327,17 +328,6 @@ class Worker:
         ahead = f["start"] + self.cfg.global_batch
         if self.barrier and not f.get("recover") and ahead + f["size"] <= self.end:
             self.loader.prefetch(ahead, f["size"])  # the same offset in the next iteration, most likely
-        if self.device.type != "cpu":
-            t0 = time.perf_counter()
-            try:
-                batch = to_device(batch, self.device, non_blocking=True)
-            except torch.OutOfMemoryError:
-                batch = None
-            if batch is None:  # outside the handler: the exception's frames hold memory
-                torch.cuda.empty_cache()
-                raise OutOfMemory(f["size"], f"worker {self.rank}: out of memory on {self.device} moving the "
-                                             f"batch of {f['size']} at iteration {f['iteration']}")
-            self.link.h2d_s += time.perf_counter() - t0
         cpu0, t1 = time.process_time(), time.perf_counter()
         self.stretch.start(f["size"])
         try:
@@ -377,6 +367,10 @@ class Worker:
                                         f"{plan['iteration']} with a batch of {plan['size']}")
 
     def _forward_backward(self, data, batch, plan: dict) -> tuple[float, float]:
+        if self.device.type != "cpu":  # the batch's copy is host -> device time too
+            t0 = time.perf_counter()
+            batch = to_device(batch, self.device, non_blocking=True)
+            self.link.h2d_s += time.perf_counter() - t0
         try:
             with autocast(self.device, self.precision):
                 step = data.loss_of(self.model, batch, plan["size"])
@@ -390,7 +384,7 @@ class Worker:
 
     # -- the coordinator ----------------------------------------------------------------
     def _plan_req(self, step: int, report: dict) -> Message:
-        cap = {"memory_cap": self.memory_cap} if step == 0 and getattr(self, "memory_cap", None) else {}
+        cap = {"memory_cap": self.memory_cap} if step == 0 and self.memory_cap else {}
         return Message("plan_req", {"worker": self.rank, "step": step, "report": report, "epoch": self.epoch,
                                     **cap})
 
