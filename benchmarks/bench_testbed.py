@@ -16,6 +16,16 @@ Presets:
   servers on hosts of their own, unshaped (as BytePS deploys them). A parameter server
   moves each gradient byte once each way per worker; ring all-reduce about 2(n−1)/n
   times. Goal ≥ 1.2×.
+* `psld`: PSLD against greedy and the oracle, with a server host behind a slower link:
+  four server hosts (one server each, placed by per-rank resources), links capped at
+  `rate_mbit` each way, except the host of the server greedy gives its largest block,
+  at a quarter of it; the four workers on the driver's host, unshaped. bench_psld's
+  `full` case (cnn, 32 768-float blocks, PSLD every 5 iterations), with the kernel's
+  link caps in place of `server_bandwidth` and `server_slowdown`. The oracle is the
+  best static placement for the true link rates (`server_speeds`, which slows
+  nothing). Goals: PSLD ≥ 1.5× greedy's samples/s, and settled ≤ 1.1× the oracle's
+  seconds per iteration (the mean of the servers' records over the last `settled`
+  iterations, as bench_psld).
 * `ci`: `lbbsp` tiny, one round, to check the script.
 
 One testbed and one Ray cluster per invocation; the systems run interleaved (A, B, A, B,
@@ -45,8 +55,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @dataclass(frozen=True)
 class Spec:
-    kind: str = "lbbsp"  # lbbsp | cost | ddp
-    rate_mbit: float = 0.0  # ddp: the worker hosts' links
+    kind: str = "lbbsp"  # lbbsp | cost | ddp | psld
+    rate_mbit: float = 0.0  # ddp: the worker hosts' links; psld: the server hosts' (one at a quarter)
     model: str = "cnn"
     dataset: str = "fashion-mnist"
     global_batch: int = 256
@@ -57,6 +67,7 @@ class Spec:
     # then what its host really gets, not a share of an over-committed machine.
     quotas: tuple[float, ...] = (0.4, 0.4, 0.2, 0.1)
     reps: int = 3
+    settled: int = 20  # psld: the last iterations the settled time is the mean over
 
 
 PRESETS = {
@@ -64,7 +75,49 @@ PRESETS = {
     "lbbsp": Spec(),
     "cost": Spec(kind="cost", quotas=(0.0, 0.0, 0.0, 0.0), global_batch=128),
     "ddp": Spec(kind="ddp", quotas=(0.0, 0.0, 0.0, 0.0), global_batch=128, rate_mbit=100.0),
+    # 400 Mbit/s = 50 MB/s, bench_psld's link-bound `full` case; 100 Mbit/s on the slow host
+    "psld": Spec(kind="psld", quotas=(0.0, 0.0, 0.0, 0.0), global_batch=128, iterations=50, rate_mbit=400.0),
 }
+PSLD_POLICIES = ("greedy", "psld", "oracle")
+
+
+def psld_slow(spec: Spec) -> int:
+    """The server rank greedy gives its largest block (bench_psld's "greedy" case)."""
+    from benchmarks.bench_psld import Spec as PsldSpec
+    from benchmarks.bench_psld import server_loads
+
+    return server_loads(PsldSpec(model=spec.model, dataset=spec.dataset, servers=4), "greedy")[1]
+
+
+def psld_on_testbed(tb, spec: Spec, policy: str, slow: int, address: str, tmp: Path) -> dict:
+    """One run of `policy`; server rank r on host 1 + r (resource h<r>), workers on host 0."""
+    from benchmarks.bench_psld import Spec as PsldSpec
+    from equipoise.testbed import ray_env
+
+    base = PsldSpec()
+    out = tmp / f"psld-{policy}-{time.monotonic_ns()}"
+    speeds = [0.25 if r == slow else 1.0 for r in range(4)]
+    cfg = {**job(spec, "bsp"), "servers": 4, "placement": policy, "block_size": base.block_size,
+           "psld_interval": base.interval, "lr": 0.02, "launcher": "ray", "ray_address": address, "auth": "curve",
+           "server_resources": [{"CPU": 0.25, f"h{r}": 1} for r in range(4)],
+           "worker_resources": {"CPU": 0.25, "wrk": 1}}
+    if policy == "oracle":
+        cfg["server_speeds"] = speeds
+    code = (f"import sys; sys.path.insert(0, {str(ROOT / 'src')!r}); import equipoise, json; "
+            f"s = equipoise.train({cfg!r}, out={str(out)!r}); print(json.dumps({{'nodes': s['nodes'], "
+            f"'train_s': s['train_s'], 'samples_per_s': s['samples_per_s']}}))")
+    done = tb.run(0, [sys.executable, "-c", code], timeout=900, env=ray_env())
+    if done.returncode != 0:
+        raise RuntimeError(f"the job on the testbed failed: {done.stderr.strip().splitlines()[-3:]}")
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    iters = [r for r in records if r.get("type") == "iteration"]
+    servers = [r for r in records if r.get("type") == "servers" and r.get("iteration_s")]
+    last = [r["iteration_s"] for r in servers if r["iteration"] > spec.iterations - spec.settled]
+    moves = [r for r in records if r.get("type") == "event" and r.get("event") == "block_moved"]
+    return {"samples_per_s": got["samples_per_s"], "iteration_s": got["train_s"] / max(len(iters), 1),
+            "settled_iteration_s": sum(last) / len(last) if last else float("nan"), "moves": len(moves),
+            "hosts": {r: n["ip"] for r, n in sorted(got["nodes"].items())}}
 
 
 def job(spec: Spec, protocol: str) -> dict[str, Any]:
@@ -156,17 +209,25 @@ def run(preset: str, results_path: str | None = None, plots: str | None = None, 
     hosts = [Host()] + [Host(cpus=q) for q in spec.quotas]
     if spec.kind == "ddp":  # the driver; two server hosts; the worker hosts behind capped links
         hosts = [Host(), Host(), Host()] + [Host(rate_mbit=spec.rate_mbit) for _ in spec.quotas]
+    if spec.kind == "psld":  # the driver and the workers; four server hosts, one behind a slower link
+        slow = psld_slow(spec)
+        hosts = [Host()] + [Host(rate_mbit=spec.rate_mbit / (4 if r == slow else 1)) for r in range(4)]
+        result_extra = {"slow_server": slow, "slow_rate_mbit": spec.rate_mbit / 4}
     result: dict[str, Any] = {"preset": preset, "spec": asdict(spec), "loadavg_at_start": load_average(),
                               "ratios_computed": "within each round, then median (min–max) over rounds"}
     with tempfile.TemporaryDirectory(prefix="bench-testbed-") as name, Testbed(hosts, prefix="eqbn") as tb:
         tmp = Path(name)
-        if spec.kind == "ddp":
+        if spec.kind == "psld":
+            address = tb.start_ray(cpus=[2, 1, 1, 1, 1], resources=[{"wrk": 4}] + [{f"h{r}": 1} for r in range(4)])
+        elif spec.kind == "ddp":
             address = tb.start_ray(cpus=[1, 1, 1] + [1] * len(spec.quotas),
                                    resources=[{}, {"srv": 1}, {"srv": 1}] + [{"wrk": 1}] * len(spec.quotas))
         else:
             address = tb.start_ray(cpus=[2] + [1] * len(spec.quotas),
                                    resources=[{"srv": 2}] + [{"wrk": 1}] * len(spec.quotas))
-        if spec.kind == "ddp":
+        if spec.kind == "psld":
+            systems = {p: (lambda p=p: psld_on_testbed(tb, spec, p, slow, address, tmp)) for p in PSLD_POLICIES}
+        elif spec.kind == "ddp":
             systems = {"ddp": lambda: ddp_on_testbed(tb, spec, 3),
                        "equipoise": lambda: on_testbed(tb, spec, "bsp", address, tmp)}
         elif spec.kind == "lbbsp":
@@ -177,6 +238,8 @@ def run(preset: str, results_path: str | None = None, plots: str | None = None, 
         runs = interleave(systems, spec.reps)
     names = list(systems)
     result["runs"] = runs
+    if spec.kind == "psld":
+        return psld_result(preset, spec, result, runs, result_extra, results_path)
     result["summary"] = {n: summary([r["samples_per_s"] for r in runs[n]]) for n in names}
     a, b = names[1], names[0]
     result["ratio"] = {f"{a}/{b}": summary([x["samples_per_s"] / y["samples_per_s"] for x, y in zip(runs[a], runs[b])])}
@@ -184,6 +247,29 @@ def run(preset: str, results_path: str | None = None, plots: str | None = None, 
     print(f"## bench_testbed, preset {preset}: {spec.model} on {spec.dataset}, worker hosts' CPUs {list(spec.quotas)}, "
           f"{spec.reps} interleaved rounds, samples/s after {spec.warmup} iterations\n")
     print(markdown_table(["system", "samples/s, median (min–max)"], rows))
+    for k, v in result["ratio"].items():
+        print(f"\n{k}: {fmt_range(v)}")
+    print(f"\nwrote {write_results(f'{NAME}_{preset}', result, results_path)}")
+    return result
+
+
+def psld_result(preset: str, spec: Spec, result: dict, runs: dict, extra: dict, results_path: str | None) -> dict:
+    result.update(extra)
+    result["summary"] = {p: {k: summary([r[k] for r in runs[p]]) for k in ("samples_per_s", "iteration_s",
+                                                                            "settled_iteration_s", "moves")}
+                         for p in PSLD_POLICIES}
+    result["ratio"] = {
+        "psld/greedy samples/s": summary([p["samples_per_s"] / g["samples_per_s"]
+                                          for p, g in zip(runs["psld"], runs["greedy"])]),
+        "greedy/psld settled s/iteration": summary([g["settled_iteration_s"] / p["settled_iteration_s"]
+                                                    for p, g in zip(runs["psld"], runs["greedy"])]),
+        "psld/oracle settled s/iteration": summary([p["settled_iteration_s"] / o["settled_iteration_s"]
+                                                    for p, o in zip(runs["psld"], runs["oracle"])])}
+    rows = [[p, fmt_range(result["summary"][p]["samples_per_s"]), fmt_range(result["summary"][p]["settled_iteration_s"]),
+             fmt_range(result["summary"][p]["moves"])] for p in PSLD_POLICIES]
+    print(f"## bench_testbed, preset {preset}: server {extra['slow_server']}'s host at {extra['slow_rate_mbit']:g} "
+          f"Mbit/s, the others at {spec.rate_mbit:g}; {spec.reps} interleaved rounds\n")
+    print(markdown_table(["placement", "samples/s, whole run", "s/iteration, settled", "block moves"], rows))
     for k, v in result["ratio"].items():
         print(f"\n{k}: {fmt_range(v)}")
     print(f"\nwrote {write_results(f'{NAME}_{preset}', result, results_path)}")

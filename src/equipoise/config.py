@@ -101,6 +101,7 @@ class Config:
     placement: str = "greedy"  # round_robin | mxnet | byteps | greedy | psld | oracle
     server_slowdown: tuple[float, ...] = ()  # per server: extra time ∝ bytes, (f − 1)·bytes/server_rate
     server_trace: str = ""  # CSV of (time|iteration, server, factor)
+    server_speeds: tuple[float, ...] = ()  # placement = "oracle": each server's relative throughput, if known
     server_rate: float = 1000.0  # MB/s a server at factor 1 is charged for the slowdown (not a cap)
     server_bandwidth: tuple[float, ...] = ()  # per server MB/s cap (token bucket); 0: none
     server_events: tuple[dict, ...] = ()  # {iteration, add = 1} | {iteration, remove = rank} | {iteration, move = block, to = rank}
@@ -127,8 +128,9 @@ class Config:
     progress: bool = True
     launcher: str = "local"  # local: processes on this machine; ray: actors on a Ray cluster
     ray_address: str = ""  # "": start Ray on this machine; "auto" or "HOST:PORT": join a cluster
-    worker_resources: dict = field(default_factory=lambda: {"CPU": 1.0})  # Ray resources per worker
-    server_resources: dict = field(default_factory=lambda: {"CPU": 1.0})  # Ray resources per server
+    # Ray resources per worker / server: one table for every rank, or a list of one per rank
+    worker_resources: dict | list = field(default_factory=lambda: {"CPU": 1.0})
+    server_resources: dict | list = field(default_factory=lambda: {"CPU": 1.0})
     ray_strategy: str = "SPREAD"  # placement group strategy for the job's actors
     ray_data: str = "ship"  # ship: the driver's dataset, once per node; path: loaded on each node
     tensorboard: bool = False  # scalars to run_dir/tensorboard/ (needs the tensorboard package)
@@ -183,6 +185,13 @@ class Config:
         return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
 
     # -- derived values ---------------------------------------------------------------
+    def resources(self, role: str, rank: int) -> dict:
+        """The Ray resources of `role` ("worker" or "server") `rank`: its table in a
+        per-rank list (ranks beyond it, replacements and added servers, take the last),
+        or the one table of every rank."""
+        got = self.worker_resources if role == "worker" else self.server_resources
+        return got[min(rank, len(got) - 1)] if isinstance(got, list) else got
+
     def total_iterations(self, train_size: int) -> int:
         """Updates of global batch X the job runs: `iterations`, else epochs·N/X (≥ 1)."""
         if self.iterations > 0:
@@ -392,6 +401,15 @@ class Config:
                 raise ConfigError(f"{key} = {getattr(self, key)!r} must be a finite number ≥ 0")
 
     def _validate_servers(self) -> None:
+        for key, count in (("server_resources", self.servers), ("worker_resources", self.workers)):
+            got = getattr(self, key)
+            if isinstance(got, list) and len(got) != count:
+                raise ConfigError(f"{key} lists {len(got)} tables for {count} {key.split('_')[0]}s: give one per "
+                                  "rank (or one table for all)")
+        if self.server_speeds and (len(self.server_speeds) != self.servers or any(
+                not (math.isfinite(v) and v > 0) for v in self.server_speeds)):
+            raise ConfigError(f"server_speeds = {list(self.server_speeds)} needs one throughput > 0 per server "
+                              f"(servers = {self.servers})")
         if self.server_slowdown:
             if len(self.server_slowdown) != self.servers or any(
                     not (math.isfinite(f) and f >= 1.0) for f in self.server_slowdown):
@@ -516,8 +534,13 @@ def _plain(v: Any) -> Any:
     return list(v) if isinstance(v, tuple) else dict(v) if isinstance(v, dict) else v
 
 
-def _coerce_resources(key: str, value: Any) -> dict:
-    """A table of Ray resources: name -> amount (a finite number ≥ 0), e.g. {CPU = 2, GPU = 1}."""
+def _coerce_resources(key: str, value: Any) -> dict | list:
+    """A table of Ray resources: name -> amount (a finite number ≥ 0), e.g. {CPU = 2, GPU = 1};
+    or a non-empty list of such tables, one per rank."""
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise ConfigError(f"{key} = [] lists no table: give one table, or one per rank")
+        return [_coerce_resources(f"{key}[{i}]", v) for i, v in enumerate(value)]
     if not isinstance(value, Mapping) or not all(
             isinstance(k, str) and k and isinstance(v, (int, float)) and not isinstance(v, bool)
             and math.isfinite(v) and v >= 0 for k, v in value.items()):

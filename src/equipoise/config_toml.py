@@ -49,7 +49,7 @@ TABLES: dict[str, dict[str, str]] = {
     "eval": {"every": "eval_every", "samples": "eval_samples", "target": "target",
              "stop_at_target": "stop_at_target", "checkpoint_every": "checkpoint_every"},
     "servers": {"count": "servers", "slowdown": "server_slowdown", "trace": "server_trace",
-                "rate": "server_rate", "bandwidth": "server_bandwidth", "events": "server_events",
+                "rate": "server_rate", "speeds": "server_speeds", "bandwidth": "server_bandwidth", "events": "server_events",
                 "resources": "server_resources", "placement": "placement", "block_size": "block_size",
                 "replication": "replication", "psld_interval": "psld_interval",
                 "psld_epsilon": "psld_epsilon", "psld_max_servers": "psld_max_servers"},

@@ -194,9 +194,17 @@ class Testbed:
         (self._cgroup("freezer", i) / "freezer.state").write_text("FROZEN" if frozen else "THAWED")
 
     def kill(self, i: int) -> None:
-        """Host i removed: every process in it killed, its link gone."""
+        """Host i removed: every process in it killed (a frozen one too), its link gone."""
+        self.freeze(i, False)  # a frozen process takes its SIGKILL only once thawed
         _kill_netns(self.ns(i))
         _sh("ip", "link", "del", self._outer(i), check=False)
+
+    def revive(self, i: int) -> None:
+        """Host i built again after `kill` (a new machine at the old address): a fresh
+        namespace, link and cgroups, nothing running."""
+        self.kill(i)
+        _sh("ip", "netns", "del", self.ns(i), check=False)
+        self._host(i, self.hosts[i], f"{self.prefix}-br")
 
     # -- running things on a host -----------------------------------------------------------
     def command(self, i: int, argv: Sequence[str]) -> list[str]:
@@ -236,19 +244,32 @@ class Testbed:
         resources. Returns the head's address (HOST:PORT) for `ray_address`; run the
         driver on host 0. `down` ends every Ray process with the hosts (`ray stop` would
         stop every Ray process of this machine, a user's own cluster too)."""
+        for i in range(len(self.hosts)):
+            self.start_ray_node(i, None if cpus is None else cpus[i], None if resources is None else resources[i],
+                                port=port, timeout=timeout)
+        return f"{self.address(0)}:{port}"
+
+    def start_ray_node(self, i: int, cpus: float | None = None, resources: dict | None = None, *,
+                       port: int = 6379, timeout: float = 120.0) -> None:
+        """A Ray node on host i (the head if i = 0), e.g. again after `revive`. The head
+        checks its nodes' health every second and declares a node dead after 3 missed
+        checks (Ray's default takes about 15 s), so that a lost host's placement-group
+        bundles move to the hosts left within seconds."""
         import json
 
         env = ray_env()
-        for i in range(len(self.hosts)):
-            node = ["--head", "--port", str(port), "--include-dashboard=false"] if i == 0 else \
-                ["--address", f"{self.address(0)}:{port}"]
-            extra = (["--num-cpus", f"{cpus[i]:g}"] if cpus else []) + \
-                (["--resources", json.dumps(resources[i])] if resources and resources[i] else [])
-            done = self.run(i, ["ray", "start", *node, "--node-ip-address", self.address(i), "--disable-usage-stats",
-                                *extra], timeout=timeout, env=env)
-            if done.returncode != 0:
-                raise TestbedError(f"ray start on host {i} failed: {done.stderr.strip().splitlines()[-1:]}")
-        return f"{self.address(0)}:{port}"
+        if i == 0:
+            node = ["--head", "--port", str(port), "--include-dashboard=false"]
+            env.update(RAY_health_check_period_ms="1000", RAY_health_check_timeout_ms="1000",
+                       RAY_health_check_failure_threshold="3", RAY_health_check_initial_delay_ms="1000")
+        else:
+            node = ["--address", f"{self.address(0)}:{port}"]
+        extra = (["--num-cpus", f"{cpus:g}"] if cpus is not None else []) + \
+            (["--resources", json.dumps(resources)] if resources else [])
+        done = self.run(i, ["ray", "start", *node, "--node-ip-address", self.address(i), "--disable-usage-stats",
+                            *extra], timeout=timeout, env=env)
+        if done.returncode != 0:
+            raise TestbedError(f"ray start on host {i} failed: {done.stderr.strip().splitlines()[-1:]}")
 
 
 

@@ -86,3 +86,34 @@ def test_ray_keys_are_checked_and_survive_toml():
                        ({"launcher": "ray", "transport": "ipc"}, "transport")]:
         with pytest.raises(ConfigError, match=match):
             Config.from_dict(bad)
+
+
+def test_resources_may_be_given_per_rank_and_server_speeds_inform_the_oracle():
+    """A list places each rank by its own table (a server behind a host's slow link);
+    ranks beyond it (a replacement worker, an added server) take the last table."""
+    import tomllib
+
+    per_rank = [{"CPU": 0.5, "h1": 1}, {"CPU": 0.5, "h2": 1}]
+    cfg = Config.from_dict({"launcher": "ray", "servers": 2, "server_resources": per_rank,
+                            "server_speeds": [1, 0.25]})
+    assert [cfg.resources("server", r) for r in (0, 1, 2)] == [{"CPU": 0.5, "h1": 1.0}, {"CPU": 0.5, "h2": 1.0},
+                                                                {"CPU": 0.5, "h2": 1.0}]
+    assert cfg.resources("worker", 7) == {"CPU": 1.0}
+    assert Config.from_dict(tomllib.loads(to_toml(cfg.to_dict()))) == cfg
+    for bad, match in [({"servers": 3, "server_resources": per_rank}, "lists 2 tables for 3 servers"),
+                       ({"workers": 4, "worker_resources": []}, "lists no table"),
+                       ({"servers": 2, "server_resources": [{"CPU": 1}, {"CPU": -1}]}, r"server_resources\[1\]"),
+                       ({"servers": 2, "server_speeds": [1.0, 0.0]}, "server_speeds")]:
+        with pytest.raises(ConfigError, match=match):
+            Config.from_dict(bad)
+    from equipoise.runtime.servers import ServerManager, ServerSettings
+
+    tensors = [(name, 40, "param", 4) for name in "abcde"]  # five equal blocks
+    counts = []
+    for speeds in ([1.0, 0.25], []):  # the oracle's makespan: 4 blocks at 1 against 1 at 1/4
+        manager = object.__new__(ServerManager)
+        manager.settings = cfg.replace(placement="oracle", server_speeds=speeds).slice(ServerSettings)
+        blocks, table = manager.place(tensors)
+        counts.append(sorted(table[b.key] for b in blocks).count(1))
+    assert counts[0] == 1 and counts[1] in (2, 3)
+

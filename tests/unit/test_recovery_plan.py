@@ -112,6 +112,24 @@ def test_a_worker_lost_after_its_slice_was_applied_everywhere_keeps_its_slice_in
     record = RunStats(48).iteration_record(5, stub.reports[5])
     assert record["batch"] == [16, 16, 16] and record["workers"] == [0, 1, 2]
     assert record["loss"] == 2.0  # the lost worker's unknown loss weighs nothing
+    assert record["lost"] == [False, True, False]  # metrics.jsonl says whose slice was never reported
+
+
+def test_a_lost_workers_report_that_comes_after_its_iterations_record_is_not_counted_twice():
+    """Its plan request (with its report of iteration 5) was on the wire when it was
+    declared lost: the record of 5 was written with its slice (as above); the report that
+    arrives then must not count its samples again."""
+    from equipoise.runtime.pacings import BarrierCoordinator
+    from equipoise.runtime.stats import RunStats
+
+    coord = object.__new__(BarrierCoordinator)
+    coord.stats, coord.reports, coord.ended = RunStats(48), {}, {5}
+    report = {"iteration": 5, "start": 256, "samples": 16, "loss": 1.0, "compute_s": 0.1, "wait_s": 0.0,
+              "comm_s": 0.0, "staleness": []}
+    coord._collect(1, dict(report))
+    assert coord.reports == {} and coord.stats.samples == 0
+    coord._collect(1, dict(report, iteration=6))
+    assert [r["worker"] for r in coord.reports[6]] == [1] and coord.stats.samples == 16
 
 
 def test_a_lost_workers_shares_are_held_to_the_survivors_caps():

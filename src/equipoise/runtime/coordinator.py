@@ -98,6 +98,7 @@ class Coordinator(Losses):
         self.stops: dict[int, int] = {}  # stop replies sent to each worker
         self.waiting: dict[int, tuple[bytes, float]] = {}  # plan requests held: rank -> (peer, since)
         self.reports: dict[int, list[dict]] = {}  # reports by iteration, until it ends
+        self.ended: set[int] = set()  # barrier: iterations whose record was written (until a rollback replays them)
         self.known_table: dict[int, int] = {}  # the table version each worker was sent
         self.events_done: set[int] = set()  # scenario membership events applied
         self.assign = Assignments()  # barrier: the slices of the iteration in flight
@@ -378,6 +379,14 @@ class Coordinator(Losses):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"report of worker {worker}: {key} = {v!r} must be a finite number ≥ 0")
         report["worker"] = worker
+        if self.barrier_paced and int(report["iteration"]) in self.ended:
+            # A lost worker's report that came after its iteration's record (which holds
+            # its slice, applied everywhere): counting it again would count its samples
+            # twice. (Without a barrier a plan may cross into the next iteration, whose
+            # record can come first: its report counts where it arrives.)
+            log.warning("worker %d's report of iteration %s came after that iteration's record: ignored",
+                        worker, report["iteration"])
+            return
         held = self.reports.setdefault(int(report["iteration"]), [])
         if any(r["worker"] == worker and r.get("start") == report.get("start") for r in held):
             log.warning("worker %d's report of iteration %s, slice at %s, came twice: the second is ignored",
@@ -394,6 +403,7 @@ class Coordinator(Losses):
         reports = self.reports.pop(t, [])
         if not reports:
             return
+        self.ended.add(t)
         self.planner.observe({r["worker"]: r for r in reports if not r.get("recovery")})
         record = self.stats.iteration_record(t, reports)
         if self.cfg.protocol == "lbbsp":

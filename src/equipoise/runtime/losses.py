@@ -164,6 +164,7 @@ class Losses:
         every server, and every report after it is replayed."""
         self.iteration, self.cursor = mem.iteration, mem.iteration * self.cfg.global_batch
         self.reports = {t: r for t, r in self.reports.items() if t < mem.iteration}
+        self.ended = {t for t in self.ended if t < mem.iteration}  # replayed: recorded again
 
 
 class BarrierLosses(Losses):
@@ -186,7 +187,7 @@ class BarrierLosses(Losses):
         if t is None or t != self.iteration - 1:
             for rank in replies:
                 self.servers.pool.request(rank, Message("expect", {"version": self.iteration, "pushes": None}), "ack")
-            return "removed before its first iteration"
+            return "removed; it held no slice of the iteration in flight"
         action = f"its pushes for iteration {t} had all arrived; removed"
         if not delivered:
             planned = {s.worker: s.size for s in self.assign.slices if s.part == 0}  # LB-BSP: by speed

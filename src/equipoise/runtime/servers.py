@@ -38,6 +38,7 @@ class ServerSettings:
     placement: str
     block_size: int
     server_slowdown: tuple[float, ...]
+    server_speeds: tuple[float, ...]
     psld_interval: int
     psld_epsilon: float
     psld_max_servers: int
@@ -89,9 +90,9 @@ class ServerManager:
     # -- start --------------------------------------------------------------------------
     def place(self, tensors) -> tuple[list[Block], list[int]]:
         """Blocks and their servers by the `placement` policy (the oracle knows the
-        configured server slowdowns: throughput 1/factor)."""
+        servers' throughputs: `server_speeds`, else 1/factor of the emulated slowdowns)."""
         s = self.settings
-        rates = [1.0 / f for f in (s.server_slowdown or [1.0] * s.servers)]
+        rates = list(s.server_speeds) or [1.0 / f for f in (s.server_slowdown or [1.0] * s.servers)]
         return placement_blocks(s.placement, tensors, s.servers, s.block_size, rates)
 
     def start(self, addresses: list[str], blocks: list[Block], table: list[int], values: dict, optim: dict,

@@ -59,6 +59,8 @@ class RunStats:
                                 for r in reports]}
         for key in ("compute_s", "data_s", "h2d_s", "d2h_s", "wait_s", "comm_s", "cpu", "mem", "version"):
             record[key] = [r.get(key) for r in reports]
+        if any(r.get("lost") for r in reports):  # a lost worker's slice, applied everywhere, never reported
+            record["lost"] = [bool(r.get("lost")) for r in reports]
         if any("table_wait_s" in r for r in reports):  # blocks moved during this iteration
             record["table_wait_s"] = [r.get("table_wait_s", 0.0) for r in reports]
         return record

@@ -111,14 +111,15 @@ class RayPeers(LaunchedPeers):
         from ray.util.placement_group import placement_group, remove_placement_group
 
         cfg = self.cfg
-        bundles = ([{k: v for k, v in cfg.server_resources.items() if v > 0}] * cfg.servers
-                   + [{k: v for k, v in cfg.worker_resources.items() if v > 0}] * cfg.workers)
+        bundles = ([{k: v for k, v in cfg.resources("server", r).items() if v > 0} for r in range(cfg.servers)]
+                   + [{k: v for k, v in cfg.resources("worker", r).items() if v > 0} for r in range(cfg.workers)])
         nodes = [n.get("Resources", {}) for n in self.ray.nodes() if n.get("Alive")]
         reason = infeasible(bundles, cfg.ray_strategy, nodes)
         if reason:  # a user mistake, reported at once: waiting would not help
             raise ConfigError(f"the Ray cluster can never hold this job: {reason}; ask for less per actor "
                               f"(e.g. fractional amounts in worker_resources and server_resources), fewer "
                               f"workers or servers, or add nodes")
+        self.bundles = bundles  # a replacement in a lost actor's bundle asks for what that bundle holds
         pg = placement_group(bundles, strategy=cfg.ray_strategy, name=f"equipoise-{os.getpid()}")
         try:
             self.ray.get(pg.ready(), timeout=cfg.timeout)
@@ -135,7 +136,7 @@ class RayPeers(LaunchedPeers):
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         name = f"{role}{rank}"
-        opts = actor_options(self.cfg.server_resources if role == "server" else self.cfg.worker_resources)
+        opts = actor_options(self.cfg.resources(role, rank) if bundle is None else self.bundles[bundle])
         if bundle is not None:
             opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=bundle)
             self.bundle[name] = bundle
@@ -378,7 +379,8 @@ def _connect(cfg: Config) -> bool:
             raise ConfigError(f"ray_address = {cfg.ray_address!r}: cannot join a Ray cluster there "
                               f"({str(exc).splitlines()[0][:200]})") from None
     else:  # as many CPUs as the job asks for: the local launcher also oversubscribes
-        demand = cfg.servers * cfg.server_resources.get("CPU", 0) + cfg.workers * cfg.worker_resources.get("CPU", 0)
+        demand = (sum(cfg.resources("server", r).get("CPU", 0) for r in range(cfg.servers))
+                  + sum(cfg.resources("worker", r).get("CPU", 0) for r in range(cfg.workers)))
         ray.init(num_cpus=max(os.cpu_count() or 1, int(demand + 0.999)), **kwargs)
     return True
 
