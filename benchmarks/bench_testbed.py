@@ -7,10 +7,14 @@ Presets:
 * `lbbsp`: four worker hosts under CPU quotas in the ratio [1, 1, 1/2, 1/4] (cgroup
   v1: 0.4, 0.4, 0.2 and 0.1 CPUs), the two servers on a host of their own. BSP against LB-BSP, interleaved. LB-BSP
   must find the slow hosts from what it measures; goal ≥ 2× BSP's samples/s.
-* `cost`: the same job (`auth = "curve"` both) on unshaped testbed hosts under Ray
-  against the local launcher on loopback (servers and workers as processes of this
-  machine). Goal: within 5%. The two differ in the launcher too: Ray's raylets (one per
-  host) share this machine's two cores with the job.
+* `cost-hosts`: the testbed's own cost, like for like: the same Ray job on the same cluster
+  (`auth = "curve"`), its workers either on hosts of their own (every exchange crosses
+  veth pairs and the bridge) or on the servers' host 0 (exchanges stay in that host's
+  stack, as on loopback). Same daemons, same launcher; only the path differs.
+  Goal: within 5%.
+* `cost`: unshaped testbed hosts under Ray against the local launcher on this
+  machine's loopback (the launchers differ too: Ray's raylets, one per host, share the
+  two cores with the job).
 * `ddp`: equipoise BSP against PyTorch DDP (gloo, one rank per worker host) on the
   same four worker hosts, whose links are capped at `rate_mbit` each way; equipoise's two
   servers on hosts of their own, unshaped (as BytePS deploys them). A parameter server
@@ -55,7 +59,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @dataclass(frozen=True)
 class Spec:
-    kind: str = "lbbsp"  # lbbsp | cost | ddp | psld
+    kind: str = "lbbsp"  # lbbsp | cost | cost-hosts | ddp | psld
     rate_mbit: float = 0.0  # ddp: the worker hosts' links; psld: the server hosts' (one at a quarter)
     model: str = "cnn"
     dataset: str = "fashion-mnist"
@@ -74,6 +78,7 @@ PRESETS = {
     "ci": Spec(dataset="digits", model="mlp", global_batch=64, iterations=8, warmup=2, reps=1),
     "lbbsp": Spec(),
     "cost": Spec(kind="cost", quotas=(0.0, 0.0, 0.0, 0.0), global_batch=128),
+    "cost-hosts": Spec(kind="cost-hosts", quotas=(0.0, 0.0, 0.0, 0.0), global_batch=128),
     "ddp": Spec(kind="ddp", quotas=(0.0, 0.0, 0.0, 0.0), global_batch=128, rate_mbit=100.0),
     # 400 Mbit/s = 50 MB/s, bench_psld's link-bound `full` case; 100 Mbit/s on the slow host
     "psld": Spec(kind="psld", quotas=(0.0, 0.0, 0.0, 0.0), global_batch=128, iterations=50, rate_mbit=400.0),
@@ -126,12 +131,14 @@ def job(spec: Spec, protocol: str) -> dict[str, Any]:
                 progress=False, timeout=300.0, heartbeat_s=10.0, lr=0.05, seed=0)
 
 
-def on_testbed(tb, spec: Spec, protocol: str, address: str, tmp: Path) -> dict:
+def on_testbed(tb, spec: Spec, protocol: str, address: str, tmp: Path, workers_on: str = "wrk") -> dict:
+    """One job under Ray: servers on host 0 (resource srv), workers where `workers_on`
+    is (wrk: hosts of their own; local: host 0 too)."""
     from equipoise.testbed import ray_env
 
     out = tmp / f"{protocol}-{time.monotonic_ns()}"
     cfg = {**job(spec, protocol), "launcher": "ray", "ray_address": address, "auth": "curve",
-           "server_resources": {"CPU": 0.5, "srv": 1}, "worker_resources": {"CPU": 0.5, "wrk": 1}}
+           "server_resources": {"CPU": 0.5, "srv": 1}, "worker_resources": {"CPU": 0.5, workers_on: 1}}
     code = (f"import sys; sys.path.insert(0, {str(ROOT / 'src')!r}); import equipoise, json; "
             f"s = equipoise.train({cfg!r}, out={str(out)!r}); print(json.dumps(s['nodes']))")
     done = tb.run(0, [sys.executable, "-c", code], timeout=900, env=ray_env())
@@ -222,6 +229,9 @@ def run(preset: str, results_path: str | None = None, plots: str | None = None, 
         elif spec.kind == "ddp":
             address = tb.start_ray(cpus=[1, 1, 1] + [1] * len(spec.quotas),
                                    resources=[{}, {"srv": 1}, {"srv": 1}] + [{"wrk": 1}] * len(spec.quotas))
+        elif spec.kind == "cost-hosts":  # host 0 holds the servers, and the workers in the one-host runs
+            address = tb.start_ray(cpus=[4] + [1] * len(spec.quotas),
+                                   resources=[{"srv": 2, "local": len(spec.quotas)}] + [{"wrk": 1}] * len(spec.quotas))
         else:
             address = tb.start_ray(cpus=[2] + [1] * len(spec.quotas),
                                    resources=[{"srv": 2}] + [{"wrk": 1}] * len(spec.quotas))
@@ -232,6 +242,9 @@ def run(preset: str, results_path: str | None = None, plots: str | None = None, 
                        "equipoise": lambda: on_testbed(tb, spec, "bsp", address, tmp)}
         elif spec.kind == "lbbsp":
             systems = {p: (lambda p=p: on_testbed(tb, spec, p, address, tmp)) for p in ("bsp", "lbbsp")}
+        elif spec.kind == "cost-hosts":
+            systems = {"hosts": lambda: on_testbed(tb, spec, "bsp", address, tmp),
+                       "one host": lambda: on_testbed(tb, spec, "bsp", address, tmp, workers_on="local")}
         else:
             systems = {"testbed": lambda: on_testbed(tb, spec, "bsp", address, tmp),
                        "loopback": lambda: on_loopback(spec, tmp)}

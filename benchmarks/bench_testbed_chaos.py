@@ -160,6 +160,8 @@ def one(tb, blow: Blow, address: str, at: int, tmp: Path) -> dict[str, Any]:
         if blow.mode == "snapshot":  # a standby host joins, for the replacement server
             tb.start_ray_node(STANDBY, 1, RESOURCES[STANDBY])
         out["struck_at"] = iterations_recorded(run)
+        nodes = run / "nodes.json"  # where each process ran when struck
+        placed = json.loads(nodes.read_text()) if nodes.exists() else {}
         strike(tb, blow)
         stdout, stderr = driver.communicate(timeout=400)
     except subprocess.TimeoutExpired:
@@ -171,10 +173,15 @@ def one(tb, blow: Blow, address: str, at: int, tmp: Path) -> dict[str, Any]:
     if "error" in out:
         return out
     got = json.loads(stdout.strip().splitlines()[-1])
-    hosts = {name: n["ip"] for name, n in got["nodes"].items()}
-    on_host = sorted(name for name, ip in hosts.items() if ip == tb.address(blow.host))
+    on_host = sorted(name for name, n in placed.items() if n["ip"] == tb.address(blow.host))
+    out["replacements_on"] = {name: n["ip"] for name, n in got["nodes"].items()
+                              if name in placed and n["ip"] != placed[name]["ip"]}
     lost = sorted(f"{r['role']}{r['rank']}" for r in got["recovered"])
     diff, moved = oracle_diff(Config.from_dict(cfg), run)
+    # A struck process that came back (a partition healed, a host thawed) before it was
+    # ended: the servers' logs name each push of it they refused (logged once per kind).
+    out["fenced_log_lines"] = sum(path.read_text(errors="replace").count("which was declared lost")
+                                  for path in (run / "logs").glob("server*.log"))
     out.update(recovered=got["recovered"], on_host=on_host, lost=lost, oracle_diff=diff, moved=moved,
                train_s=got["train_s"])
     # Every process of the host that took a blow above the threshold is lost and recovered;

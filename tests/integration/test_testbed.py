@@ -1,8 +1,9 @@
 """The testbed (equipoise.testbed): emulated hosts with their own addresses and TCP
 stacks, kernel-shaped links, CPU quotas, partitions and freezes, and a teardown that
-leaves nothing behind, also after a crash. Root only; elsewhere skipped with the reason.
-No timing is asserted: the shaping is checked as the kernel reports it (the measured
-rate is a benchmark's business)."""
+leaves nothing behind, also after a crash; and the Ray launcher's tests (test_ray.py,
+on `ray.cluster_utils` there) on hosts with their own addresses, host faults included.
+Root only; elsewhere skipped with the reason. No timing is asserted: the shaping is
+checked as the kernel reports it (the measured rate is a benchmark's business)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,13 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from equipoise.testbed import Host, Testbed, available, down, ray_env, status
 
-pytestmark = [pytest.mark.timeout(120),
+from .helpers import wait_for
+
+pytestmark = [pytest.mark.timeout(300),
               pytest.mark.skipif(available() is not None, reason=str(available()))]
 PREFIX = "eqtst"  # not the default, so a user's own testbed is never touched
 
@@ -117,32 +121,143 @@ def test_a_partition_cuts_a_host_off_until_its_link_is_back_and_a_frozen_host_is
 
 RAY_JOB = dict(dataset="digits", model="mlp", protocol="bsp", servers=2, workers=3, global_batch=48,
                iterations=12, lr=0.1, eval_every=0, checkpoint_every=0, progress=False, timeout=60.0,
-               heartbeat_s=0.5, seed=3)
+               heartbeat_s=0.5, seed=3, launcher="ray", auth="curve",
+               server_resources={"CPU": 0.1, "srv": 1}, worker_resources={"CPU": 0.1, "wrk": 1})
+# The Ray cluster these tests share, as the cluster_utils one of test_ray.py (whose tests
+# these are, on hosts with their own addresses): host 0 holds the head and the drivers,
+# hosts 1 and 2 a server each (srv), hosts 2 and 3 the workers (wrk). Each host also
+# has a resource named after it, so that a test can put a rank on a host.
+RAY_HOSTS = [{}, {"srv": 1, "h1": 3}, {"srv": 1, "wrk": 1, "h2": 3}, {"wrk": 3, "h3": 3}]
+RAY_PREFIX = "eqtsr"  # the shared cluster's: the tests above bring PREFIX up and down
+needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
+                               reason="Ray is not installed (pip install -e '.[ray]')")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray is not installed (pip install -e '.[ray]')")
-def test_bsp_under_ray_across_three_testbed_hosts_equals_the_local_launcher(tmp_path):
-    """A Ray head on host 0 (the servers' host: resource srv), nodes on hosts 1 and 2
-    (the workers': wrk), each at its own address; the driver on host 0. The servers and
-    workers talk ZeroMQ between the hosts' addresses (recorded in summary.json's nodes),
-    and the weights are exactly those of the same job under the local launcher."""
+@pytest.fixture(scope="module")
+def cluster():
+    tb = Testbed([Host() for _ in RAY_HOSTS], prefix=RAY_PREFIX)
+    tb.up()
+    try:
+        address = tb.start_ray(cpus=[0] + [2] * (len(RAY_HOSTS) - 1), resources=RAY_HOSTS)
+        yield tb, address
+    finally:
+        tb.down()
+    assert leftovers(RAY_PREFIX) == []
+
+
+def drive(tb: Testbed, cfg: dict, run, action=None, at: int = 5) -> tuple[dict, object]:
+    """Train `cfg` with the driver on host 0; once `at` iterations are recorded call
+    `action(nodes.json)`. Returns (summary, what `action` returned); a failed job fails
+    the test with its last lines."""
+    code = (f"import equipoise, json; s = equipoise.train({cfg!r}, out={str(run)!r}); "
+            "print(json.dumps({k: s[k] for k in ('recovered', 'nodes', 'iterations')}))")
+    driver = tb.popen(0, [sys.executable, "-c", code], env=ray_env(), stdout=subprocess.PIPE,
+                      stderr=subprocess.PIPE, text=True)
+    done = None
+    try:
+        if action is not None:
+            metrics = run / "metrics.jsonl"
+            wait_for(lambda: driver.poll() is not None or (metrics.exists() and
+                                                           metrics.read_text().count('"type":"iteration"') >= at),
+                     120, f"{at} iterations")
+            if driver.poll() is None:  # else it failed: its error is below
+                done = action(json.loads((run / "nodes.json").read_text()))
+        out, err = driver.communicate(timeout=240)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.communicate()
+    assert driver.returncode == 0, err[-2000:]
+    return json.loads(out.strip().splitlines()[-1]), done
+
+
+@needs_ray
+def test_bsp_under_ray_across_testbed_hosts_equals_the_local_launcher(cluster, tmp_path):
+    """Servers on hosts 1 and 2, workers on 2 and 3, the driver on 0, each at its own
+    address (summary.json's nodes); ray_data = "path" (each node loads the dataset for
+    its workers) and CURVE between the hosts. The weights are exactly those of the same
+    job under the local launcher."""
     import equipoise
-    import torch
 
+    tb, address = cluster
     local = tmp_path / "local"
-    equipoise.train(RAY_JOB, out=local)
+    equipoise.train({**RAY_JOB, "launcher": "local"}, out=local)
     run = tmp_path / "ray"
-    cfg = {**RAY_JOB, "launcher": "ray", "auth": "curve",
-           "server_resources": {"CPU": 0.5, "srv": 1}, "worker_resources": {"CPU": 0.5, "wrk": 1}}
-    with Testbed([Host(), Host(), Host()], prefix=PREFIX) as tb:
-        cfg["ray_address"] = tb.start_ray(cpus=[2, 2, 2], resources=[{"srv": 2}, {"wrk": 2}, {"wrk": 2}])
-        code = (f"import equipoise, json; s = equipoise.train({cfg!r}, out={str(run)!r}); "
-                f"print(json.dumps(s['nodes']))")
-        done = tb.run(0, [sys.executable, "-c", code], timeout=300, env=ray_env())
-        assert done.returncode == 0, done.stderr[-2000:]
-        nodes = json.loads(done.stdout.strip().splitlines()[-1])
-    assert {n["ip"] for r, n in nodes.items() if r.startswith("server")} == {"10.77.0.1"}
-    assert {n["ip"] for r, n in nodes.items() if r.startswith("worker")} <= {"10.77.0.2", "10.77.0.3"}
+    summary, _ = drive(tb, {**RAY_JOB, "ray_address": address, "ray_data": "path"}, run)
+    nodes = summary["nodes"]
+    assert {n["ip"] for r, n in nodes.items() if r.startswith("server")} == {"10.77.0.2", "10.77.0.3"}
+    assert {n["ip"] for r, n in nodes.items() if r.startswith("worker")} <= {"10.77.0.3", "10.77.0.4"}
     got, ref = (torch.load(d / "model.pt", weights_only=True) for d in (run, local))
     assert all(torch.equal(got[k], ref[k]) for k in ref)
-    assert leftovers(PREFIX) == []
+
+
+@needs_ray
+def test_a_job_the_testbed_cluster_can_never_hold_is_refused_at_once(cluster, tmp_path):
+    """Four servers of a cluster with three `srv` in all: the command exits 2 at once
+    with one line naming what was asked and what the cluster has (no `timeout` wait)."""
+    tb, address = cluster
+    job = tmp_path / "job.toml"
+    job.write_text('dataset = "digits"\nmodel = "mlp"\nservers = 4\nworkers = 2\niterations = 2\n'
+                   'timeout = 60.0\nauth = "curve"\nprogress = false\n[ray]\n'
+                   'server_resources = {CPU = 0.1, srv = 1}\nworker_resources = {CPU = 0.1, wrk = 1}\n')
+    done = tb.run(0, [sys.executable, "-m", "equipoise.cli", "train", str(job), "--out", str(tmp_path / "run"),
+                      "--launcher", "ray", "--ray-address", address], timeout=120, env=ray_env())
+    assert done.returncode == 2, done.stderr[-1000:]
+    [line] = [ln for ln in done.stderr.splitlines() if "can never hold" in ln]
+    assert "4 srv" in line and "3 srv" in line
+
+
+@needs_ray
+def test_a_killed_worker_is_replaced_in_its_bundle_on_its_host(cluster, tmp_path):
+    """worker1's process killed mid-run (worker_restarts = 1): the survivors take its
+    slice, a replacement starts in the placement-group bundle it held, on its host, and
+    joins at a barrier; the weights are within test_recovery's 1e-5 of the reference on
+    the run's own splits."""
+    import os
+    import signal
+
+    from equipoise.config import Config
+    from equipoise.reference import oracle_diff
+
+    tb, address = cluster
+    run = tmp_path / "run"
+    cfg = {**RAY_JOB, "ray_address": address, "iterations": 60, "slowdown": [20.0] * 3, "worker_restarts": 1}
+
+    def kill_worker1(nodes: dict) -> dict:
+        os.kill(nodes["worker1"]["pid"], signal.SIGKILL)  # one pid space: the hosts share this kernel
+        return nodes
+
+    summary, placed = drive(tb, cfg, run, kill_worker1)
+    assert [f"{r['role']}{r['rank']}" for r in summary["recovered"]] == ["worker1"]
+    assert summary["nodes"]["worker3"]["ip"] == placed["worker1"]["ip"]  # its bundle, its host
+    assert '"event":"worker_joined"' in (run / "metrics.jsonl").read_text()
+    diff, moved = oracle_diff(Config.from_dict(cfg), run)
+    assert diff <= 1e-5 and moved > 1e-3
+
+
+@needs_ray
+def test_a_host_holding_a_server_and_a_worker_removed_mid_run_is_recovered(cluster, tmp_path):
+    """Host 2 runs server 1 and worker 0 (per-rank resources put them there); it is
+    removed mid-run, processes and link at once. replication = 1: server 1's backup
+    takes its blocks, worker 1 takes worker 0's slices, and the job ends within 1e-5 of
+    the reference on its own splits, with both processes in `recovered`. The host comes
+    back afterwards (a new machine at its address) for the tests after this one.
+    benchmarks/bench_testbed_chaos.py runs this and the other host faults many times."""
+    from equipoise.config import Config
+    from equipoise.reference import oracle_diff
+
+    tb, address = cluster
+    run = tmp_path / "run"
+    cfg = {**RAY_JOB, "ray_address": address, "workers": 2, "iterations": 80, "replication": 1,
+           "slowdown": [150.0, 150.0], "momentum": 0.9,
+           "server_resources": [{"CPU": 0.1, "h1": 1}, {"CPU": 0.1, "h2": 1}],
+           "worker_resources": [{"CPU": 0.1, "h2": 1}, {"CPU": 0.1, "h3": 1}]}
+    try:
+        summary, placed = drive(tb, cfg, run, lambda nodes: (tb.kill(2), nodes)[1], at=20)
+    finally:
+        tb.revive(2)
+        tb.start_ray_node(2, 2, RAY_HOSTS[2])
+    assert sorted(name for name, n in placed.items() if n["ip"] == "10.77.0.3") == ["server1", "worker0"]
+    assert sorted(f"{r['role']}{r['rank']}" for r in summary["recovered"]) == ["server1", "worker0"]
+    diff, moved = oracle_diff(Config.from_dict(cfg), run)
+    assert diff <= 1e-5 and moved > 1e-3

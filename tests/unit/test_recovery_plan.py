@@ -87,15 +87,15 @@ def test_a_worker_lost_after_its_slice_was_applied_everywhere_keeps_its_slice_in
     the iteration's `batch` still lists the split that was applied (summing to X)."""
     from types import SimpleNamespace
 
-    from equipoise.runtime.losses import BarrierLosses
+    from equipoise.runtime.pacings import BarrierCoordinator
     from equipoise.runtime.stats import RunStats
     from equipoise.wire import Message
 
-    class Stub(BarrierLosses):
+    class Stub(BarrierCoordinator):
         def __init__(self):
             self.assign, self.iteration, self.waiting = Assignments(), 6, {}
             self.assign.begin(5, {0: (240, 16), 1: (256, 16), 2: (272, 16)})
-            self.servers = SimpleNamespace(pool=SimpleNamespace(request=lambda *a: None))
+            self.servers = SimpleNamespace(expect=lambda *a: None)
             self.planner = SimpleNamespace(cap=lambda worker: None)  # no caps
             self.reports = {5: [{"worker": 0, "start": 240, "samples": 16, "loss": 1.0, "compute_s": 0.1,
                                  "wait_s": 0.0, "comm_s": 0.0, "staleness": []}]}
@@ -105,7 +105,7 @@ def test_a_worker_lost_after_its_slice_was_applied_everywhere_keeps_its_slice_in
 
     stub = Stub()
     replies = {r: Message("ack", {"at": 6}) for r in (0, 1)}  # both servers are past iteration 5
-    action = stub._after_loss(1, delivered=False, active=[0, 2], replies=replies)
+    action = stub.after_loss(1, delivered=False, active=[0, 2], replies=replies)
     assert "applied everywhere" in action
     stub.reports[5].append({"worker": 2, "start": 272, "samples": 16, "loss": 3.0, "compute_s": 0.1,
                             "wait_s": 0.0, "comm_s": 0.0, "staleness": []})
@@ -139,3 +139,32 @@ def test_a_lost_workers_shares_are_held_to_the_survivors_caps():
     new = a.lose(1, {0: 16, 2: 16}, behind=[0, 1], caps={2: 4})
     assert sorted((s.worker, s.start, s.size) for s in new) == [(0, 16, 8), (2, 24, 4), (2, 28, 4)]
     assert a.expected(0) == 2 + 3
+
+
+def test_a_worker_lost_after_a_restart_does_not_leave_the_barrier_waiting_for_it():
+    """A server's fail-over restarted every worker (nothing in flight); the survivor
+    asked for its plan, then the other worker's loss (its host went with the server)
+    was seen: the survivor is the only one left, so the barrier is passed at once. (On
+    the testbed this stalled the job until `timeout`.)"""
+    from types import SimpleNamespace
+
+    from equipoise.runtime.pacings import BarrierCoordinator
+    from equipoise.wire import Message
+
+    class Stub(BarrierCoordinator):
+        def __init__(self):
+            self.assign, self.iteration, self.waiting = Assignments(), 20, {1: (b"w1", 0.0)}
+            self.expected = []
+            self.servers = SimpleNamespace(expect=lambda ranks, version, pushes: self.expected.append(
+                (sorted(ranks), version, pushes(0))))
+            self.passed = 0
+
+        def _advance_barrier(self):
+            self.passed += 1
+
+    stub = Stub()
+    action = stub.after_loss(0, delivered=False, active=[1], replies={0: Message("ack", {"at": 20})})
+    assert "no slice" in action and stub.expected == [([0], 20, None)] and stub.passed == 1
+    stub.waiting = {}
+    stub.after_loss(0, delivered=False, active=[1], replies={})
+    assert stub.passed == 1  # nobody waits: the survivor's request passes it when it comes

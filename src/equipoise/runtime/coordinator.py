@@ -4,8 +4,8 @@ It registers servers and workers, hands each worker its slice of every iteration
 collects worker reports into metrics.jsonl, and finally stops everyone. Its parts own
 their own state: the server manager (servers.py: placement, moves, elastic servers),
 the planner (planner.py: batch sizes), snapshots (snapshots.py: evaluation and
-checkpoints) and the metrics writer; lost workers and servers are handled by the
-methods of losses.py, mixed in.
+checkpoints), the metrics writer and recovery (losses.py: lost workers and servers),
+which asks the plan what it must through the `Plan` methods below.
 
 Two pacings share this loop (runtime/pacings.py). Under a barrier protocol (BSP, LB-BSP) the coordinator
 answers the plan requests of iteration t only once every worker has asked, i.e. once
@@ -37,10 +37,10 @@ from ..wire import Listener, Message, Transport
 from ..workload import as_workload
 from .blocks import model_tensors, read_values
 from .checkpoint import Checkpoint, CheckpointError
-from .losses import Losses, Memory, plan_message
+from .losses import Memory, Recovery, plan_message
 from .planner import PlanSettings, Planner
 from .recovery import Assignments
-from .rpc import Failure, JobError, PeerLost, Peers, Rpc
+from .rpc import JobError, PeerLost, Peers, Rpc
 from .servers import ServerManager, ServerSettings
 from .snapshots import SnapshotSettings, Snapshots, State
 from .stats import RunStats
@@ -52,7 +52,7 @@ REPORT_KEYS = ("iteration", "samples", "loss", "compute_s", "wait_s", "comm_s")
 _SENT_BY = {"plan_req": "worker", "table_req": "worker"}  # requests only workers send
 
 
-class Coordinator(Losses):
+class Coordinator:
     """What both pacings share; `BarrierCoordinator` and `StreamCoordinator` decide
     when a plan request is answered and when an iteration ends."""
 
@@ -102,14 +102,8 @@ class Coordinator(Losses):
         self.known_table: dict[int, int] = {}  # the table version each worker was sent
         self.events_done: set[int] = set()  # scenario membership events applied
         self.assign = Assignments()  # barrier: the slices of the iteration in flight
-        self.recovered: list[dict] = []  # every process lost, and what was done
-        self.restarts = cfg.worker_restarts  # replacements still allowed
-        self.joins_owed = 0  # replacements to start at the next barrier
-        self.never_joined: set[int] = set()  # ranks of replacements lost before they registered
-        self.unhandled: list[Failure] = []  # losses seen while waiting for a joiner
-        self.epoch = 0  # rollbacks so far; a plan request of an earlier epoch is stale
-        self.memory: Memory | None = None  # the snapshot a rollback restores
-        self.replacing: dict[int, str] = {}  # lost servers being replaced: rank -> address ("" until hello)
+        self.recovery = Recovery(cfg, self.servers, peers, self, recovers_servers=self.recovers_servers,
+                                 event=self._event, elapsed=self.stats.elapsed, note=self.display.note)
         self.plans = 0  # no barrier: plans handed out (each is one gradient for every server)
         self._refused: set[tuple[str, str]] = set()  # (role, message type) refused and logged once
         peers.tolerate("worker")
@@ -169,7 +163,8 @@ class Coordinator(Losses):
             values, optim = self.resume.values, self.resume.optim
             version, samples = self.resume.version, self.resume.samples
         self.servers.start(addresses, self.blocks, table, values, optim, version, samples, len(self.workers))
-        self.memory = Memory(self.iteration, State(values, optim, version, samples), list(table), cursor=self.cursor)
+        self.recovery.memory = Memory(self.iteration, State(values, optim, version, samples), list(table),
+                                      cursor=self.cursor)
         if self.cfg.replication:
             self.servers.replicate()
 
@@ -183,15 +178,11 @@ class Coordinator(Losses):
             try:
                 self._step()
             except PeerLost:
-                continue  # a server was lost: the next step's `lost` hands it to `_lose`
+                continue  # a server was lost: the next step hands it to recovery
 
     def _step(self) -> None:
         """Handle what was lost, then one message (or none within 0.1 s)."""
-        lost, self.unhandled = self.unhandled + self.peers.lost(), []
-        for failure in sorted(lost, key=lambda f: f.role != "server"):
-            self._lose(failure)
-        if self.replacing:
-            self._roll_back()
+        self.recovery.handle(self.peers.lost())
         self.rpc.tick(None, "")
         if self.snapshots.reached is not None and self.cfg.stop_at_target:
             self._stop_at_target()
@@ -201,7 +192,7 @@ class Coordinator(Losses):
         if got is None:
             return self._check_stalled()
         peer, msg = got
-        if self.servers.note_hello(msg) or self._note_replacement(msg):
+        if self.servers.note_hello(msg) or self.recovery.note_replacement(msg):
             return
         if msg.type == "table_req":
             self._on_table_req(peer, msg.fields)
@@ -366,6 +357,57 @@ class Coordinator(Losses):
     def _event(self, name: str, t: int, **fields) -> None:
         self.snapshots.event(name, t, **fields)
 
+    # -- the Plan recovery acts through (losses.py) --------------------------------------
+    @property
+    def epoch(self) -> int:
+        """Rollbacks so far; a plan request of an earlier epoch is stale."""
+        return self.recovery.epoch
+
+    def active(self) -> list[int]:
+        return sorted(set(self.workers) - self.stopped)
+
+    def drop_worker(self, worker: int, reason: str) -> tuple[bool, list[int]] | None:
+        if worker not in self.workers or worker in self.done:
+            return None
+        # It asked for its next plan: every push of its was acked (with overlap a request
+        # goes ahead of the acks, so nothing can be said to be delivered).
+        delivered = worker in self.waiting and not self.cfg.overlap
+        self.waiting.pop(worker, None)
+        self.stopped.add(worker)
+        self.done.add(worker)
+        active = self.active()
+        # Without a barrier the others may have stopped because the stream is handed out:
+        # the lost worker's slice is simply not computed, as for any lost worker there.
+        if not active and (self.barrier_paced or self.cursor < self.total * self.cfg.global_batch):
+            raise JobError(f"worker{worker} {reason}, and no worker is left")
+        return delivered, active
+
+    def after_loss(self, worker: int, delivered: bool, active: list[int], replies: dict[int, Message]) -> str:
+        """The pacing's: finish the iteration in flight without `worker`."""
+        raise NotImplementedError
+
+    def restart_from(self, memory: Memory, epoch: int) -> None:
+        self._rewind(memory)
+        self.waiting, self.assign = {}, Assignments()
+        self.snapshots.replay_from(memory.iteration)
+        # Every worker not yet done, also one stopped with a request still owed an answer
+        # (overlap): after the reset it asks again, and is stopped again.
+        for w in sorted(set(self.workers) - self.done):
+            self.known_table[w] = self.servers.version
+            self.listener.send(self.workers[w], plan_message(memory.iteration, 0, 0, memory.iteration, stop=False,
+                                                             reset=True, epoch=epoch, table=self.servers.table,
+                                                             servers=self.servers.addresses))
+
+    def await_hello(self, what: str, wanted: Callable[[Message], bool]) -> None:
+        self._await_hello(what, wanted)
+
+    def _rewind(self, mem: Memory) -> None:
+        """The plan goes back to `mem`: at a barrier every slice before it was applied on
+        every server, and every report after it is replayed."""
+        self.iteration, self.cursor = mem.iteration, mem.iteration * self.cfg.global_batch
+        self.reports = {t: r for t, r in self.reports.items() if t < mem.iteration}
+        self.ended = {t for t in self.ended if t < mem.iteration}  # replayed: recorded again
+
     # -- reports and metrics ------------------------------------------------------------
     def _collect(self, worker: int, report: dict) -> None:
         missing = [k for k in REPORT_KEYS if not isinstance(report.get(k), (int, float))]
@@ -418,11 +460,11 @@ class Coordinator(Losses):
         want_eval, want_ckpt = (True, True) if force else self.snapshots.due(t)
         every = self.cfg.snapshot_every if self.recovers_servers else 0
         want_mem = bool(every and not self.cfg.replication and t % every == 0 and t < self.total
-                        and self.memory and t > self.memory.iteration)
+                        and self.recovery.memory and t > self.recovery.memory.iteration)
         if want_eval or want_ckpt or want_mem:
             state = self.snapshots.fetch(self.servers.broadcast, version)
             if want_mem:
-                self.memory = Memory(t, state, list(self.servers.table), cursor=cursor, plans=self.plans)
+                self.recovery.memory = Memory(t, state, list(self.servers.table), cursor=cursor, plans=self.plans)
             self.snapshots.take(t, state, cursor=cursor, blocks=self.blocks, table=self.servers.table,
                                 elapsed=self.stats.elapsed(), want_eval=want_eval, want_ckpt=want_ckpt)
 
@@ -447,7 +489,7 @@ class Coordinator(Losses):
         summary["resumed_from"] = self.resume.iteration if self.resume else None
         summary["target"] = self.snapshots.settings.target or None
         summary["time_to_target"] = self.snapshots.reached
-        summary["recovered"] = self.recovered  # lost_updates: 0 under a barrier (stats), counted below without
+        summary["recovered"] = self.recovery.recovered  # lost_updates: 0 under a barrier (stats), counted below without
         if not self.barrier_paced:  # each plan is one gradient owed to every block
             counts = list(applied.values()) or [0]
             summary["gradients"] = {"owed": self.plans, "applied_min": min(counts), "applied_max": max(counts)}

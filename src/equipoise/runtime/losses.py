@@ -1,24 +1,28 @@
-"""The coordinator's handling of lost processes, mixed into its pacings.
+"""Recovery: what the coordinator does when a process is lost, as a part of its own.
 
-`Losses` is what both pacings share: a lost worker is removed (its pending pushes
-dropped by every server), a lost server is failed over to its backup (`replication = 1`)
-or replaced, and then every server restarts from the newest state every block still has
-and every worker from its iteration (a new *epoch*). `BarrierLosses` adds what a barrier
-allows: the slices of the iteration in flight that a lost worker had not delivered are
-cut among the survivors (runtime/recovery.py), so the iteration ends as if nobody had
-been lost. The methods use the coordinator's state (`servers`, `workers`, `waiting`,
-`assign`, ...); they live here so that the main loop reads on its own.
+`Recovery` owns what recovery keeps — the losses recorded (summary.json's `recovered`),
+the worker replacements still allowed and owed, the in-memory snapshot a rollback
+restores, the lost servers being replaced, and the rollback *epoch* — and acts through
+the server manager's methods (`lose_worker`, `expect`, `restore`, `promote`, …) and
+the coordinator's `Plan`: the few things about the plan it must ask or change (who is
+active, where the plan stands, how the iteration in flight is finished without a
+lost worker). A lost worker is removed (its pending pushes dropped by every server); a
+lost server is failed over to its backup (`replication = 1`) or replaced, and then every
+server restarts from the newest state every block still has and every worker from its
+iteration (a new epoch). How the iteration in flight ends without the lost worker is
+the pacing's (`Plan.after_loss`: under a barrier its slices are cut among the survivors,
+runtime/recovery.py; without one it is simply not computed).
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
+from typing import Callable, Protocol
 
+from ..config import Config
 from ..wire import Message
-from .recovery import Assignments
-from .rpc import Failure, JobError, PeerLost
+from .rpc import Failure, JobError, PeerLost, Peers
 from .snapshots import State
 
 log = logging.getLogger("equipoise.coordinator")
@@ -35,83 +39,120 @@ class Memory:
     plans: int = 0  # no barrier: plans handed out before it (each one gradient for every server)
 
 
-class Losses:
-    """Lost workers and servers, both pacings."""
+class Plan(Protocol):
+    """What recovery asks of the coordinator's plan."""
 
-    def _lose(self, failure: Failure) -> None:
+    iteration: int
+
+    def drop_worker(self, worker: int, reason: str) -> tuple[bool, list[int]] | None:
+        """`worker` is lost: it no longer counts. (whether its pushes of the iteration in
+        flight had all been acknowledged, the active workers), or None if it had been
+        told to stop already; JobError if no worker is left to finish the job."""
+
+    def active(self) -> list[int]:
+        """The ranks of the workers not stopped."""
+
+    def after_loss(self, worker: int, delivered: bool, active: list[int], replies: dict[int, Message]) -> str:
+        """The servers forgot `worker` (`replies`: what each had applied): finish the
+        iteration in flight without it; returns what was done."""
+
+    def restart_from(self, memory: Memory, epoch: int) -> None:
+        """Every server restarted from `memory`: the plan goes back there and every
+        worker is told to start again from it, in `epoch`."""
+
+    def await_hello(self, what: str, wanted: Callable[[Message], bool]) -> None:
+        """Wait up to `timeout` for the hello `wanted` accepts."""
+
+
+class Recovery:
+    """Lost workers and servers, under both pacings."""
+
+    def __init__(self, cfg: Config, servers, peers: Peers, plan: Plan, *, recovers_servers: bool,
+                 event: Callable[..., None], elapsed: Callable[[], float], note: Callable[[str], None]):
+        """`event(name, iteration, **fields)` writes an event record, `elapsed()` is the
+        training time so far, `note(line)` tells the progress display."""
+        self.cfg, self.servers, self.peers, self.plan = cfg, servers, peers, plan
+        self.recovers_servers = recovers_servers
+        self._event, self._elapsed, self._note = event, elapsed, note
+        self.recovered: list[dict] = []  # every process lost, and what was done
+        self.restarts = cfg.worker_restarts  # replacements still allowed
+        self.joins_owed = 0  # replacements to start at the next barrier
+        self.never_joined: set[int] = set()  # ranks of replacements lost before they registered
+        self.unhandled: list[Failure] = []  # losses seen while waiting for a joiner
+        self.epoch = 0  # rollbacks so far; a plan request of an earlier epoch is stale
+        self.memory: Memory | None = None  # the snapshot a rollback restores
+        self.replacing: dict[int, str] = {}  # lost servers being replaced: rank -> address ("" until hello)
+
+    def handle(self, lost: list[Failure]) -> None:
+        """Every loss seen (servers first, so that a worker lost with its server is
+        removed in the rollback's epoch), then the rollback if a server is replaced."""
+        lost, self.unhandled = self.unhandled + lost, []
+        for failure in sorted(lost, key=lambda f: f.role != "server"):
+            self.lose(failure)
+        if self.replacing:
+            self.roll_back()
+
+    def lose(self, failure: Failure) -> None:
         """A process was lost (killed, or frozen and then killed)."""
         if failure.role == "server":
-            return self._lose_server(failure)
+            return self.lose_server(failure)
         w = failure.rank
-        if w not in self.workers or w in self.done:
+        dropped = self.plan.drop_worker(w, failure.reason)
+        if dropped is None:
             return  # it had been told to stop: nothing was in flight
-        # It asked for its next plan: every push of its was acked (with overlap a request
-        # goes ahead of the acks, so nothing can be said to be delivered).
-        delivered = w in self.waiting and not self.cfg.overlap
-        self.waiting.pop(w, None)
-        self.stopped.add(w)
-        self.done.add(w)
-        active = sorted(set(self.workers) - self.stopped)
-        # Without a barrier the others may have stopped because the stream is handed out:
-        # the lost worker's slice is simply not computed, as for any lost worker there.
-        if not active and (self.barrier_paced or self.cursor < self.total * self.cfg.global_batch):
-            raise JobError(f"worker{w} {failure.reason}, and no worker is left")
-        self.servers.workers, self.servers.ranks = len(active), active
+        delivered, active = dropped
         try:
             if self.replacing:  # a rollback is under way: it starts every server afresh
+                self.servers.active(active)
                 raise PeerLost(failure)
-            replies = self.servers.broadcast(Message("lose", {"worker": w, "workers": len(active),
-                                                              "drop": not delivered}), "ack")
-            action = self._after_loss(w, delivered, active, replies)
+            replies = self.servers.lose_worker(w, active, drop=not delivered)
+            action = self.plan.after_loss(w, delivered, active, replies)
         except PeerLost:  # handled next; the rollback replays without this worker
             action = "removed; a server was lost meanwhile and the rollback replays without it"
         if self.restarts > 0:
             self.restarts -= 1
             self.joins_owed += 1
             action += "; a replacement joins at the next barrier"
-        self._record_loss(failure, action)
+        self.record(failure, action)
 
-    def _after_loss(self, worker: int, delivered: bool, active: list[int], replies: dict[int, Message]) -> str:
-        """Pacing-specific recovery once the servers forgot `worker`; what was done."""
-        raise NotImplementedError
-
-    def _lose_server(self, failure: Failure) -> None:
+    def lose_server(self, failure: Failure) -> None:
         """replication = 1: fail over to the backup. Else start a replacement; the
         rollback follows once it has registered."""
         if not self.recovers_servers or self.memory is None:
             raise JobError(f"server{failure.rank} {failure.reason}")
-        if failure.rank not in self.servers.pool.live():  # started, never joined
+        if failure.rank not in self.servers.live():  # started, never joined
             raise JobError(f"server{failure.rank} {failure.reason} before it joined the job")
         if self.cfg.replication:
-            return self._fail_over(failure)
+            return self.fail_over(failure)
         self.replacing[failure.rank] = ""
         self.peers.spawn("server", failure.rank)
-        first = self.memory.iteration
-        self._record_loss(failure, f"replaced; every server rolled back to the snapshot of iteration {first}, "
-                                   f"iterations {first}–{self.iteration - 1} replayed", replayed=[first, self.iteration])
+        first, now = self.memory.iteration, self.plan.iteration
+        self.record(failure, f"replaced; every server rolled back to the snapshot of iteration {first}, "
+                             f"iterations {first}–{now - 1} replayed", replayed=[first, now])
 
-    def _record_loss(self, failure: Failure, action: str, iteration: int | None = None, **extra) -> None:
+    def record(self, failure: Failure, action: str, iteration: int | None = None, **extra) -> None:
         """In summary.json's `recovered`, a `failure` event, the log and the progress line."""
-        t = self.iteration if iteration is None else iteration
+        t = self.plan.iteration if iteration is None else iteration
         entry = {"role": failure.role, "rank": failure.rank, "reason": failure.reason, "iteration": t,
-                 "seen_s": round(self.stats.elapsed(), 3), "action": action, **extra}
+                 "seen_s": round(self._elapsed(), 3), "action": action, **extra}
         self.recovered.append(entry)
         self._event("failure", t, **{k: v for k, v in entry.items() if k != "iteration"})
         log.warning("%s%d %s: %s", failure.role, failure.rank, failure.reason, action)
-        self.display.note(f"{failure.role}{failure.rank} lost ({failure.reason}): {action}")
+        self._note(f"{failure.role}{failure.rank} lost ({failure.reason}): {action}")
 
-    def _note_replacement(self, msg: Message) -> bool:
+    def note_replacement(self, msg: Message) -> bool:
+        """Whether `msg` is the hello of a replacement server (its address is kept)."""
         if msg.type == "hello" and msg.fields.get("role") == "server" and msg.fields.get("rank") in self.replacing:
             self.replacing[int(msg.fields["rank"])] = str(msg.fields["address"])
             return True
         return False
 
-    def _fail_over(self, failure: Failure) -> None:
+    def fail_over(self, failure: Failure) -> None:
         """replication = 1: the lost server's backup takes its blocks; every server
         starts again from the newest version every block still has (the start of the
         iteration in flight, or its end if it was complete and replicated everywhere),
         and the workers replay from there. New backups are named among the survivors."""
-        lost, now = failure.rank, self.iteration
+        lost, now = failure.rank, self.plan.iteration
         if lost not in self.servers.backup_of:
             raise JobError(f"server{lost} {failure.reason}, and it had no backup")
         for version in (now, now - 1):
@@ -122,97 +163,30 @@ class Losses:
             raise JobError(f"server{lost} {failure.reason}; no version of its blocks survives")
         backup = self.servers.backup_of[lost]
         self.memory = Memory(version, state, self.servers.promote(lost))
-        self._restart()
+        self.restart()
         self.servers.replicate()
-        self._record_loss(failure, f"its backup, server {backup}, took its blocks; every server restarted from "
-                                   f"version {version}, iterations {version}–{now - 1} replayed",
-                          replayed=[version, now], iteration=now)
+        self.record(failure, f"its backup, server {backup}, took its blocks; every server restarted from "
+                             f"version {version}, iterations {version}–{now - 1} replayed",
+                    replayed=[version, now], iteration=now)
 
-    def _roll_back(self) -> None:
+    def roll_back(self) -> None:
         """Every server starts again from the last in-memory snapshot, the replacements
         too."""
         if not all(self.replacing.values()):
-            self._await_hello("replacement servers to register",
-                              lambda m: self._note_replacement(m) and all(self.replacing.values()))
-        self._restart(dict(self.replacing))
+            self.plan.await_hello("replacement servers to register",
+                                  lambda m: self.note_replacement(m) and all(self.replacing.values()))
+        self.restart(dict(self.replacing))
         self.replacing = {}
 
-    def _restart(self, replacements: dict[int, str] | None = None) -> None:
-        """Every server (and the `replacements`, rank → address) starts from `memory`;
-        every worker is told to start again from its iteration (a new epoch)."""
+    def restart(self, replacements: dict[int, str] | None = None) -> None:
+        """Every server (and the `replacements`, rank → address) starts from `memory` in
+        a new epoch; then the plan goes back there."""
         mem = self.memory
         self.epoch += 1
-        self.servers.epoch = self.epoch
-        active = sorted(set(self.workers) - self.stopped)  # whose clocks SSP keeps from the restart on
-        self.servers.workers, self.servers.ranks = len(active), active
         self.servers.restore(replacements or {}, mem.table, mem.state.values, mem.state.optim,
-                             mem.state.version, mem.state.samples, mem.state.gradients)
-        self._rewind(mem)
-        self.waiting, self.assign = {}, Assignments()
-        self.snapshots.replay_from(mem.iteration)
-        # Every worker not yet done, also one stopped with a request still owed an answer
-        # (overlap): after the reset it asks again, and is stopped again.
-        for w in sorted(set(self.workers) - self.done):
-            self.known_table[w] = self.servers.version
-            self.listener.send(self.workers[w], plan_message(mem.iteration, 0, 0, mem.iteration, stop=False, reset=True,
-                                                      epoch=self.epoch, table=self.servers.table,
-                                                      servers=self.servers.addresses))
-
-
-    def _rewind(self, mem: Memory) -> None:
-        """The plan goes back to `mem`: at a barrier every slice before it was applied on
-        every server, and every report after it is replayed."""
-        self.iteration, self.cursor = mem.iteration, mem.iteration * self.cfg.global_batch
-        self.reports = {t: r for t, r in self.reports.items() if t < mem.iteration}
-        self.ended = {t for t in self.ended if t < mem.iteration}  # replayed: recorded again
-
-
-class BarrierLosses(Losses):
-    """A lost worker's slices of the iteration in flight go to the survivors."""
-
-    def _send_share(self, worker: int) -> None:
-        """Hand `worker` its next share of a lost worker's slices (iteration in flight)."""
-        share, t = self.assign.next_share(worker), self.assign.iteration
-        peer, since = self.waiting.pop(worker)
-        self.listener.send(peer, plan_message(t, share.start, share.size, t, stop=False, epoch=self.epoch,
-                                              recover=True, part=share.part,
-                                       servers=list(share.servers), held_s=time.monotonic() - since,
-                                       elapsed=self.stats.elapsed()))
-
-    def _after_loss(self, worker: int, delivered: bool, active: list[int], replies: dict[int, Message]) -> str:
-        """Iteration t in flight: unless the lost worker had delivered its pushes, its
-        slices are cut among the survivors for the servers still at version t; then
-        every server is told how many pushes its update t waits for."""
-        t = self.assign.iteration
-        if t is None or t != self.iteration - 1:
-            for rank in replies:
-                self.servers.pool.request(rank, Message("expect", {"version": self.iteration, "pushes": None}), "ack")
-            return "removed; it held no slice of the iteration in flight"
-        action = f"its pushes for iteration {t} had all arrived; removed"
-        if not delivered:
-            planned = {s.worker: s.size for s in self.assign.slices if s.part == 0}  # LB-BSP: by speed
-            behind = sorted(r for r, m in replies.items() if int(m.fields["at"]) == t)
-            mine = [s for s in self.assign.slices if s.worker == worker]
-            caps = {w: c for w in active if (c := self.planner.cap(w)) is not None}
-            new = self.assign.lose(worker, {w: planned.get(w, 1) for w in active}, behind, caps)
-            reported = {r.get("start") for r in self.reports.get(t, []) if r["worker"] == worker}
-            for s in mine:  # applied by every server it was owed to, but its report never came
-                if not any(s.reaches(r) for r in behind) and s.start not in reported:
-                    self._collect(worker, {"iteration": t, "start": s.start, "samples": s.size, "loss": 0.0,
-                                           "count": 0.0, "compute_s": 0.0, "wait_s": 0.0, "comm_s": 0.0,
-                                           "staleness": [], "recovery": True, "lost": True})
-            action = (f"iteration {t}: its slices re-planned as {len(new)} shares for workers "
-                      f"{sorted({s.worker for s in new})} (servers {behind} had not applied it)"
-                      if new else f"iteration {t} had been applied everywhere; removed")
-        for rank in replies:
-            self.servers.pool.request(rank, Message("expect", {"version": t, "pushes": self.assign.expected(rank)}),
-                                      "ack")
-        for w in sorted(self.waiting):
-            if self.assign.queue.get(w):
-                self._send_share(w)
-        if self.waiting and len(self.waiting) == len(active) and not self.assign.owed():
-            self._advance_barrier()
-        return action
+                             mem.state.version, mem.state.samples, mem.state.gradients, epoch=self.epoch,
+                             active=self.plan.active())  # whose clocks SSP keeps from the restart on
+        self.plan.restart_from(mem, self.epoch)
 
 
 def plan_message(iteration: int, start: int, size: int, version: int, *, stop: bool, **extra) -> Message:
@@ -221,4 +195,4 @@ def plan_message(iteration: int, start: int, size: int, version: int, *, stop: b
                             "stop": stop, "version": version, **extra})
 
 
-__all__ = ["BarrierLosses", "Losses", "Memory", "plan_message"]
+__all__ = ["Memory", "Plan", "Recovery", "plan_message"]

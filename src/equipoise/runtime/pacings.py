@@ -9,6 +9,7 @@ for a job's protocol.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -18,7 +19,7 @@ from ..scenario import WorkerJoin, WorkerLeave
 from ..wire import Listener, Message, Transport
 from .checkpoint import Checkpoint
 from .coordinator import Coordinator
-from .losses import BarrierLosses, Memory
+from .losses import Memory, plan_message
 from .planner import CapError
 from .rpc import JobError, Peers
 
@@ -35,7 +36,7 @@ def make_coordinator(cfg: Config, run_dir: Path, transport: Transport, listener:
     return kind(cfg, run_dir, transport, listener, data, peers=peers, resume=resume, on_tick=on_tick)
 
 
-class BarrierCoordinator(BarrierLosses, Coordinator):
+class BarrierCoordinator(Coordinator):
     """BSP and LB-BSP: iteration t's plans go out once every worker asked for them."""
 
     recovers_servers = True
@@ -94,11 +95,9 @@ class BarrierCoordinator(BarrierLosses, Coordinator):
         planned = {s.worker: s.size for s in self.assign.slices if s.part == 0}
         caps = {w: c for w in active if (c := self.planner.cap(w)) is not None}
         shares = {w: float(min(planned.get(w, size), caps.get(w, size))) or 1.0 for w in active}
-        holding = tuple(r for r in self.servers.pool.live() if r in self.servers.table)
+        holding = tuple(r for r in self.servers.live() if r in self.servers.table)
         new = self.assign.resplit(worker, start, shares, caps, holding)
-        for rank in holding:
-            self.servers.pool.request(rank, Message("expect", {"version": t, "pushes": self.assign.expected(rank)}),
-                                      "ack")
+        self.servers.expect(holding, t, self.assign.expected)
         self._event("out_of_memory", t, worker=worker, batch=size, cap=self.planner.cap(worker),
                     shares=[[s.worker, s.size] for s in new])
         log.warning("%s; its cap is now %d samples, the slice is cut into %d shares",
@@ -107,14 +106,60 @@ class BarrierCoordinator(BarrierLosses, Coordinator):
             if w != worker and self.assign.queue.get(w):
                 self._send_share(w)
 
+    def _send_share(self, worker: int) -> None:
+        """Hand `worker` its next share of a lost worker's slices (iteration in flight)."""
+        share, t = self.assign.next_share(worker), self.assign.iteration
+        peer, since = self.waiting.pop(worker)
+        self.listener.send(peer, plan_message(t, share.start, share.size, t, stop=False, epoch=self.epoch,
+                                              recover=True, part=share.part, servers=list(share.servers),
+                                              held_s=time.monotonic() - since, elapsed=self.stats.elapsed()))
+
+    def after_loss(self, worker: int, delivered: bool, active: list[int], replies: dict[int, Message]) -> str:
+        """Iteration t in flight: unless the lost worker had delivered its pushes, its
+        slices are cut among the survivors for the servers still at version t; then
+        every server is told how many pushes its update t waits for."""
+        t = self.assign.iteration
+        if t is None or t != self.iteration - 1:  # e.g. lost just after a restart, before its plan
+            self.servers.expect(replies, self.iteration, lambda rank: None)
+            self._advance_if_all_wait(active)  # the survivors may all be waiting for it
+            return "removed; it held no slice of the iteration in flight"
+        action = f"its pushes for iteration {t} had all arrived; removed"
+        if not delivered:
+            planned = {s.worker: s.size for s in self.assign.slices if s.part == 0}  # LB-BSP: by speed
+            behind = sorted(r for r, m in replies.items() if int(m.fields["at"]) == t)
+            mine = [s for s in self.assign.slices if s.worker == worker]
+            caps = {w: c for w in active if (c := self.planner.cap(w)) is not None}
+            new = self.assign.lose(worker, {w: planned.get(w, 1) for w in active}, behind, caps)
+            reported = {r.get("start") for r in self.reports.get(t, []) if r["worker"] == worker}
+            for s in mine:  # applied by every server it was owed to, but its report never came
+                if not any(s.reaches(r) for r in behind) and s.start not in reported:
+                    self._collect(worker, {"iteration": t, "start": s.start, "samples": s.size, "loss": 0.0,
+                                           "count": 0.0, "compute_s": 0.0, "wait_s": 0.0, "comm_s": 0.0,
+                                           "staleness": [], "recovery": True, "lost": True})
+            action = (f"iteration {t}: its slices re-planned as {len(new)} shares for workers "
+                      f"{sorted({s.worker for s in new})} (servers {behind} had not applied it)"
+                      if new else f"iteration {t} had been applied everywhere; removed")
+        self.servers.expect(replies, t, self.assign.expected)
+        for w in sorted(self.waiting):
+            if self.assign.queue.get(w):
+                self._send_share(w)
+        self._advance_if_all_wait(active)
+        return action
+
+    def _advance_if_all_wait(self, active: list[int]) -> None:
+        """After a loss: if every worker left waits and no share is owed, the barrier is
+        passed (the lost worker was the one it waited for)."""
+        if self.waiting and len(self.waiting) == len(active) and not self.assign.owed():
+            self._advance_barrier()
+
     def _membership(self, t: int) -> bool:
         """Apply the scenario's membership events due at iteration t (a quiet moment: no
         update in flight). Returns True if workers joined and their first plan request
         is awaited."""
         joined = False
-        for _ in range(self.joins_owed):
+        for _ in range(self.recovery.joins_owed):
             joined |= self._join(t)
-        self.joins_owed = 0
+        self.recovery.joins_owed = 0
         for i, ev in enumerate(self.scenario.membership):
             if i in self.events_done or ev.iteration > t:
                 continue
@@ -136,7 +181,7 @@ class BarrierCoordinator(BarrierLosses, Coordinator):
     def _join(self, t: int) -> bool:
         """Start a worker of a new rank and take it in; False if it was lost before it
         registered."""
-        rank = max([*self.workers, *self.never_joined]) + 1
+        rank = max([*self.workers, *self.recovery.never_joined]) + 1
         self.peers.spawn("worker", rank)
 
         def gone() -> bool:
@@ -144,10 +189,10 @@ class BarrierCoordinator(BarrierLosses, Coordinator):
             are kept for the main loop)."""
             for failure in self.peers.lost():
                 if failure.role == "worker" and failure.rank == rank:
-                    self.never_joined.add(rank)
-                    self._record_loss(failure, "a replacement lost before it registered; not replaced again")
+                    self.recovery.never_joined.add(rank)
+                    self.recovery.record(failure, "a replacement lost before it registered; not replaced again")
                     return True
-                self.unhandled.append(failure)
+                self.recovery.unhandled.append(failure)
             return False
 
         peer = self._await_hello(f"joining worker {rank} to register",
@@ -221,7 +266,7 @@ class StreamCoordinator(Coordinator):
             self.servers.retire(self.iteration, min([self.routing.get(w, 0) for w in self.workers],
                                                     default=self.servers.version))
 
-    def _after_loss(self, worker: int, delivered: bool, active: list[int], replies: dict[int, Message]) -> str:
+    def after_loss(self, worker: int, delivered: bool, active: list[int], replies: dict[int, Message]) -> str:
         """The servers dropped its pushes still waiting in a group; a gradient it had
         delivered to some servers and not others is counted as lost."""
         applied = [int(m.fields["applied"]) for m in replies.values()]

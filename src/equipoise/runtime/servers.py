@@ -123,12 +123,16 @@ class ServerManager:
                                 "straggler": self.scenario.server_straggle(rank, 0.0, 0)}, tensors)
 
     def restore(self, addresses: dict[int, str], table: list[int], values: dict, optim: dict,
-                version: int, samples: int, gradients: dict[int, int] | None = None) -> None:
-        """Every server starts again from a snapshot: the replacements at `addresses`
-        (rank → address) and the survivors alike get their blocks of `table` with the
-        snapshot's values and optimizer state, and `gradients`, the gradients applied to
-        each block by then (by block key). Replies to requests a loss interrupted are
-        skipped while waiting for the servers to be ready."""
+                version: int, samples: int, gradients: dict[int, int] | None = None, *, epoch: int,
+                active: list[int]) -> None:
+        """Every server starts again from a snapshot, in rollback `epoch`, counting the
+        workers `active`: the replacements at `addresses` (rank → address) and the
+        survivors alike get their blocks of `table` with the snapshot's values and
+        optimizer state, and `gradients`, the gradients applied to each block by then (by
+        block key). Replies to requests a loss interrupted are skipped while waiting for
+        the servers to be ready."""
+        self.epoch = epoch
+        self.active(active)
         pool = self.pool
         for rank, address in addresses.items():
             pool.conns[rank].close()
@@ -223,6 +227,28 @@ class ServerManager:
 
     def broadcast(self, msg: Message, kind: str) -> dict[int, Message]:
         return self.pool.broadcast(msg, kind)
+
+    # -- what recovery asks of the servers -------------------------------------------------
+    def active(self, ranks: list[int]) -> None:
+        """The workers whose pushes count from now on, by rank (SSP keeps their clocks; a
+        server initialised from now on is told them)."""
+        self.workers, self.ranks = len(ranks), list(ranks)
+
+    def lose_worker(self, worker: int, active: list[int], drop: bool) -> dict[int, Message]:
+        """Every server forgets `worker` (its pending pushes dropped if `drop`); the
+        replies say what each had applied (`at`, `applied`)."""
+        self.active(active)
+        return self.broadcast(Message("lose", {"worker": worker, "workers": len(active), "drop": drop}), "ack")
+
+    def expect(self, ranks, version: int, pushes) -> None:
+        """Servers `ranks`' update from `version` waits for `pushes(rank)` pushes (None:
+        one per active worker)."""
+        for rank in ranks:
+            self.pool.request(rank, Message("expect", {"version": version, "pushes": pushes(rank)}), "ack")
+
+    def live(self) -> list[int]:
+        """Ranks of the servers running now."""
+        return self.pool.live()
 
     def members(self, workers: int, retired: list[int] = ()) -> None:
         """Tell every server how many workers are active (and which stopped)."""
