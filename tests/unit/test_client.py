@@ -184,3 +184,32 @@ def test_an_overlapped_job_on_threads_applies_every_gradient_once(tmp_path):
     assert summary["samples"] == 8 * 48
     # one gradient per μ = 16 samples, applied once on each server, none lost at the stop
     assert sum(summary["staleness_histogram"].values()) == 8 * 3 * cfg.servers
+
+
+def test_each_servers_exchange_time_is_measured_as_its_reply_comes_less_a_pulls_hold(net):
+    """What PSLD weighs a server by besides its own busy time: server 1 answers a push
+    0.2 s after server 0, so its exchange took at least 0.2 s (a lower bound: a loaded
+    machine can only make it longer). A pull's time is less the time the server held
+    it for a version (here more than the whole wait: none of it is counted)."""
+    import threading
+    import time
+
+    _, servers, client = net
+    ticket = client.push({k: torch.zeros(3) for k in range(4)}, {0: 0, 1: 0}, 8)
+    peer0, _ = take(servers[0], "push")
+    peer1, _ = take(servers[1], "push")
+    servers[0].send(peer0, Message("ack", {"version": 0, "staleness": []}))
+    late = threading.Timer(0.2, lambda: servers[1].send(peer1, Message("ack", {"version": 0, "staleness": []})))
+    start = time.perf_counter()
+    late.start()
+    client.wait(ticket)
+    waited = time.perf_counter() - start
+    got = client.take_server_s()
+    assert set(got) == {0, 1} and got[1] >= 0.2 and got[0] <= waited
+    assert client.take_server_s() == {}  # taken once
+    ticket = client.pull(0)
+    for r, server in enumerate(servers):
+        peer, _ = take(server, "pull")
+        server.send(peer, params([r, r + 2], version=0, held=10.0))
+    client.wait(ticket)
+    assert client.take_server_s() == {0: 0.0, 1: 0.0}

@@ -130,3 +130,30 @@ def test_bad_control_requests_are_refused_with_a_reason(line, reason):
     with pytest.raises(ValueError) as exc:
         parse_control(line)
     assert str(exc.value) == reason
+
+
+def test_a_servers_time_is_the_larger_of_its_busy_time_and_the_workers_exchanges_with_it():
+    """A server behind a slow link (the kernel's, not an emulation) is busy as briefly
+    as the others, but every worker spends longer in its exchanges: its throughput is
+    its bytes over that longer time, so PSLD sees it as the slow one."""
+    from types import SimpleNamespace
+
+    from equipoise.runtime.servers import ServerManager
+    from equipoise.wire import Message
+
+    manager = object.__new__(ServerManager)
+    records = []
+    stats = {r: Message("stats", {"busy_s": 0.01, "bytes": 1_000_000, "load_bytes": 400, "blocks": 1})
+             for r in (0, 1)}
+    manager.settings = SimpleNamespace(psld_interval=5)
+    manager.pool = SimpleNamespace(broadcast=lambda msg, kind: stats, version=1)
+    manager._barrier_at, manager.workers, manager._exchange_s = {0: 0.0, 5: 5.0}, 2, {}
+    manager._record, manager._elapsed = records.append, lambda: 5.0
+    manager.observe_exchange({0: 0.02, 1: 0.5})  # worker 0's report
+    manager.observe_exchange({0: 0.02, 1: 0.5})  # worker 1's
+    throughput, iteration_s = manager._measure(5)
+    assert iteration_s == 1.0
+    assert throughput == {0: 1_000_000 / 0.02, 1: 1_000_000 / 0.5}  # mean exchange: 0.02 s and 0.5 s
+    assert records[0]["exchange_s"] == [0.02, 0.5] and manager._exchange_s == {}
+    manager.observe_exchange({0: 0.001, 1: 0.001})  # faster than their busy time: busy decides
+    assert manager._measure(5)[0] == {0: 1_000_000 / 0.01, 1: 1_000_000 / 0.01}

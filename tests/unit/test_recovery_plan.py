@@ -168,3 +168,22 @@ def test_a_worker_lost_after_a_restart_does_not_leave_the_barrier_waiting_for_it
     stub.waiting = {}
     stub.after_loss(0, delivered=False, active=[1], replies={})
     assert stub.passed == 1  # nobody waits: the survivor's request passes it when it comes
+
+
+def test_a_reports_exchange_seconds_go_to_the_server_manager_and_a_malformed_list_is_refused():
+    from types import SimpleNamespace
+
+    from equipoise.runtime.pacings import BarrierCoordinator
+    from equipoise.runtime.stats import RunStats
+
+    coord = object.__new__(BarrierCoordinator)
+    seen = []
+    coord.stats, coord.reports, coord.ended = RunStats(48), {}, set()
+    coord.servers = SimpleNamespace(observe_exchange=seen.append)
+    report = {"iteration": 0, "start": 0, "samples": 16, "loss": 1.0, "compute_s": 0.1, "wait_s": 0.0,
+              "comm_s": 0.0, "staleness": []}
+    coord._collect(1, {**report, "server_s": [[0, 0.25], [1, 0.5]]})
+    assert seen == [{0: 0.25, 1: 0.5}] and "server_s" not in coord.reports[0][0]
+    for bad in ([[0, -1.0]], [[0]], "x", [["0", 1.0]], [[0, float("nan")]]):
+        with pytest.raises(ValueError, match="server_s"):
+            coord._collect(2, {**report, "start": 16, "server_s": bad})

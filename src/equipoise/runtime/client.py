@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 from ..policy.placement import Block
-from ..wire import Connection, Message, PeerTimeout, Transport
+from ..wire import Connection, Message, PeerTimeout, Transport, wait_readable
 from ..wire.names import grad_name, values_of
 
 _REPLY = {"push": "ack", "pull": "params"}
@@ -38,6 +38,7 @@ class Ticket:
     kind: str
     id: int
     parts: list[tuple[int, Connection, list[int]]]
+    sent: float = 0.0  # time.perf_counter() when the requests were sent
 
 
 @dataclass
@@ -83,6 +84,11 @@ class PSClient:
         self._owed: dict[int, dict[str, deque[int]]] = {}  # id(conn) → reply type → ticket ids, oldest first
         self._got: dict[int, dict[int, Message]] = {}  # ticket id → id(conn) → reply
         self._leaving: dict[int, Connection] = {}  # servers removed with replies still owed
+        self._arrived: dict[int, dict[int, float]] = {}  # ticket id → id(conn) → when its reply was read
+        # Seconds of each exchange with each server since `take_server_s` (push: sent to
+        # acked; pull: sent to arrived, less the time the server held it for a version):
+        # what a slow link or a loaded host costs, which the server itself does not see.
+        self.server_s: dict[int, float] = {}
 
     @property
     def active(self) -> list[int]:
@@ -171,10 +177,22 @@ class PSClient:
         limit = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
         got = self._got[ticket.id]
-        for _, conn, _ in ticket.parts:
-            while id(conn) not in got:
+        while pending := [conn for _, conn, _ in ticket.parts if id(conn) not in got]:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ClientError(f"{self.who}: no reply from {pending[0].address} within {limit:g}s")
+            ready = wait_readable(pending, min(left, 0.2))
+            if not ready:
+                self.interrupt()
+                continue
+            for conn in ready:  # each read as it is ready, so that its reply is timed as it came
                 self._receive(conn, deadline, limit)
         del self._got[ticket.id]
+        arrived = self._arrived.pop(ticket.id, {})
+        for r, conn, _ in ticket.parts:
+            held = float(got[id(conn)].fields.get("held_s", 0.0) or 0.0) if ticket.kind == "pull" else 0.0
+            seconds = max(0.0, arrived.get(id(conn), ticket.sent) - ticket.sent - held)
+            self.server_s[r] = self.server_s.get(r, 0.0) + seconds
         if ticket.kind == "push":
             return [s for _, conn, _ in ticket.parts for s in self._sigmas(conn, got[id(conn)])]
         pulled = Pulled({}, {}, 0.0)
@@ -196,6 +214,11 @@ class PSClient:
                                   f"({type(exc).__name__}: {exc})") from None
         return pulled
 
+    def take_server_s(self) -> dict[int, float]:
+        """The seconds spent in exchanges with each server since the last call."""
+        got, self.server_s = self.server_s, {}
+        return got
+
     def close(self) -> None:
         for conn in [*self.conns.values(), *self._leaving.values()]:
             conn.close()
@@ -205,13 +228,13 @@ class PSClient:
         """Abandon every request in flight (new connections: late replies to the old
         ones are never read), route by `table`, and tag requests with `epoch`."""
         self.close()
-        self._owed, self._got = {}, {}
+        self._owed, self._got, self._arrived = {}, {}, {}
         self.epoch = int(epoch)
         self.set_table(table, addresses)
 
     # -- internals ----------------------------------------------------------------------
     def _send(self, kind: str, make, only: list[int] | None = None) -> Ticket:
-        ticket = Ticket(kind, next(self._ids), [])
+        ticket = Ticket(kind, next(self._ids), [], time.perf_counter())
         self._got[ticket.id] = {}
         for r in self.active if only is None else [r for r in self.active if r in set(only)]:
             conn = self.conns[r]
@@ -237,7 +260,9 @@ class PSClient:
         owed = self._owed.get(id(conn), {}).get(reply.type)
         if not owed:
             raise ClientError(f"{self.who}: unexpected {reply.type!r} from {conn.address}")
-        self._got[owed.popleft()][id(conn)] = reply
+        ticket = owed.popleft()
+        self._got[ticket][id(conn)] = reply
+        self._arrived.setdefault(ticket, {})[id(conn)] = time.perf_counter()
 
     def _sigmas(self, conn: Connection, ack: Message) -> list[int]:
         sigmas = ack.fields.get("staleness", [])

@@ -416,6 +416,12 @@ class Coordinator:
         stale = report.get("staleness")
         if not isinstance(stale, list) or not all(isinstance(x, int) and x >= 0 for x in stale):
             raise ValueError(f"report of worker {worker}: staleness must be a list of σ ≥ 0")
+        exchange = report.pop("server_s", None)  # optional: seconds in exchanges with each server
+        if exchange is not None:
+            if not isinstance(exchange, list) or not all(
+                    isinstance(e, list) and len(e) == 2 and type(e[0]) is int and e[0] >= 0
+                    and type(e[1]) in (int, float) and math.isfinite(e[1]) and e[1] >= 0 for e in exchange):
+                raise ValueError(f"report of worker {worker}: server_s must list [server, seconds ≥ 0]")
         for key in ("count", "data_s"):  # optional: a worker's step and input pipeline
             v = report.get(key, 0.0)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
@@ -434,6 +440,8 @@ class Coordinator:
             log.warning("worker %d's report of iteration %s, slice at %s, came twice: the second is ignored",
                         worker, report["iteration"], report.get("start"))
             return
+        if exchange:
+            self.servers.observe_exchange({r: float(sec) for r, sec in exchange})
         self.stats.add(report)
         held.append(report)
         self._reported(int(report["iteration"]))

@@ -85,6 +85,7 @@ class ServerManager:
         self._rates: dict[int, float] = {}  # last measured bytes/s per server
         self.backup_of: dict[int, int] = {}  # replication = 1: primary rank -> backup rank
         self.epoch = 0  # the coordinator's rollbacks, told to every server it initialises
+        self._exchange_s: dict[int, float] = {}  # workers' exchange seconds with each server since `_measure`
         self.barrier = True  # whether changes happen at barriers (else while workers run)
 
     # -- start --------------------------------------------------------------------------
@@ -227,6 +228,11 @@ class ServerManager:
 
     def broadcast(self, msg: Message, kind: str) -> dict[int, Message]:
         return self.pool.broadcast(msg, kind)
+
+    def observe_exchange(self, server_s: dict[int, float]) -> None:
+        """A worker's seconds in exchanges with each server since its last report."""
+        for r, sec in server_s.items():
+            self._exchange_s[r] = self._exchange_s.get(r, 0.0) + sec
 
     # -- what recovery asks of the servers -------------------------------------------------
     def active(self, ranks: list[int]) -> None:
@@ -379,8 +385,14 @@ class ServerManager:
         # Wall time per iteration, any worker pause for migrations included: that is the
         # migrations' measured cost.
         iteration_s = (self._barrier_at[t] - since) / interval if since is not None else None
-        throughput = {r: m.fields["bytes"] / m.fields["busy_s"] for r, m in stats.items()
-                      if m.fields["busy_s"] > 0 and m.fields["bytes"] > 0}
+        # A server's time is the larger of its busy time (handling bytes, an emulated
+        # slowdown included) and the mean time a worker spent in exchanges with it: a slow
+        # link or a loaded host, which the kernel imposes and the server does not see.
+        exchange = {r: self._exchange_s.get(r, 0.0) / max(1, self.workers) for r in stats}
+        self._exchange_s = {}
+        seconds = {r: max(m.fields["busy_s"], exchange[r]) for r, m in stats.items()}
+        throughput = {r: m.fields["bytes"] / seconds[r] for r, m in stats.items()
+                      if seconds[r] > 0 and m.fields["bytes"] > 0}
         self._rates = throughput
         ranks = sorted(stats)
         self._record({
@@ -388,6 +400,7 @@ class ServerManager:
             "servers": ranks, "load_bytes": [stats[r].fields["load_bytes"] for r in ranks],
             "blocks": [stats[r].fields["blocks"] for r in ranks],
             "busy_s": [stats[r].fields["busy_s"] for r in ranks],
+            "exchange_s": [exchange[r] for r in ranks],
             "busy_share": [stats[r].fields["busy_s"] / (interval * iteration_s) if iteration_s else None
                            for r in ranks],
             "bytes": [stats[r].fields["bytes"] for r in ranks],

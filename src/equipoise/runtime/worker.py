@@ -345,7 +345,8 @@ class Worker:
         staleness, self._pending_staleness = self._pending_staleness + staleness, []
         return {"iteration": f["iteration"], "start": f["start"], "samples": f["size"], "loss": loss, "count": count,
                 "version": min(versions.values()), "staleness": staleness, **measured, **self.link.take_times(),
-                "mem": self.proc.memory_info().rss / self._mem_total, **exchange}
+                "mem": self.proc.memory_info().rss / self._mem_total, **exchange,
+                "server_s": [[r, sec] for r, sec in sorted(self.client.take_server_s().items())]}
 
     def _exchange_times(self, since: float, pull_held: float, plan: Message) -> dict:
         """Split an exchange into waiting (a server or the coordinator held our request

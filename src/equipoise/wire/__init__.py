@@ -25,12 +25,13 @@ from .message import (
     encode,
 )
 from .schema import SCHEMA, check_fields, register
-from .transport import Connection, Listener, PeerTimeout, Transport
+from .transport import Connection, Listener, PeerTimeout, Transport, wait_readable
 from .memory import InMemoryTransport
 from .auth import JobKeys, generate_keys
 from .zmq_transport import ZmqTransport
 
 __all__ = [
+    "wait_readable",
     "DEFAULT_MAX_BYTES",
     "DTYPES",
     "MAX_HEADER_BYTES",

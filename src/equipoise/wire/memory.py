@@ -159,6 +159,9 @@ class _MemConnection(Connection):
         check_size(frames, self._transport.max_bytes)
         self._transport._to_listener(self.address, self.identity, _copy_frames(frames))
 
+    def pending(self) -> bool:
+        return not self._inbox.empty()
+
     def recv(self, timeout: float) -> Message:
         self._check_open()
         seconds = check_timeout(timeout)

@@ -153,6 +153,11 @@ class Connection(ABC):
         return self.recv(timeout)
 
     @abstractmethod
+    def pending(self) -> bool:
+        """Whether a message waits to be read now (a transport that cannot tell says
+        True: the next `recv` then blocks as it would have)."""
+        return True
+
     def close(self) -> None:
         """Release the socket; idempotent and never blocks."""
 
@@ -161,6 +166,22 @@ class Connection(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def wait_readable(conns: list["Connection"], timeout: float) -> list["Connection"]:
+    """Those of `conns` with a message waiting, once one has or `timeout` s passed (then
+    none). ZeroMQ connections are polled together; others are taken one at a time, in
+    order (the first is returned, and its `recv` blocks as before)."""
+    socks = [getattr(c, "_sock", None) for c in conns]
+    if conns and all(sock is not None for sock in socks):
+        import zmq
+
+        poller = zmq.Poller()
+        for sock in socks:
+            poller.register(sock, zmq.POLLIN)
+        ready = {sock for sock, _ in poller.poll(max(0, int(timeout * 1000)))}
+        return [c for c, sock in zip(conns, socks) if sock in ready]
+    return [next((c for c in conns if c.pending()), conns[0])] if conns else []
 
 
 class Transport(ABC):

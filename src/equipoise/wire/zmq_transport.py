@@ -244,6 +244,9 @@ class _ZmqConnection(_ZmqEndpoint, Connection):
             timeout = self._sock.sndtimeo / 1000
             raise PeerTimeout(f"cannot queue message for {self.address} within {timeout}s") from None
 
+    def pending(self) -> bool:
+        return bool(self._sock.poll(0, zmq.POLLIN))
+
     def recv(self, timeout: float) -> Message:
         seconds = check_timeout(timeout)
         if not _poll(self._sock, time.monotonic() + seconds):
