@@ -123,7 +123,7 @@ def test_a_lost_workers_report_that_comes_after_its_iterations_record_is_not_cou
     from equipoise.runtime.stats import RunStats
 
     coord = object.__new__(BarrierCoordinator)
-    coord.stats, coord.reports, coord.ended = RunStats(48), {}, {5}
+    coord.stats, coord.reports, coord.ended = RunStats(48), {}, 5
     report = {"iteration": 5, "start": 256, "samples": 16, "loss": 1.0, "compute_s": 0.1, "wait_s": 0.0,
               "comm_s": 0.0, "staleness": []}
     coord._collect(1, dict(report))
@@ -178,7 +178,7 @@ def test_a_reports_exchange_seconds_go_to_the_server_manager_and_a_malformed_lis
 
     coord = object.__new__(BarrierCoordinator)
     seen = []
-    coord.stats, coord.reports, coord.ended = RunStats(48), {}, set()
+    coord.stats, coord.reports, coord.ended = RunStats(48), {}, -1
     coord.servers = SimpleNamespace(observe_exchange=seen.append)
     report = {"iteration": 0, "start": 0, "samples": 16, "loss": 1.0, "compute_s": 0.1, "wait_s": 0.0,
               "comm_s": 0.0, "staleness": []}

@@ -189,13 +189,12 @@ class PSClient:
                 self._receive(conn, deadline, limit)
         del self._got[ticket.id]
         arrived = self._arrived.pop(ticket.id, {})
-        for r, conn, _ in ticket.parts:
-            held = float(got[id(conn)].fields.get("held_s", 0.0) or 0.0) if ticket.kind == "pull" else 0.0
-            seconds = max(0.0, arrived.get(id(conn), ticket.sent) - ticket.sent - held)
-            self.server_s[r] = self.server_s.get(r, 0.0) + seconds
         if ticket.kind == "push":
-            return [s for _, conn, _ in ticket.parts for s in self._sigmas(conn, got[id(conn)])]
+            sigmas = [s for _, conn, _ in ticket.parts for s in self._sigmas(conn, got[id(conn)])]
+            self._time(ticket, arrived, {})
+            return sigmas
         pulled = Pulled({}, {}, 0.0)
+        held: dict[int, float] = {}
         for r, conn, keys in ticket.parts:
             reply = got[id(conn)]
             values = values_of(reply.tensors)
@@ -203,7 +202,8 @@ class PSClient:
                 moved = reply.fields.get("moved", [])  # handed over since we routed by the table
                 pulled.values.update({k: values[k] for k in keys if k in values or k not in moved})
                 pulled.versions[r] = int(reply.fields["version"])
-                pulled.held_s = max(pulled.held_s, float(reply.fields["held_s"]))
+                held[id(conn)] = float(reply.fields["held_s"])
+                pulled.held_s = max(pulled.held_s, held[id(conn)])
                 read = reply.fields.get("read")
                 if read is not None:
                     if isinstance(read, bool) or not isinstance(read, int):
@@ -212,7 +212,15 @@ class PSClient:
             except (KeyError, TypeError, ValueError) as exc:
                 raise ClientError(f"{self.who}: {conn.address} sent malformed params "
                                   f"({type(exc).__name__}: {exc})") from None
+        self._time(ticket, arrived, held)
         return pulled
+
+    def _time(self, ticket: Ticket, arrived: dict[int, float], held: dict[int, float]) -> None:
+        """Add each server's part of `ticket` to `server_s`: from sending to its reply's
+        arrival, less the time the server held it (`held`, by id of the connection)."""
+        for r, conn, _ in ticket.parts:
+            seconds = arrived.get(id(conn), ticket.sent) - ticket.sent - held.get(id(conn), 0.0)
+            self.server_s[r] = self.server_s.get(r, 0.0) + max(0.0, seconds)
 
     def take_server_s(self) -> dict[int, float]:
         """The seconds spent in exchanges with each server since the last call."""

@@ -98,7 +98,7 @@ class Coordinator:
         self.stops: dict[int, int] = {}  # stop replies sent to each worker
         self.waiting: dict[int, tuple[bytes, float]] = {}  # plan requests held: rank -> (peer, since)
         self.reports: dict[int, list[dict]] = {}  # reports by iteration, until it ends
-        self.ended: set[int] = set()  # barrier: iterations whose record was written (until a rollback replays them)
+        self.ended = -1  # barrier: the last iteration whose record was written (they end in order)
         self.known_table: dict[int, int] = {}  # the table version each worker was sent
         self.events_done: set[int] = set()  # scenario membership events applied
         self.assign = Assignments()  # barrier: the slices of the iteration in flight
@@ -406,7 +406,7 @@ class Coordinator:
         every server, and every report after it is replayed."""
         self.iteration, self.cursor = mem.iteration, mem.iteration * self.cfg.global_batch
         self.reports = {t: r for t, r in self.reports.items() if t < mem.iteration}
-        self.ended = {t for t in self.ended if t < mem.iteration}  # replayed: recorded again
+        self.ended = min(self.ended, mem.iteration - 1)  # replayed: recorded again
 
     # -- reports and metrics ------------------------------------------------------------
     def _collect(self, worker: int, report: dict) -> None:
@@ -427,7 +427,7 @@ class Coordinator:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"report of worker {worker}: {key} = {v!r} must be a finite number ≥ 0")
         report["worker"] = worker
-        if self.barrier_paced and int(report["iteration"]) in self.ended:
+        if self.barrier_paced and int(report["iteration"]) <= self.ended:
             # A lost worker's report that came after its iteration's record (which holds
             # its slice, applied everywhere): counting it again would count its samples
             # twice. (Without a barrier a plan may cross into the next iteration, whose
@@ -453,7 +453,7 @@ class Coordinator:
         reports = self.reports.pop(t, [])
         if not reports:
             return
-        self.ended.add(t)
+        self.ended = max(self.ended, t)
         self.planner.observe({r["worker"]: r for r in reports if not r.get("recovery")})
         record = self.stats.iteration_record(t, reports)
         if self.cfg.protocol == "lbbsp":

@@ -31,7 +31,6 @@ from .auth import JobKeys, generate_keys
 from .zmq_transport import ZmqTransport
 
 __all__ = [
-    "wait_readable",
     "DEFAULT_MAX_BYTES",
     "DTYPES",
     "MAX_HEADER_BYTES",
@@ -53,6 +52,7 @@ __all__ = [
     "generate_keys",
     "make_transport",
     "register",
+    "wait_readable",
 ]
 
 
