@@ -19,7 +19,6 @@ global sample stream at once.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from pathlib import Path
 from typing import Callable
@@ -43,12 +42,11 @@ from .recovery import Assignments
 from .rpc import JobError, PeerLost, Peers, Rpc
 from .servers import ServerManager, ServerSettings
 from .snapshots import SnapshotSettings, Snapshots, State
-from .stats import RunStats
+from .stats import RunStats, check_report
 from .store import OptimizerSpec
 
 log = logging.getLogger("equipoise.coordinator")
 
-REPORT_KEYS = ("iteration", "samples", "loss", "compute_s", "wait_s", "comm_s")
 _SENT_BY = {"plan_req": "worker", "table_req": "worker"}  # requests only workers send
 
 
@@ -88,7 +86,7 @@ class Coordinator:
                          "lr_modulation": cfg.lr_modulation, "async_scaling": cfg.async_scaling,
                          "delay_compensation": cfg.delay_compensation, "dc_lambda": cfg.dc_lambda},
             control_path=self.run_dir / "control.jsonl", event=self._event, record=self.metrics.write,
-            elapsed=self.stats.elapsed, await_hello=self._await_hello)
+            elapsed=self.stats.elapsed, await_hello=self.await_hello)
         self.servers.barrier = self.barrier_paced
         self.planner = Planner(cfg.slice(PlanSettings), list(range(cfg.workers)))
         self.blocks: list[Block] = []
@@ -274,8 +272,8 @@ class Coordinator:
         for w in sorted(self.waiting):
             self._stop(w)
 
-    def _await_hello(self, what: str, wanted: Callable[[Message], bool],
-                     gone: Callable[[], bool] | None = None) -> bytes | None:
+    def await_hello(self, what: str, wanted: Callable[[Message], bool],
+                    gone: Callable[[], bool] | None = None) -> bytes | None:
         """At a barrier, wait up to `timeout` for the hello `wanted` accepts; returns its
         sender, or None once `gone()` says it will never come. Meanwhile a plan request is
         kept (it cannot come at a barrier, but is never dropped) and a started server's
@@ -398,9 +396,6 @@ class Coordinator:
                                                              reset=True, epoch=epoch, table=self.servers.table,
                                                              servers=self.servers.addresses))
 
-    def await_hello(self, what: str, wanted: Callable[[Message], bool]) -> None:
-        self._await_hello(what, wanted)
-
     def _rewind(self, mem: Memory) -> None:
         """The plan goes back to `mem`: at a barrier every slice before it was applied on
         every server, and every report after it is replayed."""
@@ -410,22 +405,7 @@ class Coordinator:
 
     # -- reports and metrics ------------------------------------------------------------
     def _collect(self, worker: int, report: dict) -> None:
-        missing = [k for k in REPORT_KEYS if not isinstance(report.get(k), (int, float))]
-        if missing:
-            raise ValueError(f"report of worker {worker} lacks numeric {missing}")
-        stale = report.get("staleness")
-        if not isinstance(stale, list) or not all(isinstance(x, int) and x >= 0 for x in stale):
-            raise ValueError(f"report of worker {worker}: staleness must be a list of σ ≥ 0")
-        exchange = report.pop("server_s", None)  # optional: seconds in exchanges with each server
-        if exchange is not None:
-            if not isinstance(exchange, list) or not all(
-                    isinstance(e, list) and len(e) == 2 and type(e[0]) is int and e[0] >= 0
-                    and type(e[1]) in (int, float) and math.isfinite(e[1]) and e[1] >= 0 for e in exchange):
-                raise ValueError(f"report of worker {worker}: server_s must list [server, seconds ≥ 0]")
-        for key in ("count", "data_s"):  # optional: a worker's step and input pipeline
-            v = report.get(key, 0.0)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise ValueError(f"report of worker {worker}: {key} = {v!r} must be a finite number ≥ 0")
+        exchange = check_report(worker, report)
         report["worker"] = worker
         if self.barrier_paced and int(report["iteration"]) <= self.ended:
             # A lost worker's report that came after its iteration's record (which holds

@@ -60,8 +60,8 @@ class Plan(Protocol):
         """Every server restarted from `memory`: the plan goes back there and every
         worker is told to start again from it, in `epoch`."""
 
-    def await_hello(self, what: str, wanted: Callable[[Message], bool]) -> None:
-        """Wait up to `timeout` for the hello `wanted` accepts."""
+    def await_hello(self, what: str, wanted: Callable[[Message], bool]) -> bytes | None:
+        """Wait up to `timeout` for the hello `wanted` accepts; its sender."""
 
 
 class Recovery:

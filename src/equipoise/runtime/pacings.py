@@ -195,7 +195,7 @@ class BarrierCoordinator(Coordinator):
                 self.recovery.unhandled.append(failure)
             return False
 
-        peer = self._await_hello(f"joining worker {rank} to register",
+        peer = self.await_hello(f"joining worker {rank} to register",
                                  lambda m: m.fields.get("role") == "worker" and m.fields.get("rank") == rank,
                                  gone=gone)
         if peer is None:

@@ -2,10 +2,34 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 
 from ..config import Config
+
+REPORT_KEYS = ("iteration", "samples", "loss", "compute_s", "wait_s", "comm_s")
+
+
+def check_report(worker: int, report: dict) -> list | None:
+    """ValueError naming what is wrong with a worker's report; returns (and takes out of
+    it) its optional `server_s`, [server, seconds] of its exchanges with each server."""
+    missing = [k for k in REPORT_KEYS if not isinstance(report.get(k), (int, float))]
+    if missing:
+        raise ValueError(f"report of worker {worker} lacks numeric {missing}")
+    stale = report.get("staleness")
+    if not isinstance(stale, list) or not all(isinstance(x, int) and x >= 0 for x in stale):
+        raise ValueError(f"report of worker {worker}: staleness must be a list of σ ≥ 0")
+    exchange = report.pop("server_s", None)
+    if exchange is not None and (not isinstance(exchange, list) or not all(
+            isinstance(e, list) and len(e) == 2 and type(e[0]) is int and e[0] >= 0
+            and type(e[1]) in (int, float) and math.isfinite(e[1]) and e[1] >= 0 for e in exchange)):
+        raise ValueError(f"report of worker {worker}: server_s must list [server, seconds ≥ 0]")
+    for key in ("count", "data_s"):  # optional: a worker's step and input pipeline
+        v = report.get(key, 0.0)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"report of worker {worker}: {key} = {v!r} must be a finite number ≥ 0")
+    return exchange
 
 
 class RunStats:
