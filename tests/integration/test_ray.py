@@ -189,7 +189,8 @@ def test_a_node_lost_mid_run_with_replication(cluster, tmp_path):
 
     summary, on_it = _train_and_meanwhile(cfg, run_dir, remove_node_of_server1)
     assert on_it == ["server1"]
-    assert [f"{r['role']}{r['rank']}" for r in summary["recovered"]] == on_it
+    assert [f"{r['role']}{r['rank']}" for r in summary["recovered"]] == on_it, (
+        summary["recovered"], summary["iterations"], records(run_dir, "failure"))
     assert summary["iterations"] == cfg["iterations"]
     assert_near_reference(cfg, run_dir)
     assert _gone(summary)

@@ -115,6 +115,35 @@ def test_a_worker_lost_after_its_slice_was_applied_everywhere_keeps_its_slice_in
     assert record["lost"] == [False, True, False]  # metrics.jsonl says whose slice was never reported
 
 
+def test_a_fail_over_past_the_iteration_in_flight_records_the_reports_it_cut_off():
+    """Every server had applied iteration 5 (its backup holds version 6 of the lost
+    server's blocks), so the fail-over restarts from 6 and 5 is not replayed; worker 1 was
+    still waiting on the lost server for its pull and had not sent its report. The
+    record of 5 lists its slice all the same (a Ray test saw `splits[7] = [16, 16]`)."""
+    from types import SimpleNamespace
+
+    from equipoise.runtime.losses import Memory
+    from equipoise.runtime.pacings import BarrierCoordinator
+
+    class Stub(BarrierCoordinator):
+        def __init__(self):
+            self.cfg, self.assign, self.iteration, self.ended = SimpleNamespace(global_batch=48), Assignments(), 6, 4
+            self.assign.begin(5, {0: (240, 16), 1: (256, 16), 2: (272, 16)})
+            self.reports = {5: [{"worker": w, "start": 240 + 16 * w, "samples": 16} for w in (0, 2)]}
+
+        def _collect(self, worker, report):
+            self.reports.setdefault(report["iteration"], []).append({**report, "worker": worker})
+
+    stub = Stub()
+    stub._rewind(Memory(6, None, []))
+    assert sorted((r["worker"], r["start"], bool(r.get("lost"))) for r in stub.reports[5]) == [
+        (0, 240, False), (1, 256, True), (2, 272, False)]
+    assert (stub.iteration, stub.ended) == (6, 4)
+    again = Stub()  # a rollback to the start of 5 replays it: its reports are dropped, none made up
+    again._rewind(Memory(5, None, []))
+    assert again.reports == {} and again.iteration == 5
+
+
 def test_a_lost_workers_report_that_comes_after_its_iterations_record_is_not_counted_twice():
     """Its plan request (with its report of iteration 5) was on the wire when it was
     declared lost: the record of 5 was written with its slice (as above); the report that

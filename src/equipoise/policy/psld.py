@@ -8,7 +8,12 @@ seconds, its effective throughput r_j -- and the mean iteration time, and asks
 ``Psld.decide`` what to do. ``Psld`` either judges the trial it started last time (keep
 it if the measured iteration time improved by more than ``threshold`` after charging the
 migration's pause amortised over ``horizon`` iterations, else undo it), or starts a new
-trial:
+trial. A trial is judged on the interval after the one its moves were made in: that
+one mixes the moves' pause and the old placement's exchanges (a worker reports an
+iteration's exchange times with its next plan request) into the new placement's time,
+and on a kernel-shaped link a token bucket that filled while the link idled lets its
+first bytes through at line rate: it measures neither placement. The pause is charged
+all the same (amortised over ``horizon`` iterations). New trials:
 
 * exploit: the descending-best-fit moves (``exploit_moves``) that cut the predicted
   maximum server time max_j L_j / r_j, if they cut it by more than ``threshold`` and
@@ -68,6 +73,7 @@ class _Trial:
     undo: list[MoveBlock]
     before_s: float
     pause_s: float = 0.0
+    settle: int = 1  # intervals still to pass before it is judged (the moves' own: skipped)
 
 
 class Psld:
@@ -96,6 +102,9 @@ class Psld:
         ``live`` the ranks running, ``throughput`` their measured bytes/s (missing for a
         server that handled nothing), ``iteration_s`` the mean iteration time since the
         last decision, ``added`` the servers PSLD started."""
+        if self.trial is not None and self.trial.settle > 0:
+            self.trial.settle -= 1  # the interval the moves were made in
+            return []
         if self.trial is not None:
             trial, self.trial = self.trial, None
             gain = (trial.before_s - iteration_s - trial.pause_s / self.horizon) / trial.before_s

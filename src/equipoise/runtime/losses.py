@@ -165,9 +165,10 @@ class Recovery:
         self.memory = Memory(version, state, self.servers.promote(lost))
         self.restart()
         self.servers.replicate()
+        replay = (f"iterations {version}–{now - 1} replayed" if version < now
+                  else f"nothing replayed (iteration {now - 1} had been applied everywhere)")
         self.record(failure, f"its backup, server {backup}, took its blocks; every server restarted from "
-                             f"version {version}, iterations {version}–{now - 1} replayed",
-                    replayed=[version, now], iteration=now)
+                             f"version {version}, {replay}", replayed=[version, now], iteration=now)
 
     def roll_back(self) -> None:
         """Every server starts again from the last in-memory snapshot, the replacements

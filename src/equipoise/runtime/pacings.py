@@ -130,12 +130,7 @@ class BarrierCoordinator(Coordinator):
             mine = [s for s in self.assign.slices if s.worker == worker]
             caps = {w: c for w in active if (c := self.planner.cap(w)) is not None}
             new = self.assign.lose(worker, {w: planned.get(w, 1) for w in active}, behind, caps)
-            reported = {r.get("start") for r in self.reports.get(t, []) if r["worker"] == worker}
-            for s in mine:  # applied by every server it was owed to, but its report never came
-                if not any(s.reaches(r) for r in behind) and s.start not in reported:
-                    self._collect(worker, {"iteration": t, "start": s.start, "samples": s.size, "loss": 0.0,
-                                           "count": 0.0, "compute_s": 0.0, "wait_s": 0.0, "comm_s": 0.0,
-                                           "staleness": [], "recovery": True, "lost": True})
+            self._unreported(t, [s for s in mine if not any(s.reaches(r) for r in behind)])
             action = (f"iteration {t}: its slices re-planned as {len(new)} shares for workers "
                       f"{sorted({s.worker for s in new})} (servers {behind} had not applied it)"
                       if new else f"iteration {t} had been applied everywhere; removed")
@@ -145,6 +140,28 @@ class BarrierCoordinator(Coordinator):
                 self._send_share(w)
         self._advance_if_all_wait(active)
         return action
+
+    def _unreported(self, t: int, slices: list) -> None:
+        """`slices` of iteration t were applied by every server they were owed to, but
+        some reports never came (their worker was lost, or a restart past t cut them
+        off): iteration t's record lists those slices itself (`lost`), so that its
+        `batch` is the split that was applied."""
+        reported = {(r["worker"], r.get("start")) for r in self.reports.get(t, [])}
+        for s in slices:
+            if (s.worker, s.start) not in reported:
+                self._collect(s.worker, {"iteration": t, "start": s.start, "samples": s.size, "loss": 0.0,
+                                         "count": 0.0, "compute_s": 0.0, "wait_s": 0.0, "comm_s": 0.0,
+                                         "staleness": [], "recovery": True, "lost": True})
+
+    def _rewind(self, mem: Memory) -> None:
+        """A fail-over that restarts from the end of the iteration in flight (every block
+        of version t + 1 survived) does not replay t: the reports the restart cut off
+        (a worker waiting on the lost server for its pull had not sent its own) are
+        recorded from the slices."""
+        t = self.assign.iteration
+        if t is not None and mem.iteration == t + 1 == self.iteration:
+            self._unreported(t, list(self.assign.slices))
+        super()._rewind(mem)
 
     def _advance_if_all_wait(self, active: list[int]) -> None:
         """After a loss: if every worker left waits and no share is owed, the barrier is
