@@ -163,28 +163,12 @@ class Worker:
 
     # -- the loop -----------------------------------------------------------------------
     def _loop(self, data, sampler: SliceSampler) -> None:
-        """Compute step k, send exchange k (push of its gradient, pull of the weights
-        for a later step) and report; then collect the exchange that leaves flight and
-        the next plan. With depth d = cfg.overlap exchanges in flight:
-
-        * d = 0: exchange k is complete before step k+1 computes. Under a barrier the
-          pull goes out first, so the server registers it before our push can complete
-          the update (by the time every ack is in, every pull is answered: nothing is in
-          flight at the barrier, when blocks may move between servers); otherwise the
-          push goes first, so the weights the pull brings include our own gradient. The
-          acks are in before the plan request, whose report carries their σ. The next
-          plan is read before the pulled weights are written: if it is a recovery plan (a
-          share of a lost worker's slice, barrier protocols) the model still holds the
-          weights of the iteration in flight.
-        * d = 1 (Rudra-adv*: communication decoupled from compute): exchange k stays in
-          flight while step k+1 computes on the weights exchange k−1 brought, and its
-          pull asks for the clock of step k+2. Every gradient is tagged with the version
-          it was really computed on, so the extra staleness is measured, not hidden.
-          Plans are requested one step ahead; a stop therefore answers two requests,
-          and the exchanges still in flight are collected before returning.
-
-        A report describes one iteration: its compute and the exchange that fed it."""
-        d = self.depth
+        """Compute step k, send exchange k (the push of its gradient, the pull of the
+        weights for a later step) and report; then collect an exchange and the next
+        plan. The first plan and the weights it names come before either pipeline: with
+        no exchange in flight (`_sequential`, cfg.overlap off) or with one in flight
+        while the next step computes (`_overlapped`). A report describes one iteration:
+        its compute and the exchange that fed it."""
         t0 = time.perf_counter()
         plan = self._request(self._plan_req(0, {}), "plan")
         if plan.fields["stop"]:
@@ -192,9 +176,19 @@ class Worker:
         self._plan_table(plan, {}, 0)
         versions, reads, held = self._take(self.client.pull(plan.fields["version"]))
         exchange = self._exchange_times(t0, held, plan)
-        for ahead in range(1, d + 1):
-            self.coord.send(self._plan_req(ahead, {}))
-        in_flight: deque = deque()  # (push ticket or None, pull ticket) of exchanges sent
+        (self._overlapped if self.depth else self._sequential)(data, sampler, plan, versions, reads, exchange)
+
+    def _sequential(self, data, sampler: SliceSampler, plan: Message, versions: dict[int, int],
+                    reads: dict[int, int], exchange: dict) -> None:
+        """Exchange k is complete before step k+1 computes. Under a barrier the pull goes
+        out first, so the server registers it before our push can complete the update (by
+        the time every ack is in, every pull is answered: nothing is in flight at the
+        barrier, when blocks may move between servers); otherwise the push goes first,
+        so the weights the pull brings include our own gradient. The acks are in before
+        the plan request, whose report carries their σ. The next plan is read before the
+        pulled weights are written: if it is a recovery plan (a share of a lost worker's
+        slice, barrier protocols) the model still holds the weights of the iteration in
+        flight."""
         step = 0
         while True:
             f = plan.fields
@@ -209,49 +203,86 @@ class Worker:
                 if plan.fields["stop"]:
                     return
                 continue
-            t3 = time.perf_counter()
-            if f.get("await_table"):  # blocks moved during this compute: route by the new table
-                table = self._request(Message("table_req", {"worker": self.rank, "epoch": self.epoch}), "table")
-                versions = self._plan_table(table, versions, len(in_flight))
-                measured["table_wait_s"] = time.perf_counter() - t3
-            with self.stretch.local():  # packing the push: slow on a slow machine too
-                # With d, copies: the next backward overwrites .grad while these may still be queued.
-                pushes = self.link.read(copy=bool(d))
-            pull_version = self.policy.pull_version(step + 1 + d, f["iteration"])
-            if self.policy.pull_first():
-                pull = self.client.pull(pull_version)
-                push = self.client.push(pushes, versions, f["size"], start=f["start"], count=count)
-            else:
-                push = self.client.push(pushes, versions, f["size"], count=count, reads=reads, step=step)
-                pull = self.client.pull(pull_version)
-            staleness = [] if d else self.client.wait(push)
+            push, pull, versions, t3 = self._send(f, versions, reads, count, step, measured, in_flight=0)
+            staleness = self.client.wait(push)
             step += 1
             with self.stretch.local():
-                self.coord.send(self._plan_req(step + d, self._report(f, loss, count, versions, staleness,
-                                                                       measured, exchange)))
-            in_flight.append((push if d else None, pull))
+                self.coord.send(self._plan_req(step, self._report(f, loss, count, versions, staleness,
+                                                                  measured, exchange)))
+            plan = self._recv_coord("plan")  # before the weights: a recovery plan computes on the ones just used
+            while plan.fields.get("recover"):
+                plan = self._recover(data, sampler, plan, versions, step)
+            versions, reads, held = self._take(pull)
+            if plan.fields["stop"]:
+                return
+            versions = self._plan_table(plan, versions, 0)
+            exchange = self._exchange_times(t3, held, plan)
+
+    def _overlapped(self, data, sampler: SliceSampler, plan: Message, versions: dict[int, int],
+                    reads: dict[int, int], exchange: dict) -> None:
+        """Rudra-adv* (communication decoupled from compute; protocols without a
+        barrier): exchange k stays in flight while step k+1 computes on the weights
+        exchange k−1 brought, and its pull asks for the clock of step k+2. Every
+        gradient is tagged with the version it was really computed on, so the extra
+        staleness is measured, not hidden. Plans are requested `depth` steps ahead; a
+        stop therefore answers depth + 1 requests, and the exchanges still in flight are
+        collected before returning."""
+        d = self.depth
+        for ahead in range(1, d + 1):
+            self.coord.send(self._plan_req(ahead, {}))
+        in_flight: deque = deque()  # (push ticket, pull ticket) of exchanges sent
+        step = 0
+        while True:
+            f = plan.fields
+            try:
+                loss, count, measured = self._step(data, sampler, f)
+            except OutOfMemory as oom:
+                raise WorkerError(f"{oom}; without a barrier its slice cannot be split again: lower "
+                                  f"max_batch") from None
+            push, pull, versions, t3 = self._send(f, versions, reads, count, step, measured, len(in_flight))
+            step += 1
+            with self.stretch.local():  # σ of the acks collected so far rides on the next report
+                self.coord.send(self._plan_req(step + d, self._report(f, loss, count, versions, [],
+                                                                      measured, exchange)))
+            in_flight.append((push, pull))
             held = 0.0
-            if not d:  # before the weights: a recovery plan computes on the ones just used
-                plan = self._recv_coord("plan")
-                while plan.fields.get("recover"):
-                    plan = self._recover(data, sampler, plan, versions, step)
             if len(in_flight) > d:  # the oldest exchange: its acks and weights
                 push, pull = in_flight.popleft()
-                if push is not None:
-                    self._pending_staleness += self.client.wait(push)
+                self._pending_staleness += self.client.wait(push)
                 versions, reads, held = self._take(pull)
-            if d:
-                plan = self._recv_coord("plan")
+            plan = self._recv_coord("plan")
             if plan.fields["stop"]:
                 for push, pull in in_flight:
-                    if push is not None:
-                        self.client.wait(push)
+                    self.client.wait(push)
                     self.client.wait(pull)
                 for _ in range(d):
                     self._recv_coord("plan")  # the answers to the requests sent ahead
                 return
             versions = self._plan_table(plan, versions, len(in_flight))
             exchange = self._exchange_times(t3, held, plan)
+
+    def _send(self, f: dict, versions: dict[int, int], reads: dict[int, int], count: float, step: int,
+              measured: dict, in_flight: int) -> tuple[object, object, dict[int, int], float]:
+        """Send exchange `step` once its compute is done: if blocks moved meanwhile, ask
+        for the new table first; read the gradients; push and pull in the policy's order.
+        Returns the push and pull tickets, the versions (the table's) and when compute
+        ended."""
+        t3 = time.perf_counter()
+        if f.get("await_table"):  # blocks moved during this compute: route by the new table
+            table = self._request(Message("table_req", {"worker": self.rank, "epoch": self.epoch}), "table")
+            versions = self._plan_table(table, versions, in_flight)
+            measured["table_wait_s"] = time.perf_counter() - t3
+        with self.stretch.local():  # packing the push: slow on a slow machine too
+            # With exchanges in flight, copies: the next backward overwrites .grad while these may be queued.
+            pushes = self.link.read(copy=bool(self.depth))
+        pull_version = self.policy.pull_version(step + 1 + self.depth, f["iteration"])
+        if self.policy.pull_first():
+            pull = self.client.pull(pull_version)
+            push = self.client.push(pushes, versions, f["size"], start=f["start"], count=count)
+        else:
+            push = self.client.push(pushes, versions, f["size"], count=count, reads=reads, step=step)
+            pull = self.client.pull(pull_version)
+        return push, pull, versions, t3
 
     def _out_of_memory(self, oom: OutOfMemory, data, sampler: SliceSampler, f: dict, versions: dict[int, int],
                        step: int) -> tuple[Message, dict[int, int], dict]:
