@@ -13,6 +13,13 @@ TABLE, LIVE = [0, 1, 2, 3, 0, 1], [0, 1, 2, 3]
 SLOW0 = {0: 25.0, 1: 100.0, 2: 100.0, 3: 100.0}  # server 0 four times slower
 
 
+def moves_interval(c: Psld, table) -> None:
+    """The interval the trial's moves were made in is not judged, however long it took:
+    it mixes the moves' pause and the old placement's exchanges into the new one's time."""
+    judged = len(c.log)
+    assert c.decide(table, LIVE, SLOW0, iteration_s=9.0) == [] and len(c.log) == judged and c.trial
+
+
 def test_exploit_moves_load_off_the_slow_server_and_keeps_an_improvement():
     c = Psld(SIZES, epsilon=0.0)
     table = list(TABLE)
@@ -20,27 +27,15 @@ def test_exploit_moves_load_off_the_slow_server_and_keeps_an_improvement():
     assert actions and all(isinstance(a, MoveBlock) and a.src == 0 for a in actions)
     for a in actions:
         table[a.block] = a.dst
+    moves_interval(c, table)
     assert c.decide(table, LIVE, SLOW0, iteration_s=0.5) == []  # judged: kept
     assert c.log[-1]["kept"] is True and c.log[-1]["judged"] == actions
-
-
-def test_a_trial_is_judged_without_the_iteration_its_moves_were_made_in():
-    """Barriers every 0.1 s, except that the iteration after the moves at barrier 10 took
-    0.5 s (the moves' pause, which the trial is charged for on its own): a trial's interval
-    10-15 is judged at 0.1 s per iteration, the interval's plain mean being 0.18 s; an
-    interval of one iteration keeps it; with its start unknown there is no time."""
-    from equipoise.policy.psld import judged_iteration_s
-
-    barrier_at = {10: 0.0, 11: 0.5, 12: 0.6, 13: 0.7, 14: 0.8, 15: 0.9}
-    assert judged_iteration_s(barrier_at, 15, 5, after_moves=True) == pytest.approx(0.1)
-    assert judged_iteration_s(barrier_at, 15, 5, after_moves=False) == pytest.approx(0.18)
-    assert judged_iteration_s(barrier_at, 11, 1, after_moves=True) == pytest.approx(0.5)
-    assert judged_iteration_s(barrier_at, 15, 10, after_moves=True) is None
 
 
 def test_a_trial_that_does_not_help_is_undone():
     c = Psld(SIZES, epsilon=0.0)
     actions = c.decide(list(TABLE), LIVE, SLOW0, iteration_s=1.0)
+    moves_interval(c, TABLE)
     undo = c.decide(list(TABLE), LIVE, {}, iteration_s=1.0)  # no faster
     assert undo == [MoveBlock(a.block, a.dst, a.src) for a in reversed(actions)]
     assert c.log[-1]["kept"] is False
@@ -53,6 +48,7 @@ def test_the_migration_pause_is_charged_to_the_trial():
         c = Psld(SIZES, epsilon=0.0)
         c.decide(list(TABLE), LIVE, SLOW0, 1.0)
         c.charge(pause)
+        moves_interval(c, TABLE)
         c.decide(list(TABLE), LIVE, SLOW0, 0.9)
         assert c.log[-1]["kept"] is kept
 
@@ -109,6 +105,7 @@ def test_same_seed_same_decisions():
 def test_an_undone_trial_is_not_retried_at_once():
     c = Psld(SIZES, epsilon=0.0, tabu_decisions=2)
     first = c.decide(TABLE, LIVE, SLOW0, 1.0)
+    moves_interval(c, TABLE)
     assert first and c.decide(TABLE, LIVE, SLOW0, 1.0)  # judged: no gain, undone
     assert c.decide(TABLE, LIVE, SLOW0, 1.0) == []      # the same plan is not tried again now
     assert c.decide(TABLE, LIVE, SLOW0, 1.0) == first   # ... but it is later

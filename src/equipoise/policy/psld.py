@@ -8,11 +8,12 @@ seconds, its effective throughput r_j -- and the mean iteration time, and asks
 ``Psld.decide`` what to do. ``Psld`` either judges the trial it started last time (keep
 it if the measured iteration time improved by more than ``threshold`` after charging the
 migration's pause amortised over ``horizon`` iterations, else undo it), or starts a new
-trial. The iteration time a trial is judged by leaves out the iteration its moves were
-made in (``judged_iteration_s``): that one holds the moves' pause, which the trial is
-charged for amortised over ``horizon`` iterations; counted in the interval's mean too, a
-pause that took one iteration would weigh ``horizon / interval`` times what it costs.
-New trials:
+trial. A trial is judged on the interval after the one its moves were made in: that
+one mixes the moves' pause and the old placement's exchanges (a worker reports an
+iteration's exchange times with its next plan request) into the new placement's time,
+and on a kernel-shaped link a token bucket that filled while the link idled lets its
+first bytes through at line rate: it measures neither placement. The pause is charged
+all the same (amortised over ``horizon`` iterations). New trials:
 
 * exploit: the descending-best-fit moves (``exploit_moves``) that cut the predicted
   maximum server time max_j L_j / r_j, if they cut it by more than ``threshold`` and
@@ -41,21 +42,7 @@ from dataclasses import dataclass
 
 from .placement import exploit_moves, predicted_time, server_loads
 
-__all__ = ["MoveBlock", "AddServer", "RemoveServer", "ServerAction", "Psld", "judged_iteration_s",
-           "parse_control"]
-
-
-def judged_iteration_s(barrier_at: Mapping[int, float], t: int, interval: int, after_moves: bool) -> float | None:
-    """Mean seconds per iteration over the interval that ends at the barrier of t
-    (`barrier_at[i]`: when the barrier of iteration i was passed), None if its start is
-    unknown. `after_moves`: a trial's moves were made at the interval's first barrier;
-    the iteration they were made in is left out (its pause is charged to the trial on its
-    own), unless it is the interval's only one."""
-    skip = 1 if after_moves and interval > 1 else 0
-    since = barrier_at.get(t - interval + skip)
-    if since is None or t not in barrier_at:
-        return None
-    return (barrier_at[t] - since) / (interval - skip)
+__all__ = ["MoveBlock", "AddServer", "RemoveServer", "ServerAction", "Psld", "parse_control"]
 
 
 @dataclass(frozen=True)
@@ -86,6 +73,7 @@ class _Trial:
     undo: list[MoveBlock]
     before_s: float
     pause_s: float = 0.0
+    settle: int = 1  # intervals still to pass before it is judged (the moves' own: skipped)
 
 
 class Psld:
@@ -114,6 +102,9 @@ class Psld:
         ``live`` the ranks running, ``throughput`` their measured bytes/s (missing for a
         server that handled nothing), ``iteration_s`` the mean iteration time since the
         last decision, ``added`` the servers PSLD started."""
+        if self.trial is not None and self.trial.settle > 0:
+            self.trial.settle -= 1  # the interval the moves were made in
+            return []
         if self.trial is not None:
             trial, self.trial = self.trial, None
             gain = (trial.before_s - iteration_s - trial.pause_s / self.horizon) / trial.before_s

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..policy.placement import Block, placement_blocks
-from ..policy.psld import AddServer, MoveBlock, Psld, RemoveServer, ServerAction, judged_iteration_s, parse_control
+from ..policy.psld import AddServer, MoveBlock, Psld, RemoveServer, ServerAction, parse_control
 from ..scenario import BlockMove, Scenario, ServerRemove
 from ..wire import Message, PeerTimeout, Transport, names
 from .pool import ServerPool
@@ -308,8 +308,7 @@ class ServerManager:
         if t > 0 and t % interval == 0:
             throughput, iteration_s = self._measure(t)
             if self.psld is not None and not actions and iteration_s:
-                judged = judged_iteration_s(self._barrier_at, t, interval, after_moves=self.psld.trial is not None)
-                actions = self.psld.decide(self.pool.table, self.pool.serving(), throughput, judged or iteration_s,
+                actions = self.psld.decide(self.pool.table, self.pool.serving(), throughput, iteration_s,
                                            set(self._added))
         return actions
 

@@ -44,6 +44,10 @@ class WorkerError(ClientError):
     """A fault of this worker's step (non-finite loss, a bad plan); names the worker."""
 
 
+def _unsplittable(oom: OutOfMemory) -> WorkerError:
+    return WorkerError(f"{oom}; without a barrier its slice cannot be split again: lower max_batch")
+
+
 class Reset(Exception):
     """The coordinator rolled the job back (a server was lost): start again from the
     plan it will send, on the block table `msg` carries."""
@@ -196,8 +200,7 @@ class Worker:
                 loss, count, measured = self._step(data, sampler, f)
             except OutOfMemory as oom:
                 if not self.barrier:
-                    raise WorkerError(f"{oom}; without a barrier its slice cannot be split again: lower "
-                                      f"max_batch") from None
+                    raise _unsplittable(oom) from None
                 plan, versions, exchange = self._out_of_memory(oom, data, sampler, f, versions, step)
                 step += 1
                 if plan.fields["stop"]:
@@ -237,8 +240,7 @@ class Worker:
             try:
                 loss, count, measured = self._step(data, sampler, f)
             except OutOfMemory as oom:
-                raise WorkerError(f"{oom}; without a barrier its slice cannot be split again: lower "
-                                  f"max_batch") from None
+                raise _unsplittable(oom) from None
             push, pull, versions, t3 = self._send(f, versions, reads, count, step, measured, len(in_flight))
             step += 1
             with self.stretch.local():  # σ of the acks collected so far rides on the next report

@@ -50,7 +50,7 @@ import numpy as np
 from ..config import Config
 from ..policy.batching import equal_split
 from ..policy.placement import rehome
-from ..policy.psld import AddServer, MoveBlock, Psld, RemoveServer, judged_iteration_s
+from ..policy.psld import AddServer, MoveBlock, Psld, RemoveServer
 from ..policy.sync import make_sync_policy
 from ..runtime.planner import Planner, PlanSettings
 from ..scenario import BlockMove, Scenario, ServerRemove, WorkerJoin, WorkerLeave
@@ -226,8 +226,7 @@ class Simulation:
             rec, thr = srv.measure(t, now, iteration_s)
             self.emit(rec)
             if psld is not None and not actions and iteration_s:
-                judged = judged_iteration_s(barrier_at, t, interval, after_moves=psld.trial is not None)
-                actions = psld.decide(srv.owner.tolist(), sorted(srv.live), thr, judged or iteration_s, psld_added)
+                actions = psld.decide(srv.owner.tolist(), sorted(srv.live), thr, iteration_s, psld_added)
         pause = 0.0
         for action in actions:
             refused = self._refusal(action)
