@@ -8,12 +8,12 @@ seconds, its effective throughput r_j -- and the mean iteration time, and asks
 ``Psld.decide`` what to do. ``Psld`` either judges the trial it started last time (keep
 it if the measured iteration time improved by more than ``threshold`` after charging the
 migration's pause amortised over ``horizon`` iterations, else undo it), or starts a new
-trial. A trial is judged on the interval after the one its moves were made in: that
-one mixes the moves' pause and the old placement's exchanges (a worker reports an
-iteration's exchange times with its next plan request) into the new placement's time,
-and on a kernel-shaped link a token bucket that filled while the link idled lets its
-first bytes through at line rate: it measures neither placement. The pause is charged
-all the same (amortised over ``horizon`` iterations). New trials:
+trial. A trial is judged on the interval after the one its moves were made in, which
+measures neither placement: its mean holds the moves' pause (which the trial is charged
+for on its own, amortised over ``horizon`` iterations: counted in that mean as well, it
+would weigh ``horizon / interval`` times as much), and the servers' rates measured over
+it mix in the old placement's last exchanges (a worker reports an iteration's exchange
+times with its next plan request). New trials:
 
 * exploit: the descending-best-fit moves (``exploit_moves``) that cut the predicted
   maximum server time max_j L_j / r_j, if they cut it by more than ``threshold`` and
