@@ -21,6 +21,7 @@ from .checkpoint import Checkpoint
 from .coordinator import Coordinator
 from .losses import Memory, plan_message
 from .planner import CapError
+from .recovery import Slice
 from .rpc import JobError, Peers
 
 log = logging.getLogger("equipoise.coordinator")
@@ -141,7 +142,7 @@ class BarrierCoordinator(Coordinator):
         self._advance_if_all_wait(active)
         return action
 
-    def _unreported(self, t: int, slices: list) -> None:
+    def _unreported(self, t: int, slices: list[Slice]) -> None:
         """`slices` of iteration t were applied by every server they were owed to, but
         some reports never came (their worker was lost, or a restart past t cut them
         off): iteration t's record lists those slices itself (`lost`), so that its
@@ -160,7 +161,7 @@ class BarrierCoordinator(Coordinator):
         recorded from the slices."""
         t = self.assign.iteration
         if t is not None and mem.iteration == t + 1 == self.iteration:
-            self._unreported(t, list(self.assign.slices))
+            self._unreported(t, self.assign.slices)
         super()._rewind(mem)
 
     def _advance_if_all_wait(self, active: list[int]) -> None:
