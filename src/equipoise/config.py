@@ -62,6 +62,8 @@ class Config:
     delay_compensation: str = "none"  # none | dc | dc_adaptive (DC-ASGD, Zheng et al. 2017)
     dc_lambda: float = 0.0  # DC-ASGD's λ (λ0 for dc_adaptive); > 0 when delay_compensation is set
     overlap: bool = False  # non-barrier protocols: pull the next weights while computing
+    backward_push: bool = False  # push each block's gradient while backward still runs
+    push_fragment_kb: int = 256  # backward_push: the least a fragment of a push carries (KiB)
     iterations: int = 0  # 0: derived from `epochs`
     epochs: float = 1.0
     lr: float = 0.05
@@ -239,7 +241,7 @@ class Config:
                 "nor a 'package.module:function' spec"
             )
         for key in ("workers", "servers", "global_batch", "block_size", "threads", "min_batch",
-                    "max_message_mb"):
+                    "max_message_mb", "push_fragment_kb"):
             _at_least(key, getattr(self, key), 1)
         for key in ("iterations", "seed", "eval_every", "eval_samples", "checkpoint_every", "lr_step_size",
                     "max_batch", "worker_batch", "reference_batch", "softsync_n", "staleness_bound",

@@ -42,3 +42,21 @@ def test_membership_change_redistributes_the_global_batch():
 
 def test_other_protocols_train_no_predictor():
     assert Planner(Config(protocol="bsp"), [0, 1, 2, 3]).mape() == {}
+
+
+def test_a_worker_at_a_tiny_batch_is_not_taken_for_slow_once_its_fixed_cost_is_known():
+    """Four equal workers whose step costs F + n·p (F = 5 ms, p = 0.5 ms a sample); worker
+    0 last ran 2 samples. As n / compute its speed is 2 / 6 ms against 20 / 15 ms for
+    the others: it would get about 64 · 333 / (333 + 3 · 1333) ≈ 5 samples, and a
+    last-value speed would keep it there. With F known every speed is exactly 1 / p and
+    every constant cost equal, so the split is equal: 16 each."""
+    cfg = Config(protocol="lbbsp", workers=4, global_batch=64, predictor="last", hysteresis=0.0)
+    sizes = (2, 20, 21, 21)
+    naive = Planner(cfg, [0, 1, 2, 3])
+    naive.observe({w: report(n, 0.005 + n * 0.0005) for w, n in enumerate(sizes)})
+    assert naive.sizes()[0] <= 6
+    p = Planner(cfg, [0, 1, 2, 3])
+    for w in range(4):
+        p.set_fixed_cost(w, 0.005)
+    p.observe({w: report(n, 0.005 + n * 0.0005) for w, n in enumerate(sizes)})
+    assert p.sizes() == {0: 16, 1: 16, 2: 16, 3: 16}

@@ -89,6 +89,9 @@ class PSClient:
         # acked; pull: sent to arrived, less the time the server held it for a version):
         # what a slow link or a loaded host costs, which the server itself does not see.
         self.server_s: dict[int, float] = {}
+        # What happened on the wire since `take_timeline`: (kind, server, sent, arrived), kind
+        # "fragment" (no reply: arrived None), "push" (arrived: its ack) or "pull" (its weights).
+        self.timeline: list[tuple[str, int, float, float | None]] = []
 
     @property
     def active(self) -> list[int]:
@@ -129,14 +132,17 @@ class PSClient:
 
     def push(self, grads: dict[int, torch.Tensor], version_by_server: dict[int, int], samples: int, *,
              part: int = 0, only: list[int] | None = None, start: int | None = None,
-             count: float | None = None, reads: dict[int, int] | None = None, step: int | None = None) -> Ticket:
+             count: float | None = None, reads: dict[int, int] | None = None, step: int | None = None,
+             sent: dict[int, tuple[int, int]] | None = None) -> Ticket:
         """Send each server (of `only`, if given) the gradients (or buffer values) of
         its blocks, tagged with the version of that server they were computed on; `part`
         > 0 marks a share of a lost worker's slice, `start` the slice's first position
         (servers combine a barrier update's pushes in that order), `count` the units the
         loss averaged over, when not the samples (the servers' weight), `reads` each server's
         stamp of the weights they were computed on (it measures their delay), `step` the
-        number of this push among the worker's (SSP counts each step once). A server
+        number of this push among the worker's (SSP counts each step once), `sent`
+        (server → (seq, n)) the fragments of this push already sent to a server
+        (`push_fragment`): `grads` then holds only the rest. A server
         not read from yet (a block's new owner) is told the oldest version read. The
         tensors are sent without copying: do not change them before the ticket is waited
         (or copy them)."""
@@ -157,9 +163,24 @@ class PSClient:
                 return {"version": int(oldest), **borrowed}
             return {"version": int(version_by_server[r]), **({"read": reads[r]} if r in reads else {})}
 
+        sent = sent or {}
+
+        def fragments(r: int) -> dict:
+            return {"seq": sent[r][0], "fragments": sent[r][1]} if r in sent else {}
+
         return self._send("push", lambda r, blocks: Message(
-            "push", {"worker": self.worker, "samples": int(samples), **extra, **tags(r)},
-            {grad_name(b.key): grads[b.key] for b in blocks}), only)
+            "push", {"worker": self.worker, "samples": int(samples), **extra, **tags(r), **fragments(r)},
+            {grad_name(b.key): grads[b.key] for b in blocks if r not in sent or b.key in grads}), only)
+
+    def push_fragment(self, server: int, grads: dict[int, torch.Tensor], seq: int) -> None:
+        """Send `server` some of its blocks' gradients ahead of the push they belong to
+        (`seq`: the push's number among this worker's streamed pushes). No reply: the
+        push that ends the sequence names how many fragments went before it
+        (`push(..., sent=...)`), and the server takes it and them as one push. Sent
+        without copying, like a push."""
+        self.conns[server].send(Message("fragment", {"worker": self.worker, "epoch": self.epoch, "seq": int(seq)},
+                                        {grad_name(k): t for k, t in grads.items()}))
+        self.timeline.append(("fragment", server, time.perf_counter(), None))
 
     def pull(self, min_version: int) -> Ticket:
         """Ask every server for its blocks once it is at `min_version` (as its sync
@@ -221,6 +242,12 @@ class PSClient:
         for r, conn, _ in ticket.parts:
             seconds = arrived.get(id(conn), ticket.sent) - ticket.sent - held.get(id(conn), 0.0)
             self.server_s[r] = self.server_s.get(r, 0.0) + max(0.0, seconds)
+            self.timeline.append((ticket.kind, r, ticket.sent, arrived.get(id(conn))))
+
+    def take_timeline(self) -> list[tuple[str, int, float, float | None]]:
+        """The wire's events since the last call (`timeline`), oldest first."""
+        got, self.timeline = self.timeline, []
+        return got
 
     def take_server_s(self) -> dict[int, float]:
         """The seconds spent in exchanges with each server since the last call."""

@@ -19,6 +19,7 @@ global sample stream at once.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Callable
@@ -219,7 +220,7 @@ class Coordinator:
             if worker not in self.workers:
                 self.listener.send(peer, Message("error", {"message": f"unknown worker {worker}"}))
                 return
-            self._memory_cap(worker, f.get("memory_cap"))
+            self._probes(worker, f)
             oom = bool(f["report"].get("oom")) if f["step"] > 0 and f["report"] else False
             if f["step"] > 0 and f["report"] and not oom:
                 self._collect(worker, f["report"])
@@ -292,14 +293,21 @@ class Coordinator:
             if msg.type == "hello" and wanted(msg):
                 return peer
 
-    def _memory_cap(self, worker: int, cap) -> None:
-        """The cap a worker's probe of its device memory measured (with its first plan request)."""
-        if cap is None:
-            return
-        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+    def _probes(self, worker: int, f: dict) -> None:
+        """What a worker's probes measured, sent with its first plan request: the batch
+        its device memory holds (`memory_cap`), a step's fixed seconds (`fixed_s`)."""
+        cap, fixed = f.get("memory_cap"), f.get("fixed_s")
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
             raise ValueError(f"memory_cap = {cap!r} is not a batch size ≥ 1")
-        self.planner.set_memory_cap(worker, cap)
-        self._event("memory_cap", self.iteration, worker=worker, cap=self.planner.memory_caps[worker], source="probe")
+        if fixed is not None and (isinstance(fixed, bool) or not isinstance(fixed, (int, float))
+                                  or not math.isfinite(fixed) or fixed < 0):
+            raise ValueError(f"fixed_s = {fixed!r} is not a finite number of seconds ≥ 0")
+        if fixed is not None:
+            self.planner.set_fixed_cost(worker, float(fixed))
+        if cap is not None:
+            self.planner.set_memory_cap(worker, cap)
+            self._event("memory_cap", self.iteration, worker=worker, cap=self.planner.memory_caps[worker],
+                        source="probe")
 
     def _keep_plan_req(self, peer: bytes, f: dict) -> None:
         """A plan request that came while a hello was awaited: its report is collected
@@ -308,7 +316,7 @@ class Coordinator:
         with a stop if its worker has stopped (a lost one's must not count as waiting)."""
         try:
             worker, report = int(f["worker"]), f.get("report")
-            self._memory_cap(worker, f.get("memory_cap"))
+            self._probes(worker, f)
             if f.get("step", 0) > 0 and report and not report.get("oom"):
                 self._collect(worker, report)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:

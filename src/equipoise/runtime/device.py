@@ -173,18 +173,29 @@ class DeviceLink:
         """What to push for each block: host tensors, ready to send. Unstaged: views of
         the model (`copy`: copies, for a push left in flight while the next backward
         overwrites .grad); staged: this turn's pinned buffers, filled once."""
-        pushes = read_pushes(self.model, self.blocks)
+        self.next_turn()
+        return self.read_part(self.blocks, copy)
+
+    def next_turn(self) -> None:
+        """Start a push: the staged buffers it is read into are the next set's."""
+        if self.staged:
+            self._out = self.outbound[self._turn]
+            self._turn = (self._turn + 1) % len(self.outbound)
+
+    def read_part(self, blocks: list[Block], copy: bool = False) -> dict[int, torch.Tensor]:
+        """`read` for some of the blocks, into the buffers of the push `next_turn` began
+        (a push read in parts while backward runs)."""
+        pushes = read_pushes(self.model, blocks)
         if not self.staged:
             return {k: t.clone() for k, t in pushes.items()} if copy else pushes
         t0 = time.perf_counter()
-        out = self.outbound[self._turn]
-        self._turn = (self._turn + 1) % len(self.outbound)
+        out = self._out
         for k, t in pushes.items():
             out[k].copy_(t, non_blocking=self._cuda)
         if self._cuda:
             torch.cuda.current_stream(self.device).synchronize()  # the frames must be whole before they are sent
         self.d2h_s += time.perf_counter() - t0
-        return dict(out)
+        return {k: out[k] for k in pushes}
 
     def take_times(self) -> dict[str, float]:
         """h2d_s and d2h_s since the last call (a CUDA copy in is timed by its events,

@@ -49,6 +49,7 @@ class Planner:
         self.policy = None
         self._last_compute: dict[int, float] = {}
         self._last_samples: dict[int, int] = {}
+        self.fixed: dict[int, float] = {}  # each worker's step cost that does not grow with its batch
         self.memory_caps: dict[int, int] = {}  # the most samples each worker's memory holds (probe, or an OOM)
         if cfg.protocol == "lbbsp":
             kw = {"minimum": cfg.min_batch}
@@ -76,6 +77,11 @@ class Planner:
         worker that starts again after a rollback sends its probe's cap again)."""
         self.memory_caps[worker] = max(1, min(int(cap), self.memory_caps.get(worker, int(cap))))
         self._set_caps()
+
+    def set_fixed_cost(self, worker: int, seconds: float) -> None:
+        """`worker`'s step takes `seconds` whatever its batch (its probe): its compute is
+        modelled as F + n / v, not n / v."""
+        self.fixed[worker] = max(0.0, float(seconds))
 
     def _set_caps(self) -> None:
         if self.policy is not None:
@@ -113,7 +119,7 @@ class Planner:
                                       {w: self._last_samples[w] for w in ws})
         chosen = self.predictors[cfg.predictor]
         speeds = {w: chosen[w].predict() for w in ws}
-        return self.policy.decide(speeds, {w: self.comm.get(w, 0.0) for w in ws})
+        return self.policy.decide(speeds, {w: self.comm.get(w, 0.0) + self.fixed.get(w, 0.0) for w in ws})
 
     def observe(self, reports: Mapping[int, dict]) -> None:
         """Feed one iteration's worker reports to every predictor."""
@@ -122,11 +128,15 @@ class Planner:
                 continue
             compute = max(float(r["compute_s"]), 1e-9)
             self._last_compute[w] = compute
+            # The part that grows with the batch: compute − F, F the worker's fixed cost (its
+            # probe; 0 if none). A step measured faster than its probe's F (noise) still
+            # counts a tenth of its time as per-sample work, so a speed stays finite.
+            variable = max(compute - self.fixed.get(w, 0.0), 0.1 * compute)
             self._last_samples[w] = int(r["samples"])
-            # The per-iteration constant cost of LB-BSP's c_i + x_i/v_i = T: communication.
+            # The per-iteration constant cost of LB-BSP's c_i + x_i/v_i = T: communication (+ F, below).
             self.comm[w] = 0.7 * self.comm.get(w, float(r["comm_s"])) + 0.3 * float(r["comm_s"])
             for preds in self.predictors.values():
-                preds[w].observe(r["samples"] / compute, r.get("cpu", 0.0), r.get("mem", 0.0))
+                preds[w].observe(r["samples"] / variable, r.get("cpu", 0.0), r.get("mem", 0.0))
 
     def predict(self, worker: int) -> float:
         """The configured predictor's speed (samples/s) of `worker` next iteration."""

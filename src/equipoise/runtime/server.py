@@ -24,6 +24,7 @@ from ..wire import Message, Transport
 from ..wire.bandwidth import TokenBucket
 from ..wire.names import grads_of, pack, states_for, states_of, value_name, values_of
 from ..wire.transport import QuietLog, kind_of
+from .fragments import Fragments
 from .handover import Forwarding
 from .replica import Replication
 from .store import OptimizerSpec, ParameterStore, Push, PushError
@@ -40,7 +41,7 @@ READS_KEPT = 3  # delay compensation: the reads of each worker whose weights are
 # Who may send a server each message type (`Message.origin`, the job role an authenticating
 # transport vouches for; None, without authentication, passes). A type not listed here,
 # i.e. every control message, is the coordinator's alone.
-SENDERS = {"push": {"worker"}, "pull": {"worker"}, "ping": {"coordinator", "server", "worker"},
+SENDERS = {"push": {"worker"}, "fragment": {"worker"}, "pull": {"worker"}, "ping": {"coordinator", "server", "worker"},
            "adopt": {"coordinator", "server"},  # adopt: from the server handing its blocks over
            "forward": {"server"},  # a block's gradient that reached its old owner (no barrier)
            "replica": {"server"}, "replica_ack": {"server"}}  # replication = 1: primary <-> backup
@@ -73,6 +74,7 @@ class Server:
         self.compensated = 0  # delay compensation: gradients corrected with the weights they read
         self.block_grads: dict[int, int] = {}  # gradients applied to each block held, in all (they move with it)
         self.handover = Forwarding(rank, transport)  # no barrier: blocks handed over, late gradients sent on
+        self.fragments = Fragments()  # backward_push: the parts of each worker's push in progress
         self.replication: Replication | None = None  # replication = 1: backup duties both ways
         self.epoch = 0  # the coordinator's rollbacks: worker requests of earlier ones are stale
         self.done = False
@@ -170,6 +172,7 @@ class Server:
         self.pushes, self.held, self.reads = {}, [], {}
         self.block_grads = {b.key: counts.get(b.key, 0) for b in blocks}
         self.handover.reset()
+        self.fragments.clear()
         if self.replication is not None:
             self.replication.reset(store.version)
         self.listener.send(peer, Message("ready", {"rank": self.rank}))
@@ -336,6 +339,7 @@ class Server:
             self.pushes.pop(token, None)
         self.held = [h for h in self.held if h.worker != worker]
         self.reads.pop(worker, None)
+        self.fragments.drop(worker)
         self._apply_ready()
         self.listener.send(peer, Message("ack", {"version": self.sync.published(), "at": self.sync.version,
                                                  "applied": self.sync.applied[worker]}))
@@ -386,12 +390,18 @@ class Server:
             # The worker read these weights from other servers (a block handed over to us
             # since): their version and stamp are the nearest it has, up to our own.
             version = min(version, self.sync.published())
-        push = Push(int(f["worker"]), version, int(f["samples"]), grads_of(msg.tensors),
+        own = grads_of(msg.tensors)
+        nbytes = _nbytes(own.values())
+        earlier = self.fragments.take(int(f["worker"]), _count_field(f, "seq", None), _count_field(f, "fragments", 0))
+        again = sorted(set(earlier) & set(own))
+        if again:
+            raise PushError(f"push from worker {f['worker']} repeats blocks {again[:5]} of its fragments")
+        push = Push(int(f["worker"]), version, int(f["samples"]), {**earlier, **own},
                     int(f.get("start", -1)), None if count is None else float(count),
                     None if read is None else min(read, self.store.samples))
         away = self.handover.split(push, self.store.blocks)
         if push.tensors or not away:  # an empty push is refused here, as a push of wrong blocks
-            self.store.check(push, partial=bool(away) or not self.sync.policy.barrier())
+            self.store.check(push, partial=bool(away) or not self.sync.policy.barrier(), checked=set(earlier))
         if away:  # everything is checked before anything is applied or forwarded
             self.handover.check(push.worker, away, self.sync.lost)
         if read is not None and self.sync.policy.delay_compensation != "none":
@@ -402,10 +412,29 @@ class Server:
         if away:
             self._forward(push, away, step)
         self._apply_ready(release=False)  # after the ack
-        self._charge(_nbytes(push.tensors.values()), t0)
+        self._charge(nbytes, t0)
         self.listener.send(peer, Message("ack", {"version": self.sync.published(),
                                                  "staleness": self.sync.take_staleness(push.worker)}))
         self._release()
+
+    def _on_fragment(self, peer: bytes, msg: Message) -> None:
+        """Part of a push sent while the worker's backward runs (runtime/fragments.py):
+        its blocks are checked now (size, dtype, finite: while the worker still
+        computes) and kept until the push that ends it. A block handed over since is
+        kept unchecked: the push's forwarding checks it. No reply, unless refused."""
+        if self._stale(msg):
+            return
+        t0, f = self.clock.now(), msg.fields
+        worker, seq = int(f["worker"]), _count_field(f, "seq", None)
+        tensors = grads_of(msg.tensors)
+        mine = {k: t for k, t in tensors.items() if k in self.store.blocks}
+        stray = sorted(k for k in tensors if k not in mine and k not in self.handover.moved)
+        if stray or not tensors:
+            raise PushError(f"fragment of worker {worker} has wrong blocks (unexpected {stray[:5]})")
+        if mine:
+            self.store.check(Push(worker, 0, 1, mine), partial=True)
+        self.fragments.add(worker, seq, tensors)
+        self._charge(_nbytes(tensors.values()), t0)
 
     def _apply(self, update: Update) -> None:
         """One update of the store, with σ of each gradient as `sync` measured it; with a
@@ -579,6 +608,16 @@ def _positive(name: str, x, zero_ok: bool = False) -> float:
     if type(x) not in (int, float) or not math.isfinite(x) or x < 0 or (x == 0 and not zero_ok):
         raise ValueError(f"straggler {name} = {x!r} must be a finite number {'≥' if zero_ok else '>'} 0")
     return float(x)
+
+
+def _count_field(f: dict, name: str, default):
+    """Field `name` of a push, an int ≥ 0 (`default` if absent); PushError otherwise."""
+    x = f.get(name, default)
+    if x is default:
+        return x
+    if isinstance(x, bool) or not isinstance(x, int) or x < 0:
+        raise PushError(f"push from worker {f.get('worker')}: {name} = {x!r} is not a count ≥ 0")
+    return x
 
 
 def _nbytes(tensors) -> int:

@@ -25,7 +25,13 @@ def check_report(worker: int, report: dict) -> list | None:
             isinstance(e, list) and len(e) == 2 and type(e[0]) is int and e[0] >= 0
             and type(e[1]) in (int, float) and math.isfinite(e[1]) and e[1] >= 0 for e in exchange)):
         raise ValueError(f"report of worker {worker}: server_s must list [server, seconds ≥ 0]")
-    for key in ("count", "data_s"):  # optional: a worker's step and input pipeline
+    timeline = report.get("timeline", [])
+    if not isinstance(timeline, list) or not all(
+            isinstance(e, list) and len(e) == 4 and e[0] in ("fragment", "push", "pull") and type(e[1]) is int
+            and type(e[2]) in (int, float) and math.isfinite(e[2])
+            and (e[3] is None or (type(e[3]) in (int, float) and math.isfinite(e[3]))) for e in timeline):
+        raise ValueError(f"report of worker {worker}: timeline must list [kind, server, sent, arrived]")
+    for key in ("count", "data_s", "gap_s"):  # optional: a worker's step and input pipeline
         v = report.get(key, 0.0)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             raise ValueError(f"report of worker {worker}: {key} = {v!r} must be a finite number ≥ 0")
@@ -81,8 +87,10 @@ class RunStats:
                   "staleness_max": max(stale) if stale else None,
                   "staleness": [sum(r["staleness"]) / len(r["staleness"]) if r["staleness"] else None
                                 for r in reports]}
-        for key in ("compute_s", "data_s", "h2d_s", "d2h_s", "wait_s", "comm_s", "cpu", "mem", "version"):
+        for key in ("compute_s", "data_s", "h2d_s", "d2h_s", "wait_s", "comm_s", "cpu", "mem", "version", "gap_s"):
             record[key] = [r.get(key) for r in reports]
+        if any(r.get("timeline") for r in reports):  # each worker's wire events (runtime/worker.py)
+            record["timeline"] = [r.get("timeline", []) for r in reports]
         if any(r.get("lost") for r in reports):  # a lost worker's slice, applied everywhere, never reported
             record["lost"] = [bool(r.get("lost")) for r in reports]
         if any("table_wait_s" in r for r in reports):  # blocks moved during this iteration

@@ -92,9 +92,10 @@ class ParameterStore:
             self._load_optim_state(optim_state)
 
     # -- updates ----------------------------------------------------------------------
-    def check(self, push: Push, partial: bool = False) -> None:
+    def check(self, push: Push, partial: bool = False, checked: frozenset[int] | set[int] = frozenset()) -> None:
         """Raise PushError unless the push holds exactly this server's blocks (`partial`:
-        some of them, at least one), finite."""
+        some of them, at least one), finite. The tensors of `checked` blocks (a push's
+        fragments, checked as they came) are not checked again."""
         keys = set(push.tensors)
         if (not keys or not keys <= set(self.blocks)) if partial else keys != set(self.blocks):
             missing = sorted(set(self.blocks) - set(push.tensors))[:5]
@@ -106,6 +107,8 @@ class ParameterStore:
         if push.count is not None and not (math.isfinite(push.count) and push.count >= 0):
             raise PushError(f"push from worker {push.worker} has count = {push.count} (a finite number ≥ 0)")
         for key, t in push.tensors.items():
+            if key in checked:
+                continue
             if t.shape != self.values[key].shape or t.dtype != self.values[key].dtype:
                 raise PushError(f"push from worker {push.worker}: block {key} has shape "
                                 f"{tuple(t.shape)} {t.dtype}, expected {tuple(self.values[key].shape)}")

@@ -32,6 +32,7 @@ from . import device as devices
 from .device import DeviceError, DeviceLink, OutOfMemory, autocast, check_precision, resolve, set_deterministic
 from .device import to_device, worker_device, worker_precision
 from .client import ClientError, PSClient, Pulled, receive
+from .early_push import BackwardPush
 from ..workload import SampleError, StepError, load_workload
 from .stretch import Stretch, noise_seed
 
@@ -76,7 +77,11 @@ class Worker:
         self._pending_staleness: list[int] = []
         self.epoch = 0  # rollbacks so far: plan requests carry it, older ones are ignored
         self.memory_cap: int | None = None  # the batch this worker's device memory holds (its probe)
+        self.fixed_s: float | None = None  # LB-BSP: a step's cost that does not grow with its batch (its probe)
         self._inbox: deque[Message] = deque()  # coordinator messages read while waiting for servers
+        self.early: BackwardPush | None = None  # backward_push: the hooks that stream a step's gradients
+        self._armed = False
+        self._step_t: tuple[float, float] | None = None  # the last step's forward start and backward end
         # Neighbours are real processes the launcher runs; the worker only emulates factors.
         self.scenario = Scenario.of(cfg)
 
@@ -104,6 +109,8 @@ class Worker:
             self.client.set_table(welcome.fields["table"], welcome.fields["servers"])
             self.model = build_model(cfg.model, data.input_shape, data.num_classes).to(self.device)
             self.link = DeviceLink(self.model, self.blocks, self.device, self.depth)
+            if cfg.backward_push:
+                self.early = BackwardPush(self.model, self.blocks, self.link, cfg.push_fragment_kb * 1024)
             self.barrier = self.policy.barrier()
             self.model.train()
             self.stretch = Stretch(self.model, noise=cfg.slowdown_noise, seed=noise_seed(cfg.seed, self.rank))
@@ -112,6 +119,7 @@ class Worker:
             self.loader = Loader(data, sampler, cfg.loader_workers, timeout=cfg.timeout)
             self.end = cfg.total_iterations(len(data)) * cfg.global_batch  # the stream's last position
             self.memory_cap = self._probe(data)
+            self.fixed_s = self._probe_fixed(data)
             while True:
                 try:
                     return self._loop(data, sampler)
@@ -148,6 +156,37 @@ class Worker:
         probe = devices.probe_memory(step, self.device, share=share, limit_gib=limit)
         return None if probe is None else probe.cap()
 
+    def _probe_fixed(self, data) -> float | None:
+        """LB-BSP (proportional sizes): the seconds of a step that do not grow with its
+        batch, F in compute = F + n / v. Without it a worker given a batch of one or two
+        samples looks slow (its step is mostly F) and a last-value speed keeps it there.
+        Timed here as steps of 1 and k samples, the fastest of three each (a shared box
+        only ever adds time): F = t₁ − (t_k − t₁)/(k − 1), at least 0. Like the memory
+        probe, its gradients are dropped and the first pull overwrites what the forward
+        changed (batch-norm statistics)."""
+        cfg = self.cfg
+        if cfg.protocol != "lbbsp" or cfg.batch_policy != "proportional" or cfg.batch_split:
+            return None
+        k = max(2, min(32, cfg.global_batch // max(1, cfg.workers), len(data)))
+        cuda = self.device.type == "cuda"
+
+        def seconds(b: int) -> float:
+            batch = to_device(self.loader.get(0, b), self.device)
+            t0 = time.perf_counter()
+            with autocast(self.device, self.precision):
+                out = data.loss_of(self.model, batch, b)
+            out.objective.backward()
+            if cuda:
+                torch.cuda.synchronize(self.device)
+            t = time.perf_counter() - t0
+            self.model.zero_grad(set_to_none=True)
+            return t
+
+        seconds(k)  # warm-up: first calls allocate
+        one = min(seconds(1) for _ in range(3))
+        many = min(seconds(k) for _ in range(3))
+        return max(0.0, one - (many - one) / (k - 1))
+
     def _plan_table(self, plan: Message, versions: dict[int, int], in_flight: int) -> dict[int, int]:
         """Apply a block table that came with a plan. Under a barrier every server is at
         the plan's version, so the weights just pulled are current on the new owners too.
@@ -173,6 +212,7 @@ class Worker:
         no exchange in flight (`_sequential`, cfg.overlap off) or with one in flight
         while the next step computes (`_overlapped`). A report describes one iteration:
         its compute and the exchange that fed it."""
+        self._disarm()  # a rollback may have ended a streamed step
         t0 = time.perf_counter()
         plan = self._request(self._plan_req(0, {}), "plan")
         if plan.fields["stop"]:
@@ -196,9 +236,11 @@ class Worker:
         step = 0
         while True:
             f = plan.fields
+            self._arm(f)
             try:
                 loss, count, measured = self._step(data, sampler, f)
             except OutOfMemory as oom:
+                self._disarm()  # the fragments sent are abandoned: the server drops them
                 if not self.barrier:
                     raise _unsplittable(oom) from None
                 plan, versions, exchange = self._out_of_memory(oom, data, sampler, f, versions, step)
@@ -237,6 +279,7 @@ class Worker:
         step = 0
         while True:
             f = plan.fields
+            self._arm(f)
             try:
                 loss, count, measured = self._step(data, sampler, f)
             except OutOfMemory as oom:
@@ -274,17 +317,39 @@ class Worker:
             table = self._request(Message("table_req", {"worker": self.rank, "epoch": self.epoch}), "table")
             versions = self._plan_table(table, versions, in_flight)
             measured["table_wait_s"] = time.perf_counter() - t3
+        sent, streamed = self._disarm()
         with self.stretch.local():  # packing the push: slow on a slow machine too
             # With exchanges in flight, copies: the next backward overwrites .grad while these may be queued.
-            pushes = self.link.read(copy=bool(self.depth))
+            if streamed is None:
+                pushes = self.link.read(copy=bool(self.depth))
+            else:  # what backward's fragments did not carry
+                pushes = self.link.read_part([b for b in self.blocks if b.key not in streamed], copy=bool(self.depth))
         pull_version = self.policy.pull_version(step + 1 + self.depth, f["iteration"])
         if self.policy.pull_first():
             pull = self.client.pull(pull_version)
-            push = self.client.push(pushes, versions, f["size"], start=f["start"], count=count)
+            push = self.client.push(pushes, versions, f["size"], start=f["start"], count=count, sent=sent)
         else:
-            push = self.client.push(pushes, versions, f["size"], count=count, reads=reads, step=step)
+            push = self.client.push(pushes, versions, f["size"], count=count, reads=reads, step=step, sent=sent)
             pull = self.client.pull(pull_version)
         return push, pull, versions, t3
+
+    def _arm(self, f: dict) -> None:
+        """backward_push: stream this step's gradients to their servers as backward makes
+        them final (runtime/early_push.py). Not when blocks move during the step
+        (`await_table`): the push routes by a table not known yet."""
+        if self.early is None or f.get("await_table"):
+            return
+        server_of = {b.key: r for r, blocks in self.client.by_server.items() for b in blocks}
+        self.early.arm(server_of, self.client.push_fragment, copy=bool(self.depth))
+        self._armed = True
+
+    def _disarm(self) -> tuple[dict[int, tuple[int, int]], set[int] | None]:
+        """Stop streaming: the fragments sent to each server ((seq, count)) and the blocks
+        they carried; ({}, None) if this step was not streamed."""
+        if not self._armed:
+            return {}, None
+        self._armed = False
+        return self.early.finish()
 
     def _out_of_memory(self, oom: OutOfMemory, data, sampler: SliceSampler, f: dict, versions: dict[int, int],
                        step: int) -> tuple[Message, dict[int, int], dict]:
@@ -369,7 +434,11 @@ class Worker:
             self.stretch.finish()
         t2 = time.perf_counter()
         cpu = _clamp01((time.process_time() - cpu0) / max(t2 - t1, 1e-9))
-        return loss, count, {"compute_s": t2 - t1, "cpu": cpu, "data_s": self.loader.data_s}
+        # gap_s: from the end of the last backward to this forward's start (the exchange
+        # and the plan between, unless they are hidden)
+        gap = {} if self._step_t is None else {"gap_s": max(0.0, t1 - self._step_t[1])}
+        self._step_t = (t1, t2)
+        return loss, count, {"compute_s": t2 - t1, "cpu": cpu, "data_s": self.loader.data_s, **gap}
 
     def _report(self, f: dict, loss: float, count: float, versions: dict[int, int], staleness: list[int],
                 measured: dict, exchange: dict) -> dict:
@@ -379,7 +448,17 @@ class Worker:
         return {"iteration": f["iteration"], "start": f["start"], "samples": f["size"], "loss": loss, "count": count,
                 "version": min(versions.values()), "staleness": staleness, **measured, **self.link.take_times(),
                 "mem": self.proc.memory_info().rss / self._mem_total, **exchange,
-                "server_s": [[r, sec] for r, sec in sorted(self.client.take_server_s().items())]}
+                "server_s": [[r, sec] for r, sec in sorted(self.client.take_server_s().items())],
+                "timeline": self._timeline()}
+
+    def _timeline(self) -> list:
+        """The wire's events since the last report, each [kind, server, sent, arrived]
+        in seconds from this step's forward start (arrived: null for a fragment, which
+        gets no reply): a push's fragments leaving during backward, its end and ack, a
+        pull and its weights (a pull taken after the report is in the next one's)."""
+        t1 = self._step_t[0] if self._step_t else 0.0
+        return [[kind, r, round(sent - t1, 6), None if got is None else round(got - t1, 6)]
+                for kind, r, sent, got in sorted(self.client.take_timeline(), key=lambda e: e[2])]
 
     def _exchange_times(self, since: float, pull_held: float, plan: Message) -> dict:
         """Split an exchange into waiting (a server or the coordinator held our request
@@ -419,6 +498,8 @@ class Worker:
     # -- the coordinator ----------------------------------------------------------------
     def _plan_req(self, step: int, report: dict) -> Message:
         cap = {"memory_cap": self.memory_cap} if step == 0 and self.memory_cap else {}
+        if step == 0 and self.fixed_s is not None:
+            cap["fixed_s"] = self.fixed_s
         return Message("plan_req", {"worker": self.rank, "step": step, "report": report, "epoch": self.epoch,
                                     **cap})
 

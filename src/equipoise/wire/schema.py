@@ -39,7 +39,8 @@ SCHEMA: dict[str, dict[str, FieldType]] = {
     # parameter traffic; tensors "b<key>" in params, "g<key>" in push
     "pull": {"worker": int, "min_version": int},
     "params": {"version": int, "held_s": float},
-    "push": {"worker": int, "version": int, "samples": int},
+    "push": {"worker": int, "version": int, "samples": int},  # optional seq, fragments: it ends a stream
+    "fragment": {"worker": int, "seq": int},  # backward_push: part of a push, + tensors "g<key>"; no reply
     "ack": {"version": int},
     # checkpointing; state carries arbitrary tensors
     "state_req": {"version": int},

@@ -1,0 +1,74 @@
+"""A server's side of pushes sent in parts while the worker's backward runs
+(`backward_push`): the fragments of each worker's push in progress, kept until the push
+that ends it arrives and names how many went before it.
+
+A fragment carries some of a push's gradients and the push's number (`seq`) among its
+worker's streamed pushes; it gets no reply. The push that ends the sequence carries the
+rest, the tags (version, samples, start, ...) and `fragments` = how many were sent; the
+server then takes the fragments and that push as one push, through the same checks and
+the same update as a push sent whole. A worker has one push in progress per server
+(messages on a connection arrive in order, and a worker streams one push at a time), so
+a fragment of a new `seq` abandons what an older one left (a step that ran out of
+memory, or a push the worker never ended). At most `limit` workers' fragments are kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .store import PushError
+
+
+@dataclass
+class _Parts:
+    seq: int
+    count: int = 0
+    tensors: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+class Fragments:
+    def __init__(self, limit: int = 4096):
+        self.limit = limit
+        self._by_worker: dict[int, _Parts] = {}
+
+    def add(self, worker: int, seq: int, tensors: dict[int, torch.Tensor]) -> None:
+        """Keep a fragment of `worker`'s push `seq` (its tensors already checked);
+        PushError, and nothing kept, for a block already sent in this push."""
+        parts = self._by_worker.get(worker)
+        if parts is None and len(self._by_worker) >= self.limit:
+            raise PushError(f"fragment of worker {worker}: fragments of {self.limit} workers' pushes "
+                            "are held already")
+        if parts is None or parts.seq != seq:
+            parts = self._by_worker[worker] = _Parts(seq)
+        again = sorted(set(tensors) & set(parts.tensors))
+        if again:
+            raise PushError(f"fragment of worker {worker}'s push {seq} repeats blocks {again[:5]}")
+        parts.tensors.update(tensors)
+        parts.count += 1
+
+    def take(self, worker: int, seq: int | None, count: int) -> dict[int, torch.Tensor]:
+        """The gradients the `count` fragments of `worker`'s push `seq` brought, taken
+        out (none when `count` is 0: whatever an abandoned push left is dropped);
+        PushError unless exactly that many arrived."""
+        parts = self._by_worker.pop(worker, None)
+        if count == 0:
+            return {}
+        if parts is None or parts.seq != seq or parts.count != count:
+            held = "none" if parts is None else f"{parts.count} of push {parts.seq}"
+            raise PushError(f"push from worker {worker} ends {count} fragments of push {seq}, "
+                            f"but this server holds {held}")
+        return parts.tensors
+
+    def drop(self, worker: int) -> None:
+        self._by_worker.pop(worker, None)
+
+    def clear(self) -> None:
+        self._by_worker = {}
+
+    def __len__(self) -> int:
+        return len(self._by_worker)
+
+
+__all__ = ["Fragments"]

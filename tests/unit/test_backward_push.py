@@ -1,0 +1,133 @@
+"""Pushes streamed while backward runs (`backward_push`): the worker's fragments, the
+server's assembly of them into one push, and a whole job against the reference."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from equipoise.config import Config
+from equipoise.data import load_dataset
+from equipoise.reference import train_reference
+from equipoise.runtime.device import DeviceLink
+from equipoise.runtime.launch.threads import run_threads
+from equipoise.runtime.server import Server
+from equipoise.runtime.store import OptimizerSpec
+from equipoise.wire import InMemoryTransport, Message
+
+pytestmark = pytest.mark.timeout(120)
+SPEC = OptimizerSpec("sgd", 1.0, 0.0, 0.0, "constant", 100, 10, 0.1, 1).to_dict()
+
+
+@pytest.fixture
+def server():
+    """A BSP server for one worker, with blocks 0 and 1 of two zeros each; `server.sent`
+    records its replies."""
+    s = Server(0, InMemoryTransport(), "nowhere")
+    s.sent = []
+    s.listener.send = lambda peer, msg: s.sent.append((peer, msg)) or (lambda: True)
+    s.handle(b"coord", Message("init", {"blocks": [[0, "w", 0, 2, "param", 4], [1, "w", 2, 4, "param", 4]],
+                                        "optimizer": SPEC, "version": 0, "samples": 0, "protocol": "bsp",
+                                        "workers": 1}, {"b0": torch.zeros(2), "b1": torch.zeros(2)}))
+    assert s.sent.pop()[1].type == "ready"
+    yield s
+    s.listener.close()
+
+
+def fragment(seq, **tensors):
+    return Message("fragment", {"worker": 0, "epoch": 0, "seq": seq}, tensors)
+
+
+def ending(seq, n, **tensors):
+    return Message("push", {"worker": 0, "version": 0, "samples": 1, "epoch": 0, "seq": seq, "fragments": n},
+                   tensors)
+
+
+def replies(s, msg):
+    s.sent.clear()
+    s.handle(b"w", msg)
+    return [m for _, m in s.sent]
+
+
+def test_fragments_and_their_ending_push_are_one_update(server):
+    assert replies(server, fragment(1, g1=torch.ones(2))) == []  # no reply to a fragment
+    assert server.store.version == 0
+    (ack,) = replies(server, ending(1, 1, g0=torch.full((2,), 2.0)))
+    assert ack.type == "ack" and server.store.version == 1
+    assert server.store.values[0].tolist() == [-2.0, -2.0] and server.store.values[1].tolist() == [-1.0, -1.0]
+
+
+@pytest.mark.parametrize("bad", ["nan", "stray", "count", "repeat", "seq"])
+def test_a_bad_fragment_or_ending_is_refused_and_nothing_is_applied(server, bad):
+    if bad == "nan":  # refused as it comes, while the worker still computes
+        (r,) = replies(server, fragment(1, g1=torch.tensor([1.0, math.nan])))
+        assert r.type == "error" and "non-finite" in r.fields["message"]
+    elif bad == "stray":
+        (r,) = replies(server, fragment(1, g7=torch.ones(2)))
+        assert r.type == "error" and "wrong blocks" in r.fields["message"]
+    else:
+        replies(server, fragment(1, g1=torch.ones(2)))
+        end = {"count": ending(1, 2, g0=torch.ones(2)), "repeat": ending(1, 1, g0=torch.ones(2), g1=torch.ones(2)),
+               "seq": ending(2, 1, g0=torch.ones(2))}[bad]
+        (r,) = replies(server, end)
+        assert r.type == "error" and ("fragments" in r.fields["message"] or "repeats" in r.fields["message"])
+    assert server.store.version == 0 and len(server.fragments) == 0 or bad in ("nan", "stray")
+    assert server.store.values[0].tolist() == [0.0, 0.0] and server.store.values[1].tolist() == [0.0, 0.0]
+
+
+def test_a_push_sent_whole_drops_what_an_abandoned_stream_left(server):
+    """A step that ran out of memory after sending fragments: the worker's next push is
+    sent whole (fragments = 0) and the abandoned fragments are not added to it."""
+    replies(server, fragment(1, g1=torch.full((2,), 5.0)))
+    (ack,) = replies(server, Message("push", {"worker": 0, "version": 0, "samples": 1, "epoch": 0},
+                                     {"g0": torch.ones(2), "g1": torch.ones(2)}))
+    assert ack.type == "ack" and server.store.values[1].tolist() == [-1.0, -1.0] and len(server.fragments) == 0
+
+
+def test_a_lost_worker_s_fragments_are_dropped(server):
+    replies(server, fragment(1, g1=torch.ones(2)))
+    server.handle(b"coord", Message("lose", {"worker": 0, "workers": 1}))
+    assert len(server.fragments) == 0
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_dataset("digits")
+
+
+@pytest.mark.parametrize("protocol", ["bsp", "asp"])
+def test_a_streamed_job_is_the_reference_bit_for_bit_and_shows_its_fragments(tmp_path, digits, monkeypatch,
+                                                                            protocol):
+    """Three workers staging every copy as a GPU worker does, their gradients streamed
+    in fragments of at least 1 KiB (the MLP's blocks of 2,000 floats: every parameter
+    tensor's blocks leave during backward). BSP ends where single-process SGD ends;
+    under ASP with overlap (a push in flight while the next backward runs: the fragments
+    are copies) every gradient reaches every server once. Each iteration's timeline shows
+    a worker's fragments leaving (under BSP before the push that ends them)."""
+    init = DeviceLink.__init__
+    monkeypatch.setattr(DeviceLink, "__init__", lambda self, *a, **k: init(self, *a, **{**k, "staged": True}))
+    base = dict(dataset="digits", model="mlp", global_batch=48, workers=3, servers=2, iterations=8,
+                eval_every=0, checkpoint_every=0, progress=False, timeout=30.0, block_size=2000,
+                backward_push=True, push_fragment_kb=1)
+    if protocol == "bsp":
+        cfg = Config.from_dict({**base, "batch_split": [5, 30, 13]})
+    else:
+        cfg = Config.from_dict({**base, "protocol": "asp", "overlap": True, "lr": 0.02})
+    summary = run_threads(cfg, tmp_path, digits)
+    if protocol == "bsp":
+        ref = train_reference(cfg, data=digits).state_dict()
+        got = torch.load(tmp_path / "model.pt", weights_only=True)
+        assert all(torch.equal(got[k], ref[k]) for k in ref)
+    else:
+        assert sum(summary["staleness_histogram"].values()) == 8 * 3 * 2  # 8 iterations × 3 workers × 2 servers
+    iters = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    iters = [r for r in iters if r.get("type") == "iteration"]
+    for r in iters[1:]:
+        for events in r["timeline"]:
+            fragments = [e for e in events if e[0] == "fragment"]
+            # with overlap a push is waited, and its end recorded, with the next step's report
+            ends = [e for e in events if e[0] == "push"] if protocol == "bsp" else [["push", 0, math.inf, 0.0]]
+            assert fragments and ends and max(e[2] for e in fragments) <= min(e[2] for e in ends)
+        # a worker's first step has no gap (under ASP it may be in any record)
+        assert all((g is None and protocol == "asp") or g >= 0 for g in r["gap_s"])
