@@ -14,7 +14,10 @@ equipoise's `SliceSampler` cuts it). Start-up is excluded on both sides:
 * DDP (gloo over loopback): rank 0 times the iterations after `warmup` warm-up ones,
   between two barriers.
 
-Repetitions are interleaved (equipoise, DDP, equipoise, DDP, ...); the report is the
+equipoise runs twice per round, pushing its gradients after backward (the default) and
+while backward runs (`backward_push = true`, runtime/early_push.py).
+
+Repetitions are interleaved (equipoise, equipoise with backward_push, DDP, ...); the report is the
 median of each, and the ratio equipoise/DDP of each interleaved pair over the same
 steady window, median (min–max) (target ≥ 1.0), and equipoise's barrier_wait_fraction. The final training losses of both are shown as a check that
 they trained the same thing (BSP is SGD on the global batch, as is DDP here); they agree
@@ -223,7 +226,9 @@ def compare(spec: Spec, reps: int) -> dict[str, Any]:
     """`reps` interleaved runs of each system (equipoise, DDP, equipoise, ...); medians,
     ratios and every run's numbers."""
     spec.check()
-    runs = interleave({"equipoise": lambda: run_equipoise(spec), "ddp": lambda: run_ddp(spec)}, reps)
+    runs = interleave({"equipoise": lambda: run_equipoise(spec),
+                       "equipoise_bp": lambda: run_equipoise(spec, backward_push=True),
+                       "ddp": lambda: run_ddp(spec)}, reps)
     eq = {k: median([r[k] for r in runs["equipoise"]])
           for k in ("samples_per_s", "steady_samples_per_s", "barrier_wait_fraction",
                     "compute_fraction", "comm_fraction", "final_train_loss", "final_accuracy",
@@ -235,7 +240,13 @@ def compare(spec: Spec, reps: int) -> dict[str, Any]:
     # headline is the steady rate (DDP's window) of each pair, summarised.
     pairs = [ratio(e["steady_samples_per_s"], d["samples_per_s"]) for e, d in zip(runs["equipoise"], runs["ddp"])]
     steady = summary(pairs)
-    return {"spec": asdict(spec), "reps": reps, "target_ratio": TARGET_RATIO,
+    bp_pairs = [ratio(e["steady_samples_per_s"], d["samples_per_s"]) for e, d in zip(runs["equipoise_bp"], runs["ddp"])]
+    bp_vs_off = [ratio(b["steady_samples_per_s"], e["steady_samples_per_s"])
+                 for b, e in zip(runs["equipoise_bp"], runs["equipoise"])]
+    return {"equipoise_bp": {k: median([r[k] for r in runs["equipoise_bp"]])
+                             for k in ("samples_per_s", "steady_samples_per_s", "barrier_wait_fraction")},
+            "bp_steady_pair_ratio": summary(bp_pairs), "bp_vs_off_pair_ratio": summary(bp_vs_off),
+            "bp_meets_target": bool(summary(bp_pairs)["median"] >= TARGET_RATIO),"spec": asdict(spec), "reps": reps, "target_ratio": TARGET_RATIO,
             "equipoise": eq, "ddp": ddp, "ratio": r, "pair_ratios": pairs,
             "median_pair_ratio": steady["median"], "steady_pair_ratio": steady,
             "equipoise_steady": summary([e["steady_samples_per_s"] for e in runs["equipoise"]]),
@@ -257,7 +268,14 @@ def results_table(result: dict[str, Any]) -> str:
          ddp["final_train_loss"], None],
         ["process start to finish, s", eq["elapsed_s"], ddp["elapsed_s"], None],
     ]
-    return markdown_table(["", "equipoise BSP", "PyTorch DDP", "ratio eq/DDP"], rows)
+    table = markdown_table(["", "equipoise BSP", "PyTorch DDP", "ratio eq/DDP"], rows)
+    if "equipoise_bp" in result:  # backward_push = true: the push streamed during backward
+        bp = result["equipoise_bp"]
+        table += "\n\n" + markdown_table(
+            ["backward_push = true", "equipoise BSP", "ratio eq/DDP per pair", "ratio on/off per pair"],
+            [["steady samples/s, same window as DDP", bp["steady_samples_per_s"],
+              fmt_range(result["bp_steady_pair_ratio"]), fmt_range(result["bp_vs_off_pair_ratio"])]])
+    return table
 
 
 def run(preset: str, *, spec: Spec | None = None, reps: int | None = None,

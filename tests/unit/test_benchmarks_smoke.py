@@ -238,3 +238,13 @@ def test_async_benchmark_pairs_rounds_against_hardsync():
     text = bench_async.accuracy_table(systems, speed=True)
     assert "1 failed: JobError" in text and "1.50" in text
     assert "2.00" in bench_async.target_table(systems)
+
+
+def test_overlap_benchmark_runs_both_sides_and_reads_their_gaps(tmp_path):
+    from benchmarks import bench_overlap
+
+    result = bench_overlap.run("ci", results=str(tmp_path / "o.json"))
+    r = result["models"]["mlp"]
+    assert r["off_gap_s"]["median"] > 0 and r["on_gap_s"]["median"] > 0
+    assert r["runs"]["off"][0]["iterations"] == r["runs"]["on"][0]["iterations"] == 8 - 2
+    assert json.loads((tmp_path / "o.json").read_text())["benchmark"] == "bench_overlap"

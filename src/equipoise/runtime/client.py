@@ -39,6 +39,7 @@ class Ticket:
     id: int
     parts: list[tuple[int, Connection, list[int]]]
     sent: float = 0.0  # time.perf_counter() when the requests were sent
+    carried: dict[int, list[int]] = field(default_factory=dict)  # server rank → the block keys its message carried
 
 
 @dataclass
@@ -89,9 +90,10 @@ class PSClient:
         # acked; pull: sent to arrived, less the time the server held it for a version):
         # what a slow link or a loaded host costs, which the server itself does not see.
         self.server_s: dict[int, float] = {}
-        # What happened on the wire since `take_timeline`: (kind, server, sent, arrived), kind
-        # "fragment" (no reply: arrived None), "push" (arrived: its ack) or "pull" (its weights).
-        self.timeline: list[tuple[str, int, float, float | None]] = []
+        # What happened on the wire since `take_timeline`: (kind, server, sent, arrived, keys),
+        # kind "fragment" (no reply: arrived None), "push" (arrived: its ack) or "pull" (its
+        # weights); keys: the blocks the message (a pull: its reply) carried.
+        self.timeline: list[tuple[str, int, float, float | None, list[int]]] = []
 
     @property
     def active(self) -> list[int]:
@@ -180,7 +182,7 @@ class PSClient:
         without copying, like a push."""
         self.conns[server].send(Message("fragment", {"worker": self.worker, "epoch": self.epoch, "seq": int(seq)},
                                         {grad_name(k): t for k, t in grads.items()}))
-        self.timeline.append(("fragment", server, time.perf_counter(), None))
+        self.timeline.append(("fragment", server, time.perf_counter(), None, sorted(grads)))
 
     def pull(self, min_version: int) -> Ticket:
         """Ask every server for its blocks once it is at `min_version` (as its sync
@@ -242,9 +244,9 @@ class PSClient:
         for r, conn, _ in ticket.parts:
             seconds = arrived.get(id(conn), ticket.sent) - ticket.sent - held.get(id(conn), 0.0)
             self.server_s[r] = self.server_s.get(r, 0.0) + max(0.0, seconds)
-            self.timeline.append((ticket.kind, r, ticket.sent, arrived.get(id(conn))))
+            self.timeline.append((ticket.kind, r, ticket.sent, arrived.get(id(conn)), ticket.carried.get(r, [])))
 
-    def take_timeline(self) -> list[tuple[str, int, float, float | None]]:
+    def take_timeline(self) -> list[tuple[str, int, float, float | None, list[int]]]:
         """The wire's events since the last call (`timeline`), oldest first."""
         got, self.timeline = self.timeline, []
         return got
@@ -273,7 +275,10 @@ class PSClient:
         self._got[ticket.id] = {}
         for r in self.active if only is None else [r for r in self.active if r in set(only)]:
             conn = self.conns[r]
-            conn.send(make(r, self.by_server[r]))
+            msg = make(r, self.by_server[r])
+            conn.send(msg)
+            ticket.carried[r] = ([b.key for b in self.by_server[r]] if kind == "pull" else
+                                 sorted(int(name[1:]) for name in msg.tensors))
             self._owed.setdefault(id(conn), {}).setdefault(_REPLY[kind], deque()).append(ticket.id)
             ticket.parts.append((r, conn, [b.key for b in self.by_server[r]]))
         return ticket

@@ -27,10 +27,11 @@ def check_report(worker: int, report: dict) -> list | None:
         raise ValueError(f"report of worker {worker}: server_s must list [server, seconds ≥ 0]")
     timeline = report.get("timeline", [])
     if not isinstance(timeline, list) or not all(
-            isinstance(e, list) and len(e) == 4 and e[0] in ("fragment", "push", "pull") and type(e[1]) is int
+            isinstance(e, list) and len(e) == 5 and e[0] in ("fragment", "push", "pull") and type(e[1]) is int
             and type(e[2]) in (int, float) and math.isfinite(e[2])
-            and (e[3] is None or (type(e[3]) in (int, float) and math.isfinite(e[3]))) for e in timeline):
-        raise ValueError(f"report of worker {worker}: timeline must list [kind, server, sent, arrived]")
+            and (e[3] is None or (type(e[3]) in (int, float) and math.isfinite(e[3])))
+            and isinstance(e[4], list) and all(type(k) is int for k in e[4]) for e in timeline):
+        raise ValueError(f"report of worker {worker}: timeline must list [kind, server, sent, arrived, blocks]")
     for key in ("count", "data_s", "gap_s"):  # optional: a worker's step and input pipeline
         v = report.get(key, 0.0)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:

@@ -452,13 +452,14 @@ class Worker:
                 "timeline": self._timeline()}
 
     def _timeline(self) -> list:
-        """The wire's events since the last report, each [kind, server, sent, arrived]
-        in seconds from this step's forward start (arrived: null for a fragment, which
-        gets no reply): a push's fragments leaving during backward, its end and ack, a
-        pull and its weights (a pull taken after the report is in the next one's)."""
+        """The wire's events since the last report, each [kind, server, sent, arrived,
+        blocks] in seconds from this step's forward start (arrived: null for a fragment,
+        which gets no reply): a push's fragments leaving during backward, its end and
+        ack, a pull and its weights (a pull taken after the report is in the next
+        one's); blocks: the keys the message carried."""
         t1 = self._step_t[0] if self._step_t else 0.0
-        return [[kind, r, round(sent - t1, 6), None if got is None else round(got - t1, 6)]
-                for kind, r, sent, got in sorted(self.client.take_timeline(), key=lambda e: e[2])]
+        return [[kind, r, round(sent - t1, 6), None if got is None else round(got - t1, 6), keys]
+                for kind, r, sent, got, keys in sorted(self.client.take_timeline(), key=lambda e: e[2])]
 
     def _exchange_times(self, since: float, pull_held: float, plan: Message) -> dict:
         """Split an exchange into waiting (a server or the coordinator held our request
