@@ -63,7 +63,8 @@ class Config:
     dc_lambda: float = 0.0  # DC-ASGD's λ (λ0 for dc_adaptive); > 0 when delay_compensation is set
     overlap: bool = False  # non-barrier protocols: pull the next weights while computing
     backward_push: bool = False  # push each block's gradient while backward still runs
-    push_fragment_kb: int = 256  # backward_push: the least a fragment of a push carries (KiB)
+    fragment_kb: int = 256  # backward_push, forward_pull: the least a part of a push or a pull carries (KiB)
+    forward_pull: bool = False  # the forward starts on the first layers' weights, the rest still arriving
     iterations: int = 0  # 0: derived from `epochs`
     epochs: float = 1.0
     lr: float = 0.05
@@ -241,7 +242,7 @@ class Config:
                 "nor a 'package.module:function' spec"
             )
         for key in ("workers", "servers", "global_batch", "block_size", "threads", "min_batch",
-                    "max_message_mb", "push_fragment_kb"):
+                    "max_message_mb", "fragment_kb"):
             _at_least(key, getattr(self, key), 1)
         for key in ("iterations", "seed", "eval_every", "eval_samples", "checkpoint_every", "lr_step_size",
                     "max_batch", "worker_batch", "reference_batch", "softsync_n", "staleness_bound",
@@ -292,6 +293,9 @@ class Config:
         if self.staleness_bound and self.protocol != "ssp":
             raise ConfigError(f"staleness_bound = {self.staleness_bound} needs protocol = \"ssp\", "
                               f"not {self.protocol!r}")
+        if self.overlap and self.forward_pull:
+            raise ConfigError("forward_pull = true needs overlap = false (with overlap the pull already "
+                              "arrives during the next step)")
         if self.overlap and self.protocol in ("bsp", "lbbsp"):
             raise ConfigError(f"overlap = true needs a protocol without a barrier (asp, softsync, ssp), "
                               f"not {self.protocol!r}: under a barrier the next weights do not exist "

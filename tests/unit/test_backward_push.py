@@ -101,7 +101,9 @@ def test_a_streamed_job_is_the_reference_bit_for_bit_and_shows_its_fragments(tmp
                                                                             protocol):
     """Three workers staging every copy as a GPU worker does, their gradients streamed
     in fragments of at least 1 KiB (the MLP's blocks of 2,000 floats: every parameter
-    tensor's blocks leave during backward). BSP ends where single-process SGD ends;
+    tensor's blocks leave during backward). BSP, its weights also pulled in parts of
+    1 KiB and written per layer as its forward reaches them, ends where single-process
+    SGD ends;
     under ASP with overlap (a push in flight while the next backward runs: the fragments
     are copies) every gradient reaches every server once. Each iteration's timeline shows
     a worker's fragments leaving (under BSP before the push that ends them)."""
@@ -109,9 +111,9 @@ def test_a_streamed_job_is_the_reference_bit_for_bit_and_shows_its_fragments(tmp
     monkeypatch.setattr(DeviceLink, "__init__", lambda self, *a, **k: init(self, *a, **{**k, "staged": True}))
     base = dict(dataset="digits", model="mlp", global_batch=48, workers=3, servers=2, iterations=8,
                 eval_every=0, checkpoint_every=0, progress=False, timeout=30.0, block_size=2000,
-                backward_push=True, push_fragment_kb=1)
-    if protocol == "bsp":
-        cfg = Config.from_dict({**base, "batch_split": [5, 30, 13]})
+                backward_push=True, fragment_kb=1)
+    if protocol == "bsp":  # and the weights taken per layer during the forward
+        cfg = Config.from_dict({**base, "batch_split": [5, 30, 13], "forward_pull": True})
     else:
         cfg = Config.from_dict({**base, "protocol": "asp", "overlap": True, "lr": 0.02})
     summary = run_threads(cfg, tmp_path, digits)
@@ -129,5 +131,27 @@ def test_a_streamed_job_is_the_reference_bit_for_bit_and_shows_its_fragments(tmp
             # with overlap a push is waited, and its end recorded, with the next step's report
             ends = [e for e in events if e[0] == "push"] if protocol == "bsp" else [["push", 0, math.inf, 0.0]]
             assert fragments and ends and max(e[2] for e in fragments) <= min(e[2] for e in ends)
+        if protocol == "bsp":  # the weights were read during the forward: after its start
+            assert all(e[3] > 0 for events in r["timeline"] for e in events if e[0] == "pull")
         # a worker's first step has no gap (under ASP it may be in any record)
         assert all((g is None and protocol == "asp") or g >= 0 for g in r["gap_s"])
+
+
+def test_a_pull_in_parts_sends_the_blocks_in_key_order_and_marks_the_last():
+    s = Server(0, InMemoryTransport(), "nowhere")
+    s.sent = []
+    s.listener.send = lambda peer, msg: s.sent.append((peer, msg)) or (lambda: True)
+    blocks = [[k, "w", 256 * k, 256 * (k + 1), "param", 4] for k in (2, 0, 1)]  # 1 KiB each
+    s.handle(b"coord", Message("init", {"blocks": blocks, "optimizer": SPEC, "version": 0, "samples": 0,
+                                        "protocol": "asp", "workers": 1},
+                               {f"b{k}": torch.full((256,), float(k)) for k in range(3)}))
+    s.sent.clear()
+    s.handle(b"w", Message("pull", {"worker": 0, "min_version": 0, "epoch": 0, "part_kb": 1}))
+    parts = [m for _, m in s.sent]
+    assert [sorted(m.tensors) for m in parts] == [["b0"], ["b1"], ["b2"]]
+    assert [m.fields["last"] for m in parts] == [False, False, True]
+    assert all(m.tensors[f"b{k}"][0].item() == k for k, m in enumerate(parts))
+    s.sent.clear()
+    s.handle(b"w", Message("pull", {"worker": 0, "min_version": 0, "epoch": 0, "part_kb": True}))
+    assert s.sent[-1][1].type == "error" and "part_kb" in s.sent[-1][1].fields["message"]
+    s.listener.close()

@@ -86,6 +86,8 @@ class PSClient:
         self._got: dict[int, dict[int, Message]] = {}  # ticket id → id(conn) → reply
         self._leaving: dict[int, Connection] = {}  # servers removed with replies still owed
         self._arrived: dict[int, dict[int, float]] = {}  # ticket id → id(conn) → when its reply was read
+        self._parts: dict[tuple[int, int], dict] = {}  # (ticket id, id(conn)) → the tensors of a reply's parts so far
+        self._fresh: dict[int, dict[int, torch.Tensor]] = {}  # ticket id → pulled values not yet handed out
         # Seconds of each exchange with each server since `take_server_s` (push: sent to
         # acked; pull: sent to arrived, less the time the server held it for a version):
         # what a slow link or a loaded host costs, which the server itself does not see.
@@ -184,10 +186,12 @@ class PSClient:
                                         {grad_name(k): t for k, t in grads.items()}))
         self.timeline.append(("fragment", server, time.perf_counter(), None, sorted(grads)))
 
-    def pull(self, min_version: int) -> Ticket:
+    def pull(self, min_version: int, part_kb: int = 0) -> Ticket:
         """Ask every server for its blocks once it is at `min_version` (as its sync
-        policy reads that number)."""
-        msg = Message("pull", {"worker": self.worker, "min_version": int(min_version), "epoch": self.epoch})
+        policy reads that number); `part_kb` > 0: in parts of at least that many KiB,
+        the first blocks first (`arrived` hands them out as they come)."""
+        parts = {"part_kb": int(part_kb)} if part_kb else {}
+        msg = Message("pull", {"worker": self.worker, "min_version": int(min_version), "epoch": self.epoch, **parts})
         return self._send("pull", lambda r, blocks: msg)
 
     def wait(self, ticket: Ticket, timeout: float | None = None) -> Pulled | list[int]:
@@ -199,18 +203,10 @@ class PSClient:
             raise ValueError(f"{self.who}: ticket {ticket.id} was already waited")
         limit = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
-        got = self._got[ticket.id]
-        while pending := [conn for _, conn, _ in ticket.parts if id(conn) not in got]:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise ClientError(f"{self.who}: no reply from {pending[0].address} within {limit:g}s")
-            ready = wait_readable(pending, min(left, 0.2))
-            if not ready:
-                self.interrupt()
-                continue
-            for conn in ready:  # each read as it is ready, so that its reply is timed as it came
-                self._receive(conn, deadline, limit)
-        del self._got[ticket.id]
+        while not self.progress(ticket, deadline, limit):
+            pass
+        got = self._got.pop(ticket.id)
+        self._fresh.pop(ticket.id, None)
         arrived = self._arrived.pop(ticket.id, {})
         if ticket.kind == "push":
             sigmas = [s for _, conn, _ in ticket.parts for s in self._sigmas(conn, got[id(conn)])]
@@ -237,6 +233,31 @@ class PSClient:
                                   f"({type(exc).__name__}: {exc})") from None
         self._time(ticket, arrived, held)
         return pulled
+
+    def progress(self, ticket: Ticket, deadline: float, limit: float) -> bool:
+        """Read what has come for `ticket` (waiting at most 0.2 s for something, and
+        ClientError past `deadline`, a time.monotonic(); `limit` names the wait's length in
+        the message); True once every reply to it is in."""
+        got = self._got[ticket.id]
+        pending = [conn for _, conn, _ in ticket.parts if id(conn) not in got]
+        if not pending:
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise ClientError(f"{self.who}: no reply from {pending[0].address} within {limit:g}s")
+        ready = wait_readable(pending, min(left, 0.2))
+        if not ready:
+            self.interrupt()
+        for conn in ready:  # each read as it is ready, so that its reply is timed as it came
+            self._receive(conn, deadline, limit)
+        return all(id(conn) in got for _, conn, _ in ticket.parts)
+
+    def arrived(self, ticket: Ticket) -> dict[int, torch.Tensor]:
+        """The block values of a pull's replies read since the last call (a pull in
+        parts: as each part came), by key."""
+        fresh = self._fresh.get(ticket.id, {})
+        self._fresh[ticket.id] = {}
+        return fresh
 
     def _time(self, ticket: Ticket, arrived: dict[int, float], held: dict[int, float]) -> None:
         """Add each server's part of `ticket` to `server_s`: from sending to its reply's
@@ -265,7 +286,7 @@ class PSClient:
         """Abandon every request in flight (new connections: late replies to the old
         ones are never read), route by `table`, and tag requests with `epoch`."""
         self.close()
-        self._owed, self._got, self._arrived = {}, {}, {}
+        self._owed, self._got, self._arrived, self._parts, self._fresh = {}, {}, {}, {}, {}
         self.epoch = int(epoch)
         self.set_table(table, addresses)
 
@@ -300,7 +321,18 @@ class PSClient:
         owed = self._owed.get(id(conn), {}).get(reply.type)
         if not owed:
             raise ClientError(f"{self.who}: unexpected {reply.type!r} from {conn.address}")
-        ticket = owed.popleft()
+        ticket = owed[0]
+        if reply.type == "params":
+            try:
+                self._fresh.setdefault(ticket, {}).update(values_of(reply.tensors))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ClientError(f"{self.who}: {conn.address} sent malformed params ({exc})") from None
+            earlier = self._parts.pop((ticket, id(conn)), {})
+            if reply.fields.get("last", True) is False:  # a part of the reply: the rest is to come
+                self._parts[(ticket, id(conn))] = {**earlier, **reply.tensors}
+                return
+            reply.tensors.update(earlier)
+        owed.popleft()
         self._got[ticket][id(conn)] = reply
         self._arrived.setdefault(ticket, {})[id(conn)] = time.perf_counter()
 

@@ -54,6 +54,7 @@ class _Held:
     min_version: int
     since: float
     worker: int = -1   # the pulling worker
+    part_bytes: int = 0  # forward_pull: the reply in parts of at least this many bytes, in key order
 
 
 class Server:
@@ -366,7 +367,9 @@ class Server:
     def _on_pull(self, peer: bytes, msg: Message) -> None:
         if self._stale(msg):
             return
-        self._hold(_Held(peer, "pull", int(msg.fields["min_version"]), self.clock.now(), int(msg.fields["worker"])))
+        part_kb = _count_field(msg.fields, "part_kb", 0)
+        self._hold(_Held(peer, "pull", int(msg.fields["min_version"]), self.clock.now(), int(msg.fields["worker"]),
+                         part_kb * 1024))
 
     def _on_state_req(self, peer: bytes, msg: Message) -> None:
         self._hold(_Held(peer, "state", int(msg.fields["version"]), self.clock.now()))
@@ -579,10 +582,12 @@ class Server:
             # `read` stamps the weights: the worker echoes it with the gradient computed on
             # them, and the server measures that gradient's delay in samples applied since.
             moved = {"moved": sorted(self.handover.moved)} if self.handover.moved else {}
-            msg = Message("params", {"version": self.sync.published(), "held_s": t0 - h.since,
-                                     "read": store.samples, **moved}, pack(values))
+            fields = {"version": self.sync.published(), "held_s": t0 - h.since, "read": store.samples, **moved}
             if self.sync.policy.delay_compensation != "none" and h.worker >= 0:
                 self._remember_read(h.worker, store.samples, values)
+            if h.part_bytes:
+                return self._reply_in_parts(h, fields, values, t0)
+            msg = Message("params", fields, pack(values))
             self._charge(_nbytes(values.values()), t0)
         else:
             msg = Message("state", {"version": store.version, "samples": store.samples,
@@ -591,6 +596,26 @@ class Server:
                           pack(values, states=store.optim_state()))
         store.lend(list(values.values()), self.listener.send(h.peer, msg))
 
+
+    def _reply_in_parts(self, h: _Held, fields: dict, values: dict, t0: float) -> None:
+        """A pull's weights as several `params` messages (`forward_pull`): the blocks in
+        key order — the model's order, so the first layers' come first — in parts of at
+        least `part_bytes`, each marked `last` or not, each through the emulated link on
+        its own, so that the worker's forward can start on the first while the rest
+        travel."""
+        parts: list[dict] = [{}]
+        size = 0
+        for key in sorted(values):
+            if size >= h.part_bytes:
+                parts.append({})
+                size = 0
+            parts[-1][key] = values[key]
+            size += _nbytes([values[key]])
+        for i, part in enumerate(parts):
+            self._charge(_nbytes(part.values()), t0)
+            msg = Message("params", {**fields, "last": i == len(parts) - 1}, pack(part))
+            self.store.lend(list(part.values()), self.listener.send(h.peer, msg))
+            t0 = self.clock.now()
 
     def _remember_read(self, worker: int, stamp: int, values: dict) -> None:
         """Delay compensation needs w_then: the weights each worker read, kept for its
@@ -616,7 +641,7 @@ def _count_field(f: dict, name: str, default):
     if x is default:
         return x
     if isinstance(x, bool) or not isinstance(x, int) or x < 0:
-        raise PushError(f"push from worker {f.get('worker')}: {name} = {x!r} is not a count ≥ 0")
+        raise PushError(f"request of worker {f.get('worker')}: {name} = {x!r} is not a count ≥ 0")
     return x
 
 

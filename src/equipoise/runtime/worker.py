@@ -32,6 +32,7 @@ from . import device as devices
 from .device import DeviceError, DeviceLink, OutOfMemory, autocast, check_precision, resolve, set_deterministic
 from .device import to_device, worker_device, worker_precision
 from .client import ClientError, PSClient, Pulled, receive
+from .early_pull import ForwardPull
 from .early_push import BackwardPush
 from ..workload import SampleError, StepError, load_workload
 from .stretch import Stretch, noise_seed
@@ -80,8 +81,10 @@ class Worker:
         self.fixed_s: float | None = None  # LB-BSP: a step's cost that does not grow with its batch (its probe)
         self._inbox: deque[Message] = deque()  # coordinator messages read while waiting for servers
         self.early: BackwardPush | None = None  # backward_push: the hooks that stream a step's gradients
+        self.lazy: ForwardPull | None = None  # forward_pull: the hooks that take a pull's weights as they come
         self._armed = False
         self._step_t: tuple[float, float] | None = None  # the last step's forward start and backward end
+        self._pulled: tuple[dict[int, int], dict[int, int], float] | None = None  # forward_pull: finished by a step
         # Neighbours are real processes the launcher runs; the worker only emulates factors.
         self.scenario = Scenario.of(cfg)
 
@@ -110,7 +113,9 @@ class Worker:
             self.model = build_model(cfg.model, data.input_shape, data.num_classes).to(self.device)
             self.link = DeviceLink(self.model, self.blocks, self.device, self.depth)
             if cfg.backward_push:
-                self.early = BackwardPush(self.model, self.blocks, self.link, cfg.push_fragment_kb * 1024)
+                self.early = BackwardPush(self.model, self.blocks, self.link, cfg.fragment_kb * 1024)
+            if cfg.forward_pull:
+                self.lazy = ForwardPull(self.model, self.blocks, self.link, self.client, cfg.timeout)
             self.barrier = self.policy.barrier()
             self.model.train()
             self.stretch = Stretch(self.model, noise=cfg.slowdown_noise, seed=noise_seed(cfg.seed, self.rank))
@@ -213,6 +218,9 @@ class Worker:
         while the next step computes (`_overlapped`). A report describes one iteration:
         its compute and the exchange that fed it."""
         self._disarm()  # a rollback may have ended a streamed step
+        if self.lazy is not None:
+            self.lazy.disarm()
+            self._pulled = None
         t0 = time.perf_counter()
         plan = self._request(self._plan_req(0, {}), "plan")
         if plan.fields["stop"]:
@@ -241,6 +249,8 @@ class Worker:
                 loss, count, measured = self._step(data, sampler, f)
             except OutOfMemory as oom:
                 self._disarm()  # the fragments sent are abandoned: the server drops them
+                if self._lazy_armed():
+                    versions, reads, _ = self._finish_pull()
                 if not self.barrier:
                     raise _unsplittable(oom) from None
                 plan, versions, exchange = self._out_of_memory(oom, data, sampler, f, versions, step)
@@ -248,6 +258,8 @@ class Worker:
                 if plan.fields["stop"]:
                     return
                 continue
+            if self._pulled is not None:  # the pull the forward began on, finished by the step
+                (versions, reads, _), self._pulled = self._pulled, None
             push, pull, versions, t3 = self._send(f, versions, reads, count, step, measured, in_flight=0)
             staleness = self.client.wait(push)
             step += 1
@@ -257,6 +269,10 @@ class Worker:
             plan = self._recv_coord("plan")  # before the weights: a recovery plan computes on the ones just used
             while plan.fields.get("recover"):
                 plan = self._recover(data, sampler, plan, versions, step)
+            if self.lazy is not None and not plan.fields["stop"] and "table" not in plan.fields:
+                self.lazy.arm(pull)  # the next forward writes the weights as they come
+                exchange = self._exchange_times(t3, 0.0, plan)
+                continue
             versions, reads, held = self._take(pull)
             if plan.fields["stop"]:
                 return
@@ -325,12 +341,13 @@ class Worker:
             else:  # what backward's fragments did not carry
                 pushes = self.link.read_part([b for b in self.blocks if b.key not in streamed], copy=bool(self.depth))
         pull_version = self.policy.pull_version(step + 1 + self.depth, f["iteration"])
+        part_kb = self.cfg.fragment_kb if self.lazy is not None else 0  # forward_pull: the weights in parts
         if self.policy.pull_first():
-            pull = self.client.pull(pull_version)
+            pull = self.client.pull(pull_version, part_kb)
             push = self.client.push(pushes, versions, f["size"], start=f["start"], count=count, sent=sent)
         else:
             push = self.client.push(pushes, versions, f["size"], count=count, reads=reads, step=step, sent=sent)
-            pull = self.client.pull(pull_version)
+            pull = self.client.pull(pull_version, part_kb)
         return push, pull, versions, t3
 
     def _arm(self, f: dict) -> None:
@@ -400,6 +417,14 @@ class Worker:
         self.coord.send(self._plan_req(step, {**report, "recovery": True}))
         return self._recv_coord("plan")
 
+    def _lazy_armed(self) -> bool:
+        return self.lazy is not None and self.lazy.armed
+
+    def _finish_pull(self) -> tuple[dict[int, int], dict[int, int], float]:
+        """forward_pull: the rest of the pull the step's forward began on."""
+        pulled = self.lazy.finish()
+        return pulled.versions, pulled.reads, pulled.held_s
+
     def _take(self, pull) -> tuple[dict[int, int], dict[int, int], float]:
         """Wait for a pull and write its weights into the model; returns each server's
         version and stamp of them, and the longest time a server held the pull back."""
@@ -432,19 +457,26 @@ class Worker:
             loss, count = self._compute(data, batch, f)
         finally:
             self.stretch.finish()
+        if self._lazy_armed():  # the rest of the weights, before the time is read
+            self._pulled = self._finish_pull()
         t2 = time.perf_counter()
         cpu = _clamp01((time.process_time() - cpu0) / max(t2 - t1, 1e-9))
+        waited = self.lazy.take_wait() if self.lazy is not None else 0.0
         # gap_s: from the end of the last backward to this forward's start (the exchange
         # and the plan between, unless they are hidden)
         gap = {} if self._step_t is None else {"gap_s": max(0.0, t1 - self._step_t[1])}
         self._step_t = (t1, t2)
-        return loss, count, {"compute_s": t2 - t1, "cpu": cpu, "data_s": self.loader.data_s, **gap}
+        return loss, count, {"compute_s": t2 - t1 - waited, "cpu": cpu, "data_s": self.loader.data_s,
+                             "pull_wait_s": waited, **gap}
 
     def _report(self, f: dict, loss: float, count: float, versions: dict[int, int], staleness: list[int],
                 measured: dict, exchange: dict) -> dict:
         """One iteration's report. `staleness` lists σ of this worker's gradients that
         servers applied since the last report (one per server and gradient)."""
         staleness, self._pending_staleness = self._pending_staleness + staleness, []
+        waited = measured.pop("pull_wait_s", 0.0)  # forward_pull: the forward's wait is communication
+        if waited:
+            exchange = {**exchange, "comm_s": exchange.get("comm_s", 0.0) + waited}
         return {"iteration": f["iteration"], "start": f["start"], "samples": f["size"], "loss": loss, "count": count,
                 "version": min(versions.values()), "staleness": staleness, **measured, **self.link.take_times(),
                 "mem": self.proc.memory_info().rss / self._mem_total, **exchange,
