@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import time
 
-import torch
 from torch import nn
 
 from ..policy.placement import Block
