@@ -17,7 +17,10 @@ Presets:
   two cores with the job).
 * `ddp`: equipoise BSP against PyTorch DDP (gloo, one rank per worker host) on the
   same four worker hosts, whose links are capped at `rate_mbit` each way; equipoise's two
-  servers on hosts of their own, unshaped (as BytePS deploys them). A parameter server
+  servers on hosts of their own, unshaped (as BytePS deploys them). equipoise runs twice
+  per round: exchanging after backward, and pipelined (`backward_push` and
+  `forward_pull`: the push leaves during backward, the forward starts on the first
+  layers' weights). A parameter server
   moves each gradient byte once each way per worker; ring all-reduce about 2(n−1)/n
   times. Goal ≥ 1.2×.
 * `psld`: PSLD against greedy and the oracle, with a server host behind a slower link:
@@ -131,13 +134,14 @@ def job(spec: Spec, protocol: str) -> dict[str, Any]:
                 progress=False, timeout=300.0, heartbeat_s=10.0, lr=0.05, seed=0)
 
 
-def on_testbed(tb, spec: Spec, protocol: str, address: str, tmp: Path, workers_on: str = "wrk") -> dict:
+def on_testbed(tb, spec: Spec, protocol: str, address: str, tmp: Path, workers_on: str = "wrk",
+               **extra: Any) -> dict:
     """One job under Ray: servers on host 0 (resource srv), workers where `workers_on`
-    is (wrk: hosts of their own; local: host 0 too)."""
+    is (wrk: hosts of their own; local: host 0 too); `extra`: more config keys."""
     from equipoise.testbed import ray_env
 
     out = tmp / f"{protocol}-{time.monotonic_ns()}"
-    cfg = {**job(spec, protocol), "launcher": "ray", "ray_address": address, "auth": "curve",
+    cfg = {**job(spec, protocol), **extra, "launcher": "ray", "ray_address": address, "auth": "curve",
            "server_resources": {"CPU": 0.5, "srv": 1}, "worker_resources": {"CPU": 0.5, workers_on: 1}}
     code = (f"import sys; sys.path.insert(0, {str(ROOT / 'src')!r}); import equipoise, json; "
             f"s = equipoise.train({cfg!r}, out={str(out)!r}); print(json.dumps(s['nodes']))")
@@ -239,7 +243,9 @@ def run(preset: str, results_path: str | None = None, plots: str | None = None, 
             systems = {p: (lambda p=p: psld_on_testbed(tb, spec, p, slow, address, tmp)) for p in PSLD_POLICIES}
         elif spec.kind == "ddp":
             systems = {"ddp": lambda: ddp_on_testbed(tb, spec, 3),
-                       "equipoise": lambda: on_testbed(tb, spec, "bsp", address, tmp)}
+                       "equipoise": lambda: on_testbed(tb, spec, "bsp", address, tmp),
+                       "equipoise_pipelined": lambda: on_testbed(tb, spec, "bsp", address, tmp,
+                                                                 backward_push=True, forward_pull=True)}
         elif spec.kind == "lbbsp":
             systems = {p: (lambda p=p: on_testbed(tb, spec, p, address, tmp)) for p in ("bsp", "lbbsp")}
         elif spec.kind == "cost-hosts":
@@ -254,8 +260,9 @@ def run(preset: str, results_path: str | None = None, plots: str | None = None, 
     if spec.kind == "psld":
         return psld_result(preset, spec, result, runs, result_extra, results_path)
     result["summary"] = {n: summary([r["samples_per_s"] for r in runs[n]]) for n in names}
-    a, b = names[1], names[0]
-    result["ratio"] = {f"{a}/{b}": summary([x["samples_per_s"] / y["samples_per_s"] for x, y in zip(runs[a], runs[b])])}
+    b = names[0]
+    result["ratio"] = {f"{a}/{b}": summary([x["samples_per_s"] / y["samples_per_s"] for x, y in zip(runs[a], runs[b])])
+                       for a in names[1:]}
     rows = [[n, fmt_range(result["summary"][n])] for n in names]
     print(f"## bench_testbed, preset {preset}: {spec.model} on {spec.dataset}, worker hosts' CPUs {list(spec.quotas)}, "
           f"{spec.reps} interleaved rounds, samples/s after {spec.warmup} iterations\n")
