@@ -33,7 +33,10 @@ def test_migrations_and_elastic_servers_leave_the_parameters_unchanged(tmp_path,
               {"iteration": 6, "move": 1, "to": 2}, {"iteration": 6, "move": 3, "to": 2},
               {"iteration": 11, "remove": 0}, {"iteration": 15, "move": 0, "to": 2}]
     equipoise.train(kw, out=tmp_path / "plain")
-    summary = equipoise.train(dict(kw, server_events=events), out=tmp_path / "moved")
+    # The moved run (with Adam) also streams its pushes and pulls (backward_push,
+    # forward_pull): moves between them change nothing either.
+    pipelined = {"backward_push": True, "forward_pull": True} if optimizer == "adam" else {}
+    summary = equipoise.train(dict(kw, server_events=events, **pipelined), out=tmp_path / "moved")
     a, b = final(tmp_path / "plain"), final(tmp_path / "moved")
     assert set(a) == set(b)
     for k in a:
@@ -86,8 +89,10 @@ def test_ctl_refuses_what_is_not_a_run_directory(tmp_path):
 @pytest.mark.parametrize("protocol", ["bsp", "ssp"])
 def test_psld_moves_load_off_a_slowed_server(tmp_path, protocol):
     """Also without a barrier (SSP): the blocks are handed over while the workers run,
-    and every block still gets every gradient once, counted on the servers."""
-    knobs = {"staleness_bound": 1} if protocol == "ssp" else {}
+    and every block still gets every gradient once, counted on the servers — with the
+    pushes streamed during backward (a step during which blocks move is pushed whole;
+    a fragment that reaches a block's old owner is forwarded with its push)."""
+    knobs = {"staleness_bound": 1, "backward_push": True, "fragment_kb": 4} if protocol == "ssp" else {}
     summary = equipoise.train(dict(BASE, placement="psld", iterations=60, servers=3, block_size=2000,
                                    server_slowdown=[1.0, 1.0, 8.0], server_rate=20.0, psld_interval=5,
                                    psld_epsilon=0.0, protocol=protocol, **knobs), out=tmp_path / "run")
