@@ -85,10 +85,12 @@ def test_a_push_sent_whole_drops_what_an_abandoned_stream_left(server):
     assert ack.type == "ack" and server.store.values[1].tolist() == [-1.0, -1.0] and len(server.fragments) == 0
 
 
-def test_a_lost_worker_s_fragments_are_dropped(server):
+def test_a_lost_worker_s_fragments_are_dropped_and_its_later_ones_refused(server):
     replies(server, fragment(1, g1=torch.ones(2)))
     server.handle(b"coord", Message("lose", {"worker": 0, "workers": 1}))
     assert len(server.fragments) == 0
+    (r,) = replies(server, fragment(2, g1=torch.ones(2)))
+    assert r.type == "error" and "declared lost" in r.fields["message"] and len(server.fragments) == 0
 
 
 @pytest.fixture(scope="module")

@@ -332,6 +332,8 @@ class Server(BlockMoves):
             return
         t0, f = self.clock.now(), msg.fields
         worker, seq = int(f["worker"]), _count_field(f, "seq", None)
+        if worker in self.sync.lost:
+            raise SyncFault(f"fragment of worker {worker}, which was declared lost")
         tensors = grads_of(msg.tensors)
         mine = {k: t for k, t in tensors.items() if k in self.store.blocks}
         stray = sorted(k for k in tensors if k not in mine and k not in self.handover.moved)
