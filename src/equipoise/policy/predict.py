@@ -23,7 +23,7 @@ from numbers import Integral, Real
 
 import torch
 
-__all__ = ["Predictor", "LastValue", "EWMA", "NARX", "make_predictor"]
+__all__ = ["measured_speed", "Predictor", "LastValue", "EWMA", "NARX", "make_predictor"]
 
 
 class Predictor(ABC):
@@ -274,6 +274,15 @@ class NARX(Predictor):
         self._theta = theta.clone()
         self._m = torch.as_tensor(d["m"], dtype=torch.float64).clone()
         self._v = torch.as_tensor(d["v"], dtype=torch.float64).clone()
+
+
+def measured_speed(samples: float, compute_s: float, fixed_s: float = 0.0) -> float:
+    """A worker's speed (samples/s) from one step: samples over the part of its compute
+    that grows with them, compute − F, F the step's fixed cost (LB-BSP's affine model).
+    A step measured faster than F (noise) still counts a tenth of its time as
+    per-sample work, so a speed stays finite."""
+    compute = max(float(compute_s), 1e-9)
+    return samples / max(compute - fixed_s, 0.1 * compute)
 
 
 def make_predictor(name: str, **kw) -> Predictor:

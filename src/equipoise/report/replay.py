@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ..policy.predict import make_predictor
+from ..policy.predict import make_predictor, measured_speed
 from ..telemetry.metrics import read_metrics
 
 NAMES = ("last", "ewma", "narx")
@@ -19,7 +19,10 @@ NAMES = ("last", "ewma", "narx")
 
 def replay_mape(run_dir: str | Path, names: tuple[str, ...] = NAMES) -> dict[str, float | None]:
     """Each predictor's MAPE over the run, averaged over workers (None if no data)."""
-    records = [r for r in read_metrics(Path(run_dir) / "metrics.jsonl") if r.get("type") == "iteration"]
+    everything = read_metrics(Path(run_dir) / "metrics.jsonl")
+    records = [r for r in everything if r.get("type") == "iteration"]
+    # each worker's fixed step cost, as its probe measured it (LB-BSP: a `fixed_cost` event)
+    fixed = {r["worker"]: r["seconds"] for r in everything if r.get("event") == "fixed_cost"}
     by_iteration = {r["iteration"]: r for r in records}  # a resumed run: the later record wins
     predictors: dict[str, dict[int, object]] = {n: {} for n in names}
     for t in sorted(by_iteration):
@@ -30,7 +33,8 @@ def replay_mape(run_dir: str | Path, names: tuple[str, ...] = NAMES) -> dict[str
                 continue
             cpu, mem = (r.get("cpu") or [0.0] * len(r["workers"]))[i], (r.get("mem") or [0.0] * len(r["workers"]))[i]
             for n in names:
-                predictors[n].setdefault(w, make_predictor(n)).observe(x / c, cpu or 0.0, mem or 0.0)
+                predictors[n].setdefault(w, make_predictor(n)).observe(measured_speed(x, c, fixed.get(w, 0.0)),
+                                                                       cpu or 0.0, mem or 0.0)
     out: dict[str, float | None] = {}
     for n, preds in predictors.items():
         errors = [p.mape for p in preds.values() if not math.isnan(p.mape)]

@@ -304,6 +304,7 @@ class Coordinator:
             raise ValueError(f"fixed_s = {fixed!r} is not a finite number of seconds ≥ 0")
         if fixed is not None:
             self.planner.set_fixed_cost(worker, float(fixed))
+            self._event("fixed_cost", self.iteration, worker=worker, seconds=float(fixed))
         if cap is not None:
             self.planner.set_memory_cap(worker, cap)
             self._event("memory_cap", self.iteration, worker=worker, cap=self.planner.memory_caps[worker],

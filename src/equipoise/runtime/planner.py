@@ -16,7 +16,7 @@ from typing import Mapping
 
 from ..config import PREDICTORS
 from ..policy import batching
-from ..policy.predict import Predictor, make_predictor
+from ..policy.predict import Predictor, make_predictor, measured_speed
 
 
 class CapError(ValueError):
@@ -128,15 +128,11 @@ class Planner:
                 continue
             compute = max(float(r["compute_s"]), 1e-9)
             self._last_compute[w] = compute
-            # The part that grows with the batch: compute − F, F the worker's fixed cost (its
-            # probe; 0 if none). A step measured faster than its probe's F (noise) still
-            # counts a tenth of its time as per-sample work, so a speed stays finite.
-            variable = max(compute - self.fixed.get(w, 0.0), 0.1 * compute)
             self._last_samples[w] = int(r["samples"])
             # The per-iteration constant cost of LB-BSP's c_i + x_i/v_i = T: communication (+ F, below).
             self.comm[w] = 0.7 * self.comm.get(w, float(r["comm_s"])) + 0.3 * float(r["comm_s"])
             for preds in self.predictors.values():
-                preds[w].observe(r["samples"] / variable, r.get("cpu", 0.0), r.get("mem", 0.0))
+                preds[w].observe(measured_speed(r["samples"], compute, self.fixed.get(w, 0.0)), r.get("cpu", 0.0), r.get("mem", 0.0))
 
     def predict(self, worker: int) -> float:
         """The configured predictor's speed (samples/s) of `worker` next iteration."""
