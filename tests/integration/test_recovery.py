@@ -109,13 +109,14 @@ def _run_killing(cfg: dict, run, role: str, at: int) -> dict:
     return result
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("optimizer", ["adam"])
 @pytest.mark.parametrize("replication", [0, 1])
 def test_a_killed_server_changes_nothing_but_the_time(tmp_path, optimizer, replication):
     """replication = 0: a replacement, and a replay from the last snapshot (iterations
     that are multiples of 10); replication = 1: server 1's backup (the next server of
     the ring 0 → 1 → 2 → 0) takes its blocks and at most the iteration in flight is
-    replayed."""
+    replayed. With Adam, whose state (two moments and a step count per block) is the
+    most a server's blocks carry: SGD's momentum buffer moves by the same path."""
     cfg = dict(BASE, optimizer=optimizer, lr=0.01 if optimizer == "adam" else 0.05, snapshot_every=10,
                replication=replication, servers=3, workers=2, slowdown=[20.0, 20.0])
     at = random.Random(f"server-{optimizer}-{replication}").randrange(12, 45)

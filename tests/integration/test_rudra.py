@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(240)
 HOMOGENEOUS = [30.0] * 8
 
 
-@pytest.mark.parametrize("n", [2, 4, 8])
+@pytest.mark.parametrize("n", [2, 8])  # the two ends of λ = 8 that are not ASP's 1 and BSP's 0
 def test_softsync_mean_staleness_is_about_n(tmp_path, n):
     summary = equipoise.train(dict(protocol="softsync", softsync_n=n, dataset="digits", model="mlp",
                                    workers=8, servers=1, global_batch=128, iterations=48,

@@ -240,11 +240,22 @@ def test_async_benchmark_pairs_rounds_against_hardsync():
     assert "2.00" in bench_async.target_table(systems)
 
 
-def test_overlap_benchmark_runs_both_sides_and_reads_their_gaps(tmp_path):
+def test_overlap_benchmark_interleaves_both_sides_and_summarises_each_pair(tmp_path, monkeypatch):
+    """The harness (bench_overlap's jobs are the ones test_backward_push runs): off and
+    on interleaved per model, medians and the on/off ratio of each pair."""
     from benchmarks import bench_overlap
 
-    result = bench_overlap.run("ci", results=str(tmp_path / "o.json"))
+    calls = []
+
+    def fake(model, iterations, warmup, backward_push):
+        calls.append((model, backward_push))
+        rate = 200.0 if backward_push else 100.0 + len(calls)
+        return {"samples_per_s": rate, "gap_s": 0.01, "compute_s": 0.05, "iterations": iterations - warmup}
+
+    monkeypatch.setattr(bench_overlap, "run_job", fake)
+    result = bench_overlap.run("ci", results=str(tmp_path / "o.json"), reps=2)
+    assert calls == [("mlp", False), ("mlp", True)] * 2
     r = result["models"]["mlp"]
-    assert r["off_gap_s"]["median"] > 0 and r["on_gap_s"]["median"] > 0
-    assert r["runs"]["off"][0]["iterations"] == r["runs"]["on"][0]["iterations"] == 8 - 2
+    assert r["pair_ratio"]["min"] == 200 / 103 and r["pair_ratio"]["max"] == 200 / 101
+    assert r["on_samples_per_s"]["median"] == 200 and "| mlp " in bench_overlap.results_table(result)
     assert json.loads((tmp_path / "o.json").read_text())["benchmark"] == "bench_overlap"
