@@ -267,10 +267,15 @@ class PSClient:
             self.server_s[r] = self.server_s.get(r, 0.0) + max(0.0, seconds)
             self.timeline.append((ticket.kind, r, ticket.sent, arrived.get(id(conn)), ticket.carried.get(r, [])))
 
-    def take_timeline(self) -> list[tuple[str, int, float, float | None, list[int]]]:
-        """The wire's events since the last call (`timeline`), oldest first."""
+    def take_timeline(self, origin: float) -> list[list]:
+        """The wire's events since the last call, oldest first, each [kind, server, sent,
+        arrived, blocks] in seconds from `origin` (a perf_counter time; arrived: null for
+        a fragment, which gets no reply): a push's fragments, the push (or the push that
+        ends them) and its ack, a pull and its weights; blocks: the keys the message
+        (a pull: its reply) carried."""
         got, self.timeline = self.timeline, []
-        return got
+        return [[kind, r, round(sent - origin, 6), None if at is None else round(at - origin, 6), keys]
+                for kind, r, sent, at, keys in sorted(got, key=lambda e: e[2])]
 
     def take_server_s(self) -> dict[int, float]:
         """The seconds spent in exchanges with each server since the last call."""

@@ -28,10 +28,10 @@ from ..policy.placement import Block
 from ..policy.sync import make_sync_policy
 from ..scenario import Scenario
 from ..wire import Message, PeerTimeout, Transport
-from . import device as devices
+from . import probes
 from .device import DeviceError, DeviceLink, OutOfMemory, autocast, check_precision, resolve, set_deterministic
 from .device import to_device, worker_device, worker_precision
-from .client import ClientError, PSClient, Pulled, receive
+from .client import ClientError, PSClient, Pulled
 from .early_pull import ForwardPull
 from .early_push import BackwardPush
 from ..workload import SampleError, StepError, load_workload
@@ -123,8 +123,10 @@ class Worker:
             sampler = SliceSampler(len(data), cfg.global_batch, cfg.seed)
             self.loader = Loader(data, sampler, cfg.loader_workers, timeout=cfg.timeout)
             self.end = cfg.total_iterations(len(data)) * cfg.global_batch  # the stream's last position
-            self.memory_cap = self._probe(data)
-            self.fixed_s = self._probe_fixed(data)
+            # what this worker measures of itself before its first step (runtime/probes.py)
+            self.memory_cap = probes.memory_cap(cfg, self.rank, self.model, self.loader, data, self.device,
+                                                self.precision)
+            self.fixed_s = probes.fixed_cost(cfg, self.model, self.loader, data, self.device, self.precision)
             while True:
                 try:
                     return self._loop(data, sampler)
@@ -138,59 +140,6 @@ class Worker:
                 self.loader.close()
             self.client.close()
             self.coord.close()
-
-    def _probe(self, data) -> int | None:
-        """The largest batch this worker's device memory holds, from a probe of a step's
-        peak memory at two batch sizes (runtime/device.py); None off a GPU. The probe's
-        gradients are dropped: they are no step of the job."""
-        cfg = self.cfg
-
-        def where(rank: int) -> torch.device:
-            return resolve(worker_device(cfg, rank), f"worker {rank}")
-
-        share = sum(where(r) == self.device for r in range(cfg.workers)) if cfg.launcher == "local" else 1
-
-        def step(b: int) -> None:
-            batch = to_device(self.loader.get(0, min(b, len(data))), self.device)
-            with autocast(self.device, self.precision):
-                out = data.loss_of(self.model, batch, b)
-            out.objective.backward()
-            self.model.zero_grad(set_to_none=True)
-
-        limit = cfg.memory_limits[self.rank] if self.rank < len(cfg.memory_limits) else 0.0
-        probe = devices.probe_memory(step, self.device, share=share, limit_gib=limit)
-        return None if probe is None else probe.cap()
-
-    def _probe_fixed(self, data) -> float | None:
-        """LB-BSP (proportional sizes): the seconds of a step that do not grow with its
-        batch, F in compute = F + n / v. Without it a worker given a batch of one or two
-        samples looks slow (its step is mostly F) and a last-value speed keeps it there.
-        Timed here as steps of 1 and k samples, the fastest of three each (a shared box
-        only ever adds time): F = t₁ − (t_k − t₁)/(k − 1), at least 0. Like the memory
-        probe, its gradients are dropped and the first pull overwrites what the forward
-        changed (batch-norm statistics)."""
-        cfg = self.cfg
-        if cfg.protocol != "lbbsp" or cfg.batch_policy != "proportional" or cfg.batch_split:
-            return None
-        k = max(2, min(32, cfg.global_batch // max(1, cfg.workers), len(data)))
-        cuda = self.device.type == "cuda"
-
-        def seconds(b: int) -> float:
-            batch = to_device(self.loader.get(0, b), self.device)
-            t0 = time.perf_counter()
-            with autocast(self.device, self.precision):
-                out = data.loss_of(self.model, batch, b)
-            out.objective.backward()
-            if cuda:
-                torch.cuda.synchronize(self.device)
-            t = time.perf_counter() - t0
-            self.model.zero_grad(set_to_none=True)
-            return t
-
-        seconds(k)  # warm-up: first calls allocate
-        one = min(seconds(1) for _ in range(3))
-        many = min(seconds(k) for _ in range(3))
-        return max(0.0, one - (many - one) / (k - 1))
 
     def _plan_table(self, plan: Message, versions: dict[int, int], in_flight: int) -> dict[int, int]:
         """Apply a block table that came with a plan. Under a barrier every server is at
@@ -481,17 +430,8 @@ class Worker:
                 "version": min(versions.values()), "staleness": staleness, **measured, **self.link.take_times(),
                 "mem": self.proc.memory_info().rss / self._mem_total, **exchange,
                 "server_s": [[r, sec] for r, sec in sorted(self.client.take_server_s().items())],
-                "timeline": self._timeline()}
-
-    def _timeline(self) -> list:
-        """The wire's events since the last report, each [kind, server, sent, arrived,
-        blocks] in seconds from this step's forward start (arrived: null for a fragment,
-        which gets no reply): a push's fragments leaving during backward, its end and
-        ack, a pull and its weights (a pull taken after the report is in the next
-        one's); blocks: the keys the message carried."""
-        t1 = self._step_t[0] if self._step_t else 0.0
-        return [[kind, r, round(sent - t1, 6), None if got is None else round(got - t1, 6), keys]
-                for kind, r, sent, got, keys in sorted(self.client.take_timeline(), key=lambda e: e[2])]
+                # the wire's events since the last report, in seconds from this step's forward start
+                "timeline": self.client.take_timeline(self._step_t[0] if self._step_t else 0.0)}
 
     def _exchange_times(self, since: float, pull_held: float, plan: Message) -> dict:
         """Split an exchange into waiting (a server or the coordinator held our request
