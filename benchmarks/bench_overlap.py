@@ -1,6 +1,8 @@
-"""Communication hidden behind backward: BSP with each step's gradients pushed after
-backward (`backward_push = false`) and while it runs (`true`), interleaved in one
-invocation (off, on, off, on, ...), per model.
+"""Communication hidden behind computation: BSP exchanging after backward (`off`), with
+each step's gradients pushed while backward runs (`push`: `backward_push = true`), and
+with the next forward also started on the first layers' weights (`pipelined`: and
+`forward_pull = true`), interleaved in one invocation (off, push, pipelined, off, ...),
+per model.
 
 For each model the same job (4 workers, 2 servers, one torch thread each, SGD or Adam as
 the model's workload trains) runs `iterations` iterations; reported per run, over the
@@ -12,8 +14,8 @@ iterations after `warmup` (a steady window, no cold start):
   where they are not hidden): the issue of this benchmark;
 * `compute_s`: the median step (forward and backward) time.
 
-The summary per model: medians with (min–max) of each, and the on/off ratio of each
-interleaved pair. Models: `cnn` (Fashion-MNIST, the default job), `resnet20` (CIFAR-sized
+The summary per model: medians with (min–max) of each, and the ratio of each side's
+samples/s to `off` within each round. Models: `cnn` (Fashion-MNIST, the default job), `resnet20` (CIFAR-sized
 images labelled by a fixed random teacher: benchmarks/gpu_data.py), `gpt` (the byte-level
 GPT of examples/workloads/fortunes_lm.py on Debian's fortunes).
 
@@ -59,12 +61,14 @@ class Preset:
 PRESETS = {"ci": Preset(("mlp",), 8, 2, 1), "full": Preset(("cnn", "resnet20", "gpt"), 40, 5, 3)}
 
 
-def run_job(model: str, iterations: int, warmup: int, backward_push: bool) -> dict[str, Any]:
+SIDES = {"off": {}, "push": {"backward_push": True}, "pipelined": {"backward_push": True, "forward_pull": True}}
+
+
+def run_job(model: str, iterations: int, warmup: int, side: str) -> dict[str, Any]:
     import equipoise
 
     cfg = dict(WORKLOADS[model], protocol="bsp", workers=4, servers=2, iterations=iterations, threads=1,
-               eval_every=0, checkpoint_every=0, progress=False, timeout=300.0, seed=0,
-               backward_push=backward_push)
+               eval_every=0, checkpoint_every=0, progress=False, timeout=300.0, seed=0, **SIDES[side])
     with tempfile.TemporaryDirectory(prefix="bench-overlap-") as tmp:
         equipoise.train(cfg, out=Path(tmp) / "run")
         records = [json.loads(line) for line in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -80,12 +84,13 @@ def run_job(model: str, iterations: int, warmup: int, backward_push: bool) -> di
 def compare(preset: Preset, reps: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for model in preset.models:
-        runs = interleave({"off": lambda m=model: run_job(m, preset.iterations, preset.warmup, False),
-                           "on": lambda m=model: run_job(m, preset.iterations, preset.warmup, True)}, reps)
+        runs = interleave({side: (lambda m=model, side=side: run_job(m, preset.iterations, preset.warmup, side))
+                           for side in SIDES}, reps)
         out[model] = {
-            **{f"{side}_{k}": summary([r[k] for r in runs[side]]) for side in ("off", "on")
+            **{f"{side}_{k}": summary([r[k] for r in runs[side]]) for side in SIDES
                for k in ("samples_per_s", "gap_s", "compute_s")},
-            "pair_ratio": summary([ratio(b["samples_per_s"], a["samples_per_s"]) for a, b in zip(runs["off"], runs["on"])]),
+            **{f"{side}_ratio": summary([ratio(b["samples_per_s"], a["samples_per_s"])
+                                         for a, b in zip(runs["off"], runs[side])]) for side in SIDES if side != "off"},
             "runs": runs}
     return out
 
@@ -93,11 +98,12 @@ def compare(preset: Preset, reps: int) -> dict[str, Any]:
 def results_table(result: dict[str, Any]) -> str:
     rows = []
     for model, r in result["models"].items():
-        rows.append([model, fmt_range(r["off_samples_per_s"]), fmt_range(r["on_samples_per_s"]),
-                     fmt_range(r["pair_ratio"]), fmt_range(r["off_gap_s"], 4), fmt_range(r["on_gap_s"], 4),
-                     fmt_range(r["off_compute_s"], 4)])
-    return markdown_table(["model", "samples/s, push after backward", "samples/s, push during backward",
-                           "on/off per pair", "gap s, off", "gap s, on", "step compute s (off)"], rows)
+        for side in SIDES:
+            rows.append([model, side, fmt_range(r[f"{side}_samples_per_s"]),
+                         "1" if side == "off" else fmt_range(r[f"{side}_ratio"]),
+                         fmt_range(r[f"{side}_gap_s"], 4), fmt_range(r[f"{side}_compute_s"], 4)])
+    return markdown_table(["model", "exchange", "samples/s", "÷ off, per round", "gap s (end of backward "
+                           "to next forward)", "step compute s"], rows)
 
 
 def run(preset: str, results: str | None = None, plots: str | None = None, reps: int | None = None) -> dict:
@@ -105,7 +111,7 @@ def run(preset: str, results: str | None = None, plots: str | None = None, reps:
     load = load_average()
     result = {"preset": preset, "reps": reps or p.reps, "iterations": p.iterations, "warmup": p.warmup,
               "loadavg_at_start": load, "models": compare(p, reps or p.reps)}
-    print(f"## BSP, gradients pushed after vs during backward (preset {preset}: 4 workers, 2 servers, "
+    print(f"## BSP, exchanging after backward vs pipelined (preset {preset}: 4 workers, 2 servers, "
           f"{p.iterations} iterations, window after {p.warmup}, medians (min–max) of {result['reps']} "
           f"interleaved rounds)\n")
     print(results_table(result))

@@ -240,22 +240,22 @@ def test_async_benchmark_pairs_rounds_against_hardsync():
     assert "2.00" in bench_async.target_table(systems)
 
 
-def test_overlap_benchmark_interleaves_both_sides_and_summarises_each_pair(tmp_path, monkeypatch):
-    """The harness (bench_overlap's jobs are the ones test_backward_push runs): off and
-    on interleaved per model, medians and the on/off ratio of each pair."""
+def test_overlap_benchmark_interleaves_the_sides_and_summarises_each_round(tmp_path, monkeypatch):
+    """The harness (bench_overlap's jobs are the ones test_backward_push runs): the three
+    sides interleaved per model, medians and each side's ratio to `off` per round."""
     from benchmarks import bench_overlap
 
     calls = []
 
-    def fake(model, iterations, warmup, backward_push):
-        calls.append((model, backward_push))
-        rate = 200.0 if backward_push else 100.0 + len(calls)
+    def fake(model, iterations, warmup, side):
+        calls.append((model, side))
+        rate = {"off": 100.0 + len(calls), "push": 150.0, "pipelined": 200.0}[side]
         return {"samples_per_s": rate, "gap_s": 0.01, "compute_s": 0.05, "iterations": iterations - warmup}
 
     monkeypatch.setattr(bench_overlap, "run_job", fake)
     result = bench_overlap.run("ci", results=str(tmp_path / "o.json"), reps=2)
-    assert calls == [("mlp", False), ("mlp", True)] * 2
+    assert calls == [("mlp", "off"), ("mlp", "push"), ("mlp", "pipelined")] * 2
     r = result["models"]["mlp"]
-    assert r["pair_ratio"]["min"] == 200 / 103 and r["pair_ratio"]["max"] == 200 / 101
-    assert r["on_samples_per_s"]["median"] == 200 and "| mlp " in bench_overlap.results_table(result)
+    assert r["pipelined_ratio"]["min"] == 200 / 104 and r["pipelined_ratio"]["max"] == 200 / 101
+    assert r["push_samples_per_s"]["median"] == 150 and "| mlp " in bench_overlap.results_table(result)
     assert json.loads((tmp_path / "o.json").read_text())["benchmark"] == "bench_overlap"
