@@ -93,6 +93,13 @@ def test_a_lost_worker_s_fragments_are_dropped_and_its_later_ones_refused(server
     assert r.type == "error" and "declared lost" in r.fields["message"] and len(server.fragments) == 0
 
 
+def mlp_bn(input_shape, num_classes):
+    """The digits MLP with batch norm: running statistics are buffer blocks that its
+    forward updates in place and autograd saves."""
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 128), torch.nn.BatchNorm1d(128),
+                               torch.nn.ReLU(), torch.nn.Linear(128, num_classes))
+
+
 @pytest.fixture(scope="module")
 def digits():
     return load_dataset("digits")
@@ -104,8 +111,9 @@ def test_a_streamed_job_is_the_reference_bit_for_bit_and_shows_its_fragments(tmp
     """Three workers staging every copy as a GPU worker does, their gradients streamed
     in fragments of at least 1 KiB (the MLP's blocks of 2,000 floats: every parameter
     tensor's blocks leave during backward). BSP, its weights also pulled in parts of
-    1 KiB and written per layer as its forward reaches them, ends where single-process
-    SGD ends;
+    1 KiB and written per layer as its forward reaches them (batch norm's running
+    statistics too, which the forward updates in place), ends where single-process SGD
+    ends;
     under ASP with overlap (a push in flight while the next backward runs: the fragments
     are copies) every gradient reaches every server once. Each iteration's timeline shows
     a worker's fragments leaving (under BSP before the push that ends them)."""
@@ -114,15 +122,19 @@ def test_a_streamed_job_is_the_reference_bit_for_bit_and_shows_its_fragments(tmp
     base = dict(dataset="digits", model="mlp", global_batch=48, workers=3, servers=2, iterations=8,
                 eval_every=0, checkpoint_every=0, progress=False, timeout=30.0, block_size=2000,
                 backward_push=True, fragment_kb=1)
-    if protocol == "bsp":  # and the weights taken per layer during the forward
-        cfg = Config.from_dict({**base, "batch_split": [5, 30, 13], "forward_pull": True})
+    if protocol == "bsp":  # and the weights taken per layer during the forward, batch norm's too
+        cfg = Config.from_dict({**base, "batch_split": [5, 30, 13], "forward_pull": True,
+                                "model": f"{__file__}:mlp_bn"})
     else:
         cfg = Config.from_dict({**base, "protocol": "asp", "overlap": True, "lr": 0.02})
     summary = run_threads(cfg, tmp_path, digits)
     if protocol == "bsp":
         ref = train_reference(cfg, data=digits).state_dict()
         got = torch.load(tmp_path / "model.pt", weights_only=True)
-        assert all(torch.equal(got[k], ref[k]) for k in ref)
+        # floating point tensors: batch norm's integer step counter is not a block
+        # (runtime/blocks.py), so it is never synchronised
+        assert all(torch.equal(got[k], ref[k]) for k in ref if ref[k].is_floating_point())
+        assert any("running_mean" in k for k in ref)
     else:
         assert sum(summary["staleness_histogram"].values()) == 8 * 3 * 2  # 8 iterations × 3 workers × 2 servers
     iters = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]

@@ -3,9 +3,10 @@ pull's reply comes in parts, the first layers' blocks first (priority-based para
 propagation: Jayarajan et al., "Priority-based Parameter Propagation for Distributed DNN
 Training", MLSys 2019), and the forward waits per module, not for the whole pull.
 
-A forward pre-hook on each module that registers parameters of its own waits until the
-blocks of those parameters have arrived, writing every block that has come meanwhile into
-the model; the servers send their blocks in key order, which is the model's own order
+A forward pre-hook on each module that registers parameters or buffers of its own waits
+until their blocks have arrived, writing every block that has come meanwhile into the
+model — never into a module whose forward has begun (autograd saved its tensors, and
+batch norm updates its running statistics in place); the servers send their blocks in key order, which is the model's own order
 (its parameters as it created them), so the first modules find theirs in the first part
 while the later parts are still on the wire. After the step, `finish` waits for the rest
 and writes it. A block its server did not send (handed to another server since: no
@@ -39,22 +40,25 @@ class ForwardPull:
         self.link, self.client, self.timeout = link, client, timeout
         by_name: dict[str, set[int]] = {}
         for b in blocks:
-            if b.kind == "param":
-                by_name.setdefault(b.name, set()).add(b.key)
-        names = {id(p): n for n, p in model.named_parameters()}  # the first name of a tied weight
+            by_name.setdefault(b.name, set()).add(b.key)
+        # a tensor's first name (a tied weight has several): parameters, and buffers (batch
+        # norm's running statistics, which its forward updates in place and autograd saves)
+        names = {id(t): n for n, t in [*model.named_parameters(), *model.named_buffers()]}
         self._hooks = []
         for module in model.modules():
-            keys = set().union(*[by_name.get(names.get(id(p), ""), set()) for p in module.parameters(recurse=False)])
+            own = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+            keys = set().union(*[by_name.get(names.get(id(t), ""), set()) for t in own])
             if keys:
                 self._hooks.append(module.register_forward_pre_hook(self._hook(frozenset(keys))))
         self.ticket: Ticket | None = None
         self.written: set[int] = set()
+        self.ran: set[int] = set()  # the blocks of the modules whose forward has begun
         self.wait_s = 0.0  # seconds the forward waited for weights since the last `take_wait`
         self._complete = False
 
     def arm(self, ticket: Ticket) -> None:
         """The next forward takes `ticket`'s weights as they come."""
-        self.ticket, self.written, self._complete = ticket, set(), False
+        self.ticket, self.written, self.ran, self._complete = ticket, set(), set(), False
 
     @property
     def armed(self) -> bool:
@@ -86,15 +90,20 @@ class ForwardPull:
 
     def _hook(self, keys: frozenset[int]):
         def pre(module: nn.Module, args) -> None:
-            if self.ticket is not None and not keys <= self.written:
+            if self.ticket is None:
+                return
+            if not keys <= self.written:
                 self._need(keys)
+            self.ran |= keys
         return pre
 
     def _need(self, keys: frozenset[int]) -> None:
         t0 = time.perf_counter()
         deadline = time.monotonic() + self.timeout
         while True:
-            fresh = self.client.arrived(self.ticket)
+            # Not into a module whose forward has begun (autograd saved its tensors): such a
+            # block (one its server did not send in time, e.g. moved) waits for `finish`.
+            fresh = {k: v for k, v in self.client.arrived(self.ticket).items() if k not in self.ran}
             if fresh:
                 self.link.write(fresh)
                 self.written.update(fresh)
