@@ -169,3 +169,61 @@ def test_a_pull_in_parts_sends_the_blocks_in_key_order_and_marks_the_last():
     s.handle(b"w", Message("pull", {"worker": 0, "min_version": 0, "epoch": 0, "part_kb": True}))
     assert s.sent[-1][1].type == "error" and "part_kb" in s.sent[-1][1].fields["message"]
     s.listener.close()
+
+
+class _OneBlockAtATime:
+    """A pull whose blocks arrive one per `progress` call, in key order."""
+
+    def __init__(self, values):
+        self.values, self.queue, self.out = values, sorted(values.items()), {}
+
+    def arrived(self, ticket):
+        out, self.out = self.out, {}
+        return out
+
+    def progress(self, ticket, deadline, limit):
+        key, value = self.queue.pop(0)
+        self.out[key] = value
+        return not self.queue
+
+    def wait(self, ticket):
+        from equipoise.runtime.client import Pulled
+        return Pulled(dict(self.values), {}, 0.0)
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+
+    def forward(self, x):
+        return self.attn(x, x, x, need_weights=False)[0]
+
+
+def test_forward_pull_waits_for_a_weight_a_module_reads_from_its_child():
+    """torch's `nn.MultiheadAttention` hands its child's `out_proj.weight` to an operation
+    without calling the child, after its own `in_proj_weight`: a wait per module would
+    let it read the child's weight before it arrived. Blocks arriving one at a time as
+    the forward waits: its output is the output on the weights written whole."""
+    from equipoise.runtime.blocks import model_blocks, read_values
+    from equipoise.runtime.early_pull import ForwardPull
+
+    torch.manual_seed(0)
+    model, x = _Attention(), torch.randn(2, 3, 8)
+    blocks = model_blocks(model, 1 << 20)
+    new = {k: torch.randn_like(v) for k, v in read_values(model, blocks).items()}
+    link = DeviceLink(model, blocks, torch.device("cpu"))
+    old = {k: v.clone() for k, v in read_values(model, blocks).items()}
+    link.write(new)
+    with torch.no_grad():
+        whole = model(x)
+    link.write(old)
+    client = _OneBlockAtATime(new)
+    lazy = ForwardPull(model, blocks, link, client, timeout=5.0)
+    lazy.arm(object())
+    with lazy.guard(), torch.no_grad():
+        streamed = model(x)
+    assert client.queue == []  # the last block (out_proj.bias) was waited for, not found written
+    assert torch.equal(streamed, whole)
+    lazy.finish()
+    assert all(torch.equal(v, new[k]) for k, v in read_values(model, blocks).items())

@@ -1,39 +1,63 @@
 """Starting the forward before all of the weights have arrived (`forward_pull`): the
 pull's reply comes in parts, the first layers' blocks first (priority-based parameter
 propagation: Jayarajan et al., "Priority-based Parameter Propagation for Distributed DNN
-Training", MLSys 2019), and the forward waits per module, not for the whole pull.
+Training", MLSys 2019), and the forward waits per tensor, not for the whole pull.
 
-A forward pre-hook on each module that registers parameters or buffers of its own waits
-until their blocks have arrived, writing every block that has come meanwhile into the
-model — never into a module whose forward has begun (autograd saved its tensors, and
-batch norm updates its running statistics in place); the servers send their blocks in key order, which is the model's own order
-(its parameters as it created them), so the first modules find theirs in the first part
-while the later parts are still on the wire. After the step, `finish` waits for the rest
-and writes it. A block its server did not send (handed to another server since: no
-barrier) keeps its value, as in a pull taken whole.
+While the step's forward runs under `guard()`, a torch function mode sees every torch
+operation before it runs: one that takes a parameter or buffer of the model whose blocks
+have not all arrived first writes every block that has come meanwhile into the model,
+and waits for the rest of that tensor's. The servers send their blocks in key order,
+the model's own order (its tensors as it created them), so the first layers find theirs
+in the first part while the later parts are still on the wire. Watching operations, not
+modules, is what makes this safe for any model: torch's own `nn.MultiheadAttention`
+hands its child's `out_proj.weight` to an operation without calling the child, and a
+module-level hook would have let it read the weight before it was written.
 
-The contract (as for any per-module prefetch): a parameter is used by the forward of a
-module that registers it — its owner, or any module it is registered in (a tied weight) —
-as torch's layers do. A model that reads another module's parameter directly (`x @
-other.weight` in a parent's forward) would read it before it is written: such a model
-must leave `forward_pull` off. The time the forward waits is reported as communication,
-not compute (LB-BSP's speeds do not see it).
+A block is never written into a tensor an operation has already used in this step
+(autograd may have saved it; batch norm updates its running statistics in place): such
+a block — one its server did not send before it was needed, i.e. handed to another
+server since — keeps its value until `finish`, as in a pull taken whole. After the step,
+`finish` waits for the rest and writes it. The time the forward waits is reported as
+communication, not compute (LB-BSP's speeds do not see it).
 """
 
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
+from typing import Iterator
 
+import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from ..policy.placement import Block
 from .client import Pulled, PSClient, Ticket
 from .device import DeviceLink
 
 
+class _Watch(TorchFunctionMode):
+    """Calls `seen(tensor)` for each tensor argument of every torch operation (one level
+    into lists and tuples), before the operation runs."""
+
+    def __init__(self, seen):
+        super().__init__()
+        self.seen = seen
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        for a in (*args, *kwargs.values()):
+            if isinstance(a, torch.Tensor):
+                self.seen(a)
+            elif isinstance(a, (list, tuple)):
+                for b in a:
+                    if isinstance(b, torch.Tensor):
+                        self.seen(b)
+        return func(*args, **kwargs)
+
+
 class ForwardPull:
-    """Forward pre-hooks on `model` that, while a pull is armed, write each module's
-    blocks as they arrive and wait for the ones its forward needs."""
+    """Takes a pull's weights as they arrive while the step's forward runs."""
 
     def __init__(self, model: nn.Module, blocks: list[Block], link: DeviceLink, client: PSClient,
                  timeout: float):
@@ -41,28 +65,31 @@ class ForwardPull:
         by_name: dict[str, set[int]] = {}
         for b in blocks:
             by_name.setdefault(b.name, set()).add(b.key)
-        # a tensor's first name (a tied weight has several): parameters, and buffers (batch
-        # norm's running statistics, which its forward updates in place and autograd saves)
-        names = {id(t): n for n, t in [*model.named_parameters(), *model.named_buffers()]}
-        self._hooks = []
-        for module in model.modules():
-            own = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
-            keys = set().union(*[by_name.get(names.get(id(t), ""), set()) for t in own])
-            if keys:
-                self._hooks.append(module.register_forward_pre_hook(self._hook(frozenset(keys))))
+        # each parameter's and buffer's blocks, by the tensor's identity (a tied weight: one entry)
+        self._keys: dict[int, frozenset[int]] = {}
+        for name, t in [*model.named_parameters(), *model.named_buffers()]:
+            if name in by_name:
+                self._keys[id(t)] = frozenset(by_name[name])
         self.ticket: Ticket | None = None
         self.written: set[int] = set()
-        self.ran: set[int] = set()  # the blocks of the modules whose forward has begun
+        self.used: set[int] = set()  # blocks of the tensors an operation has used in this step
         self.wait_s = 0.0  # seconds the forward waited for weights since the last `take_wait`
         self._complete = False
 
     def arm(self, ticket: Ticket) -> None:
         """The next forward takes `ticket`'s weights as they come."""
-        self.ticket, self.written, self.ran, self._complete = ticket, set(), set(), False
+        self.ticket, self.written, self.used, self._complete = ticket, set(), set(), False
 
     @property
     def armed(self) -> bool:
         return self.ticket is not None
+
+    @contextmanager
+    def guard(self) -> Iterator[None]:
+        """Run the step's forward (and backward) under this: operations wait for the
+        weights they read."""
+        with _Watch(self._seen):
+            yield
 
     def finish(self) -> Pulled:
         """Wait for the rest of the pull, write it, disarm; returns the pull."""
@@ -83,27 +110,19 @@ class ForwardPull:
         got, self.wait_s = self.wait_s, 0.0
         return got
 
-    def close(self) -> None:
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
-
-    def _hook(self, keys: frozenset[int]):
-        def pre(module: nn.Module, args) -> None:
-            if self.ticket is None:
-                return
-            if not keys <= self.written:
-                self._need(keys)
-            self.ran |= keys
-        return pre
+    def _seen(self, tensor: torch.Tensor) -> None:
+        keys = self._keys.get(id(tensor))
+        if keys is None or self.ticket is None:
+            return
+        if not keys <= self.written:
+            self._need(keys)
+        self.used |= keys
 
     def _need(self, keys: frozenset[int]) -> None:
         t0 = time.perf_counter()
         deadline = time.monotonic() + self.timeout
         while True:
-            # Not into a module whose forward has begun (autograd saved its tensors): such a
-            # block (one its server did not send in time, e.g. moved) waits for `finish`.
-            fresh = {k: v for k, v in self.client.arrived(self.ticket).items() if k not in self.ran}
+            fresh = {k: v for k, v in self.client.arrived(self.ticket).items() if k not in self.used}
             if fresh:
                 self.link.write(fresh)
                 self.written.update(fresh)

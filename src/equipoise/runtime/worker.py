@@ -16,6 +16,7 @@ import math
 import os
 import time
 from collections import deque
+from contextlib import nullcontext
 
 import psutil
 import torch
@@ -403,7 +404,8 @@ class Worker:
         cpu0, t1 = time.process_time(), time.perf_counter()
         self.stretch.start(f["size"])
         try:
-            loss, count = self._compute(data, batch, f)
+            with self.lazy.guard() if self._lazy_armed() else nullcontext():  # forward_pull: ops wait for weights
+                loss, count = self._compute(data, batch, f)
         finally:
             self.stretch.finish()
         if self._lazy_armed():  # the rest of the weights, before the time is read
