@@ -87,7 +87,7 @@ class PSClient:
         self._leaving: dict[int, Connection] = {}  # servers removed with replies still owed
         self._arrived: dict[int, dict[int, float]] = {}  # ticket id → id(conn) → when its reply was read
         self._parts: dict[tuple[int, int], dict] = {}  # (ticket id, id(conn)) → the tensors of a reply's parts so far
-        self._fresh: dict[int, dict[int, torch.Tensor]] = {}  # ticket id → pulled values not yet handed out
+        self._fresh: dict[int, dict[int, torch.Tensor]] = {}  # pulls in parts: ticket id → values not yet handed out
         # Seconds of each exchange with each server since `take_server_s` (push: sent to
         # acked; pull: sent to arrived, less the time the server held it for a version):
         # what a slow link or a loaded host costs, which the server itself does not see.
@@ -192,7 +192,10 @@ class PSClient:
         the first blocks first (`arrived` hands them out as they come)."""
         parts = {"part_kb": int(part_kb)} if part_kb else {}
         msg = Message("pull", {"worker": self.worker, "min_version": int(min_version), "epoch": self.epoch, **parts})
-        return self._send("pull", lambda r, blocks: msg)
+        ticket = self._send("pull", lambda r, blocks: msg)
+        if part_kb:
+            self._fresh[ticket.id] = {}  # its values are handed out as they come (`arrived`)
+        return ticket
 
     def wait(self, ticket: Ticket, timeout: float | None = None) -> Pulled | list[int]:
         """The replies to `ticket`, each within `timeout` (default: the client's) seconds
@@ -256,7 +259,8 @@ class PSClient:
         """The block values of a pull's replies read since the last call (a pull in
         parts: as each part came), by key."""
         fresh = self._fresh.get(ticket.id, {})
-        self._fresh[ticket.id] = {}
+        if fresh:
+            self._fresh[ticket.id] = {}
         return fresh
 
     def _time(self, ticket: Ticket, arrived: dict[int, float], held: dict[int, float]) -> None:
@@ -327,9 +331,9 @@ class PSClient:
         if not owed:
             raise ClientError(f"{self.who}: unexpected {reply.type!r} from {conn.address}")
         ticket = owed[0]
-        if reply.type == "params":
+        if reply.type == "params" and ticket in self._fresh:  # a pull in parts
             try:
-                self._fresh.setdefault(ticket, {}).update(values_of(reply.tensors))
+                self._fresh[ticket].update(values_of(reply.tensors))
             except (KeyError, TypeError, ValueError) as exc:
                 raise ClientError(f"{self.who}: {conn.address} sent malformed params ({exc})") from None
             earlier = self._parts.pop((ticket, id(conn)), {})
