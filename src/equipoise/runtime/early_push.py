@@ -64,16 +64,15 @@ class BackwardPush:
         self._server_of, self._send, self._copy = server_of, send, copy
         self._gathered, self._bytes, self.sent, self.keys, self.first_s = {}, {}, {}, set(), None
 
+    @property
+    def armed(self) -> bool:
+        return self._send is not None
+
     def finish(self) -> tuple[dict[int, tuple[int, int]], set[int]]:
         """Stop streaming: each server's (seq, fragments sent), and the blocks they
         carried; what was still gathering goes with the push that ends this one."""
         self._send = None
         return {r: (self.seq, n) for r, n in self.sent.items()}, self.keys
-
-    def close(self) -> None:
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
 
     def _hook(self, name: str):
         def ready(param: torch.Tensor) -> None:

@@ -83,7 +83,6 @@ class Worker:
         self._inbox: deque[Message] = deque()  # coordinator messages read while waiting for servers
         self.early: BackwardPush | None = None  # backward_push: the hooks that stream a step's gradients
         self.lazy: ForwardPull | None = None  # forward_pull: the hooks that take a pull's weights as they come
-        self._armed = False
         self._step_t: tuple[float, float] | None = None  # the last step's forward start and backward end
         self._pulled: tuple[dict[int, int], dict[int, int], float] | None = None  # forward_pull: finished by a step
         # Neighbours are real processes the launcher runs; the worker only emulates factors.
@@ -308,14 +307,12 @@ class Worker:
             return
         server_of = {b.key: r for r, blocks in self.client.by_server.items() for b in blocks}
         self.early.arm(server_of, self.client.push_fragment, copy=bool(self.depth))
-        self._armed = True
 
     def _disarm(self) -> tuple[dict[int, tuple[int, int]], set[int] | None]:
         """Stop streaming: the fragments sent to each server ((seq, count)) and the blocks
         they carried; ({}, None) if this step was not streamed."""
-        if not self._armed:
+        if self.early is None or not self.early.armed:
             return {}, None
-        self._armed = False
         return self.early.finish()
 
     def _out_of_memory(self, oom: OutOfMemory, data, sampler: SliceSampler, f: dict, versions: dict[int, int],
