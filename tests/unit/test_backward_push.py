@@ -93,6 +93,19 @@ def test_a_lost_worker_s_fragments_are_dropped_and_its_later_ones_refused(server
     assert r.type == "error" and "declared lost" in r.fields["message"] and len(server.fragments) == 0
 
 
+def test_a_fragment_block_handed_over_and_adopted_back_is_checked_at_the_ending_push(server):
+    """A block this server had handed over when its fragment came is kept unchecked;
+    if the block comes back before the push ends, the ending push checks it."""
+    block = server.store.blocks.pop(1)
+    server.handover.moved[1] = "elsewhere"
+    assert replies(server, fragment(1, g1=torch.tensor([1.0, math.nan]))) == []  # kept, not checked
+    server.store.blocks[1] = block
+    server.handover.moved.pop(1)
+    (r,) = replies(server, ending(1, 1, g0=torch.ones(2)))
+    assert r.type == "error" and "non-finite" in r.fields["message"]
+    assert server.store.version == 0 and server.store.values[1].tolist() == [0.0, 0.0]
+
+
 def mlp_bn(input_shape, num_classes):
     """The digits MLP with batch norm: running statistics are buffer blocks that its
     forward updates in place and autograd saves."""
@@ -227,3 +240,40 @@ def test_forward_pull_waits_for_a_weight_a_module_reads_from_its_child():
     assert torch.equal(streamed, whole)
     lazy.finish()
     assert all(torch.equal(v, new[k]) for k, v in read_values(model, blocks).items())
+
+
+def test_reading_a_weight_s_gradient_or_shape_does_not_wait_for_it():
+    """`model.zero_grad` reads every parameter's `.grad`; metadata is not the values, so
+    nothing waits for a block (a wait here would wait for the whole pull first)."""
+    from equipoise.runtime.blocks import model_blocks, read_values
+    from equipoise.runtime.early_pull import ForwardPull
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    model(torch.ones(1, 4)).sum().backward()
+    blocks = model_blocks(model, 1 << 20)
+    client = _OneBlockAtATime({k: v + 1 for k, v in read_values(model, blocks).items()})
+    lazy = ForwardPull(model, blocks, DeviceLink(model, blocks, torch.device("cpu")), client, timeout=5.0)
+    lazy.arm(object())
+    with lazy.guard():
+        model.zero_grad(set_to_none=False)
+        shapes = [p.shape for p in model.parameters()]
+    assert len(client.queue) == len(blocks) and lazy.written == set() and len(shapes) == 4
+    with lazy.guard():
+        model[0](torch.ones(1, 4))  # the first layer's weight and bias: two blocks, no more
+    assert len(client.queue) == len(blocks) - 2
+
+
+def test_a_frozen_parameter_gets_no_hook_and_its_blocks_go_with_the_ending_push():
+    from equipoise.runtime.blocks import model_blocks
+    from equipoise.runtime.early_push import BackwardPush
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    model[0].requires_grad_(False)
+    blocks = model_blocks(model, 1 << 20)
+    stream = BackwardPush(model, blocks, DeviceLink(model, blocks, torch.device("cpu")), fragment_bytes=1)
+    sent = []
+    stream.arm({b.key: 0 for b in blocks}, lambda r, tensors, seq: sent.append(sorted(tensors)), copy=True)
+    model(torch.ones(1, 4)).sum().backward()
+    _, keys = stream.finish()
+    trained = {b.key for b in blocks if b.name.startswith("1.")}
+    assert keys == trained and sorted(k for s in sent for k in s) == sorted(trained)

@@ -36,9 +36,22 @@ from .client import Pulled, PSClient, Ticket
 from .device import DeviceLink
 
 
+# Attributes whose reading does not read a tensor's values (`model.zero_grad` reads every
+# parameter's `.grad`: a wait on it would wait for the whole pull before the forward).
+# Not `.data`: it hands out the values under another tensor's identity.
+_METADATA = frozenset({"grad", "grad_fn", "requires_grad", "is_leaf", "shape", "dtype", "device", "layout",
+                       "ndim", "is_cuda", "names"})
+
+
+def _metadata(func) -> bool:
+    return getattr(func, "__name__", "") == "__get__" and getattr(getattr(func, "__self__", None), "__name__",
+                                                                   None) in _METADATA
+
+
 class _Watch(TorchFunctionMode):
     """Calls `seen(tensor)` for each tensor argument of every torch operation (one level
-    into lists and tuples), before the operation runs."""
+    into lists and tuples), before the operation runs; reads of a tensor's metadata
+    (`_METADATA`) are not operations on its values."""
 
     def __init__(self, seen):
         super().__init__()
@@ -46,6 +59,8 @@ class _Watch(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if _metadata(func):
+            return func(*args, **kwargs)
         for a in (*args, *kwargs.values()):
             if isinstance(a, torch.Tensor):
                 self.seen(a)

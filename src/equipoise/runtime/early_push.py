@@ -43,7 +43,10 @@ class BackwardPush:
         for b in blocks:
             if b.kind == "param":
                 self._of.setdefault(b.name, []).append(b)
-        self._hooks = [params[n].register_post_accumulate_grad_hook(self._hook(n)) for n in self._of]
+        # a frozen parameter (requires_grad False) gets no gradient and no hook: its blocks
+        # go with the push that ends the step, as any parameter's that got no gradient
+        self._hooks = [params[n].register_post_accumulate_grad_hook(self._hook(n)) for n in self._of
+                       if params[n].requires_grad]
         self._send: Callable[[int, dict[int, torch.Tensor], int], None] | None = None
         self.seq = 0
         self._server_of: dict[int, int] = {}

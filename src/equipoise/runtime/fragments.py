@@ -26,6 +26,7 @@ class _Parts:
     seq: int
     count: int = 0
     tensors: dict[int, torch.Tensor] = field(default_factory=dict)
+    checked: set[int] = field(default_factory=set)
 
 
 class Fragments:
@@ -33,8 +34,9 @@ class Fragments:
         self.limit = limit
         self._by_worker: dict[int, _Parts] = {}
 
-    def add(self, worker: int, seq: int, tensors: dict[int, torch.Tensor]) -> None:
-        """Keep a fragment of `worker`'s push `seq` (its tensors already checked);
+    def add(self, worker: int, seq: int, tensors: dict[int, torch.Tensor], checked: set[int]) -> None:
+        """Keep a fragment of `worker`'s push `seq`, of which the blocks `checked` were
+        checked on arrival (the others, handed over to another server, were not);
         PushError, and nothing kept, for a block already sent in this push."""
         parts = self._by_worker.get(worker)
         if parts is None and len(self._by_worker) >= self.limit:
@@ -46,20 +48,22 @@ class Fragments:
         if again:
             raise PushError(f"fragment of worker {worker}'s push {seq} repeats blocks {again[:5]}")
         parts.tensors.update(tensors)
+        parts.checked |= set(tensors) & checked
         parts.count += 1
 
-    def take(self, worker: int, seq: int | None, count: int) -> dict[int, torch.Tensor]:
+    def take(self, worker: int, seq: int | None, count: int) -> tuple[dict[int, torch.Tensor], set[int]]:
         """The gradients the `count` fragments of `worker`'s push `seq` brought, taken
-        out (none when `count` is 0: whatever an abandoned push left is dropped);
-        PushError unless exactly that many arrived."""
+        out, and which of their blocks were checked on arrival (none when `count` is 0:
+        whatever an abandoned push left is dropped); PushError unless exactly that many
+        arrived."""
         parts = self._by_worker.pop(worker, None)
         if count == 0:
-            return {}
+            return {}, set()
         if parts is None or parts.seq != seq or parts.count != count:
             held = "none" if parts is None else f"{parts.count} of push {parts.seq}"
             raise PushError(f"push from worker {worker} ends {count} fragments of push {seq}, "
                             f"but this server holds {held}")
-        return parts.tensors
+        return parts.tensors, parts.checked
 
     def drop(self, worker: int) -> None:
         self._by_worker.pop(worker, None)

@@ -298,7 +298,7 @@ class Server(BlockMoves):
             version = min(version, self.sync.published())
         own = grads_of(msg.tensors)
         nbytes = _nbytes(own.values())
-        earlier = self.fragments.take(int(f["worker"]), _count_field(f, "seq", None), _count_field(f, "fragments", 0))
+        earlier, checked = self.fragments.take(int(f["worker"]), _count_field(f, "seq", None), _count_field(f, "fragments", 0))
         again = sorted(set(earlier) & set(own))
         if again:
             raise PushError(f"push from worker {f['worker']} repeats blocks {again[:5]} of its fragments")
@@ -307,7 +307,7 @@ class Server(BlockMoves):
                     None if read is None else min(read, self.store.samples))
         away = self.handover.split(push, self.store.blocks)
         if push.tensors or not away:  # an empty push is refused here, as a push of wrong blocks
-            self.store.check(push, partial=bool(away) or not self.sync.policy.barrier(), checked=set(earlier))
+            self.store.check(push, partial=bool(away) or not self.sync.policy.barrier(), checked=checked)
         if away:  # everything is checked before anything is applied or forwarded
             self.handover.check(push.worker, away, self.sync.lost)
         if read is not None and self.sync.policy.delay_compensation != "none":
@@ -341,7 +341,7 @@ class Server(BlockMoves):
             raise PushError(f"fragment of worker {worker} has wrong blocks (unexpected {stray[:5]})")
         if mine:
             self.store.check(Push(worker, 0, 1, mine), partial=True)
-        self.fragments.add(worker, seq, tensors)
+        self.fragments.add(worker, seq, tensors, checked=set(mine))
         self._charge(_nbytes(tensors.values()), t0)
 
     def _apply(self, update: Update) -> None:

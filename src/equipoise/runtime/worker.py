@@ -401,8 +401,7 @@ class Worker:
         cpu0, t1 = time.process_time(), time.perf_counter()
         self.stretch.start(f["size"])
         try:
-            with self.lazy.guard() if self._lazy_armed() else nullcontext():  # forward_pull: ops wait for weights
-                loss, count = self._compute(data, batch, f)
+            loss, count = self._compute(data, batch, f)
         finally:
             self.stretch.finish()
         if self._lazy_armed():  # the rest of the weights, before the time is read
@@ -442,7 +441,8 @@ class Worker:
     def _compute(self, data, batch, plan: dict) -> tuple[float, float]:
         self.model.zero_grad(set_to_none=False)
         try:
-            return self._forward_backward(data, batch, plan)
+            with self.lazy.guard() if self._lazy_armed() else nullcontext():  # forward_pull: ops wait for weights
+                return self._forward_backward(data, batch, plan)
         except torch.OutOfMemoryError:
             pass  # outside the handler, so the exception's frames (and the memory they hold) are gone
         self.model.zero_grad(set_to_none=True)
