@@ -17,10 +17,12 @@ Presets:
   two cores with the job).
 * `ddp`: equipoise BSP against PyTorch DDP (gloo, one rank per worker host) on the
   same four worker hosts, whose links are capped at `rate_mbit` each way; equipoise's two
-  servers on hosts of their own, unshaped (as BytePS deploys them). equipoise runs twice
+  servers on hosts of their own, unshaped (as BytePS deploys them). equipoise runs three times
   per round: exchanging after backward, and pipelined (`backward_push` and
   `forward_pull`: the push leaves during backward, the forward starts on the first
-  layers' weights). A parameter server
+  layers' weights), and pipelined with `eager_update` (each block updated by its server
+  once every worker's gradient of it is in, and sent down while the rest still go up).
+  A parameter server
   moves each gradient byte once each way per worker; ring all-reduce about 2(n−1)/n
   times. Goal ≥ 1.2×.
 * `psld`: PSLD against greedy and the oracle, with a server host behind a slower link:
@@ -245,7 +247,9 @@ def run(preset: str, results_path: str | None = None, plots: str | None = None, 
             systems = {"ddp": lambda: ddp_on_testbed(tb, spec, 3),
                        "equipoise": lambda: on_testbed(tb, spec, "bsp", address, tmp),
                        "equipoise_pipelined": lambda: on_testbed(tb, spec, "bsp", address, tmp,
-                                                                 backward_push=True, forward_pull=True)}
+                                                                 backward_push=True, forward_pull=True),
+                       "equipoise_eager": lambda: on_testbed(tb, spec, "bsp", address, tmp, backward_push=True,
+                                                             forward_pull=True, eager_update=True)}
         elif spec.kind == "lbbsp":
             systems = {p: (lambda p=p: on_testbed(tb, spec, p, address, tmp)) for p in ("bsp", "lbbsp")}
         elif spec.kind == "cost-hosts":

@@ -65,6 +65,7 @@ class Config:
     backward_push: bool = False  # push each block's gradient while backward still runs
     fragment_kb: int = 256  # backward_push, forward_pull: the least a part of a push or a pull carries (KiB)
     forward_pull: bool = False  # the forward starts on the first layers' weights, the rest still arriving
+    eager_update: bool = False  # bsp/lbbsp with both above: each block updated and sent once all its gradients are in
     iterations: int = 0  # 0: derived from `epochs`
     epochs: float = 1.0
     lr: float = 0.05
@@ -296,6 +297,10 @@ class Config:
         if self.overlap and self.forward_pull:
             raise ConfigError("forward_pull = true needs overlap = false (with overlap the pull already "
                               "arrives during the next step)")
+        if self.eager_update and not (self.backward_push and self.forward_pull and self.protocol in ("bsp", "lbbsp")):
+            raise ConfigError(f"eager_update = true needs backward_push = true, forward_pull = true and a barrier "
+                              f"protocol (bsp, lbbsp); here backward_push = {str(self.backward_push).lower()}, "
+                              f"forward_pull = {str(self.forward_pull).lower()}, protocol = {self.protocol!r}")
         if self.overlap and self.protocol in ("bsp", "lbbsp"):
             raise ConfigError(f"overlap = true needs a protocol without a barrier (asp, softsync, ssp), "
                               f"not {self.protocol!r}: under a barrier the next weights do not exist "

@@ -125,8 +125,9 @@ def test_a_streamed_job_is_the_reference_bit_for_bit_and_shows_its_fragments(tmp
     in fragments of at least 1 KiB (the MLP's blocks of 2,000 floats: every parameter
     tensor's blocks leave during backward). BSP, its weights also pulled in parts of
     1 KiB and written per layer as its forward reaches them (batch norm's running
-    statistics too, which the forward updates in place), ends where single-process SGD
-    ends;
+    statistics too, which the forward updates in place), and each block updated by its
+    server once every worker's gradient of it is in and sent ahead of the version
+    (eager_update), ends where single-process SGD ends;
     under ASP with overlap (a push in flight while the next backward runs: the fragments
     are copies) every gradient reaches every server once. Each iteration's timeline shows
     a worker's fragments leaving (under BSP before the push that ends them)."""
@@ -136,8 +137,8 @@ def test_a_streamed_job_is_the_reference_bit_for_bit_and_shows_its_fragments(tmp
                 eval_every=0, checkpoint_every=0, progress=False, timeout=30.0, block_size=2000,
                 backward_push=True, fragment_kb=1)
     if protocol == "bsp":  # and the weights taken per layer during the forward, batch norm's too
-        cfg = Config.from_dict({**base, "batch_split": [5, 30, 13], "forward_pull": True,
-                                "model": f"{__file__}:mlp_bn"})
+        cfg = Config.from_dict({**base, "batch_split": [5, 30, 13], "forward_pull": True, "eager_update": True,
+                                "model": f"{__file__}:mlp_bn", "momentum": 0.9})
     else:
         cfg = Config.from_dict({**base, "protocol": "asp", "overlap": True, "lr": 0.02})
     summary = run_threads(cfg, tmp_path, digits)
@@ -152,6 +153,8 @@ def test_a_streamed_job_is_the_reference_bit_for_bit_and_shows_its_fragments(tmp
         assert sum(summary["staleness_histogram"].values()) == 8 * 3 * 2  # 8 iterations × 3 workers × 2 servers
     iters = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     iters = [r for r in iters if r.get("type") == "iteration"]
+    if protocol == "bsp":  # the last layer's blocks came ahead of the versions
+        assert any(e[0] == "early" for r in iters for events in r["timeline"] for e in events)
     for r in iters[1:]:
         for events in r["timeline"]:
             fragments = [e for e in events if e[0] == "fragment"]
@@ -277,3 +280,64 @@ def test_a_frozen_parameter_gets_no_hook_and_its_blocks_go_with_the_ending_push(
     _, keys = stream.finish()
     trained = {b.key for b in blocks if b.name.startswith("1.")}
     assert keys == trained and sorted(k for s in sent for k in s) == sorted(trained)
+
+
+def eager_server(eager=True):
+    """A BSP server for two workers (eager_update), SGD with momentum, blocks 0 and 1 of
+    256 floats each."""
+    s = Server(0, InMemoryTransport(), "nowhere")
+    s.sent = []
+    s.listener.send = lambda peer, msg: s.sent.append((peer, msg)) or (lambda: True)
+    spec = OptimizerSpec("sgd", 0.1, 0.9, 0.0, "constant", 100, 10, 0.1, 4).to_dict()
+    s.handle(b"coord", Message("init", {"blocks": [[k, "w", 256 * k, 256 * (k + 1), "param", 4] for k in (0, 1)],
+                                        "optimizer": spec, "version": 0, "samples": 0, "protocol": "bsp",
+                                        "workers": 2, "eager_update": eager},
+                               {"b0": torch.ones(256), "b1": torch.ones(256)}))
+    s.sent.clear()
+    return s
+
+
+def test_a_block_is_updated_and_sent_ahead_once_every_worker_s_gradient_of_it_is_in():
+    """eager_update: block 1's gradients, streamed by both workers, make its update;
+    the pull held for the next version gets it as an early part, and the reply once the
+    version is published brings the rest (kept). Values over two versions: those of a
+    server updating whole. If a worker is lost after the early part went, the update is
+    made again without its gradient and the reply sends every block (not kept)."""
+    gen = torch.Generator().manual_seed(1)
+    grads = [[{f"g{k}": torch.randn(256, generator=gen) for k in (0, 1)} for _ in range(2)] for _ in range(2)]
+
+    def run(s, version, lose=False):
+        out = []
+        s.sent.clear()
+        for w in (0, 1):
+            s.handle(bytes([w]), Message("fragment", {"worker": w, "epoch": 0, "seq": version + 1, "samples": 2,
+                                                      "start": 2 * w}, {"g1": grads[version][w]["g1"]}))
+        s.handle(b"p", Message("pull", {"worker": 0, "min_version": version + 1, "epoch": 0, "part_kb": 1,
+                                        "early": True}))
+        out += [m for _, m in s.sent if m.type == "params"]
+        s.sent.clear()
+        if lose:
+            s.handle(b"coord", Message("lose", {"worker": 1, "workers": 1}))
+            s.handle(b"coord", Message("expect", {"version": version, "pushes": 1}))
+        for w in (0, 1)[:1 if lose else 2]:
+            s.handle(bytes([w]), Message("push", {"worker": w, "version": version, "samples": 2, "start": 2 * w,
+                                                  "epoch": 0, "seq": version + 1, "fragments": 1},
+                                         {"g0": grads[version][w]["g0"]}))
+        return out + [m for _, m in s.sent if m.type == "params"]
+
+    for lose in (False, True):
+        eager, whole = eager_server(), eager_server(eager=False)
+        for v in (0, 1):
+            got, ref = run(eager, v, lose and v == 1), run(whole, v, lose and v == 1)
+            kept = not (lose and v == 1)
+            assert [m.fields.get("early", False) for m in got] == [True, False] + [False] * (not kept)
+            assert sorted(got[0].tensors) == ["b1"]
+            assert all("early" not in m.fields and "kept" not in m.fields for m in ref)
+            assert got[1].fields["kept"] is kept
+            final = {name for m in got[1:] for name in m.tensors}
+            assert final == ({"b0"} if kept else {"b0", "b1"})
+            for k in (0, 1):
+                assert torch.equal(eager.store.values[k], whole.store.values[k])
+            assert eager.store.committed == ({1} if kept else set())
+        for s in (eager, whole):
+            s.listener.close()

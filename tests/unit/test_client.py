@@ -2,6 +2,8 @@
 servers on the in-memory transport: the test plays each server by hand (its listener's
 queue holds the requests), so the order in which replies arrive is chosen exactly."""
 
+import time
+
 import pytest
 import torch
 
@@ -213,3 +215,33 @@ def test_each_servers_exchange_time_is_measured_as_its_reply_comes_less_a_pulls_
         server.send(peer, params([r, r + 2], version=0, held=10.0))
     client.wait(ticket)
     assert client.take_server_s() == {0: 0.0, 1: 0.0}
+
+
+@pytest.mark.parametrize("kept", [True, False])
+def test_blocks_sent_ahead_are_held_back_until_the_final_parts_say_they_stand(net, kept):
+    """eager_update: a server's early parts (blocks computed before it published the
+    version) are not handed out while the forward runs; the first final part says whether
+    they stand (kept: then they are handed out and belong to the pull) or not (dropped:
+    the final parts bring every block again)."""
+    _, servers, client = net
+    ticket = client.pull(5, part_kb=1, early=True)
+    peers = []
+    for server in servers:
+        peer, msg = take(server, "pull")
+        assert msg.fields["early"] is True and msg.fields["part_kb"] == 1
+        peers.append(peer)
+    servers[0].send(peers[0], params([0, 2], version=5))
+    # server 1 (blocks 1 and 3) sends block 3 ahead: 63 is its published value
+    servers[1].send(peers[1], Message("params", {"version": 5, "held_s": 0.0, "early": True, "last": False},
+                                      pack(values={3: torch.full((3,), 63.0 if kept else -1.0)})))
+    got, deadline = {}, time.monotonic() + 5
+    while not (0 in got and client._early):  # both read: server 0's reply, server 1's early part
+        assert not client.progress(ticket, deadline, 5)
+        got.update(client.arrived(ticket))
+    assert sorted(got) == [0, 2]  # the early block is held back
+    final = params([1] if kept else [1, 3], version=5)
+    final.fields.update(kept=kept, last=True)
+    servers[1].send(peers[1], final)
+    pulled = client.wait(ticket)
+    assert {k: v[0].item() for k, v in pulled.values.items()} == {0: 50.0, 1: 51.0, 2: 52.0, 3: 53.0 if not kept
+                                                                    else 63.0}

@@ -49,6 +49,9 @@ def test_parse_override(item, expected):
     ({"model": "nonsense"}, ["model", "nonsense"]),
     ({"max_batch": 10}, ["max_batch", "10"]),
     ({"colour": "red"}, ["colour"]),
+    ({"eager_update": True, "backward_push": True}, ["eager_update", "forward_pull = false"]),
+    ({"eager_update": True, "backward_push": True, "forward_pull": True, "protocol": "asp"},
+     ["eager_update", "'asp'"]),
 ])
 def test_bad_values_name_key_and_value(values, words):
     with pytest.raises(ConfigError) as info:

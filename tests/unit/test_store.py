@@ -125,3 +125,47 @@ def test_blocks_and_greedy_placement():
     blocks = make_blocks([("a", 10, "param", 4), ("b", 3, "param", 4)], block_size=4)
     assert [(b.name, b.start, b.stop) for b in blocks] == [("a", 0, 4), ("a", 4, 8), ("a", 8, 10), ("b", 0, 3)]
     assert greedy_placement([10, 1, 9, 2], 2) == [0, 0, 1, 1]  # 10→0, 9→1, 2→1, 1→0
+
+
+@pytest.mark.parametrize("optimizer,kw", [("sgd", {}), ("sgd", {"momentum": 0.0}), ("adam", {"weight_decay": 0.01})])
+def test_a_block_updated_ahead_is_bit_equal_to_the_whole_update(optimizer, kw):
+    """eager_update: blocks whose update was computed ahead (speculate) take it at the
+    update; over three versions (optimizer state carried), every value and state equals
+    the store that updated whole, bit for bit. A block speculated from a gradient the
+    group does not hold in the end (a tensor replaced) is computed again."""
+    gen = torch.Generator().manual_seed(0)
+    whole, ahead = store(optimizer=optimizer, **kw), store(optimizer=optimizer, **kw)
+
+    def pushes(v):
+        return [Push(w, v, n, {k: torch.randn(t.shape, generator=gen) for k, t in whole.values.items()}, start)
+                for w, n, start in ((1, 5, 3), (0, 3, 0))]
+
+    for v in range(3):
+        group = pushes(v)
+        ahead.speculate(group, [1, 2])  # the last block and the buffer: as backward makes them first
+        assert set(ahead.early) == {1, 2} and torch.equal(ahead.values[1], whole.values[1])  # nothing changed yet
+        if v == 2:  # the group's gradient of block 1 is not the one it was speculated from
+            group[0].tensors[1] = group[0].tensors[1].clone()
+        whole.apply([Push(p.worker, p.version, p.samples, dict(p.tensors), p.start) for p in group])
+        ahead.apply(group)
+        assert ahead.committed == ({2} if v == 2 else {1, 2}) and ahead.early == {}
+        for k in whole.values:
+            assert torch.equal(whole.values[k], ahead.values[k]), (v, k)
+        assert whole.optim_state().keys() == ahead.optim_state().keys()
+        for name, t in whole.optim_state().items():
+            assert torch.equal(t, ahead.optim_state()[name]), (v, name)
+
+
+def test_a_speculation_of_another_group_or_version_is_not_taken():
+    s = store()
+    a, b = push(0, 4, 1.0), push(1, 4, 2.0)
+    s.speculate([a, b], [0])
+    s.apply([a, push(1, 2, 2.0)])  # the other worker's samples differ: its weight does
+    assert s.committed == set()
+    s.speculate([a, b], [0])
+    s.apply([a, b], [0, 0])
+    assert s.committed == {0}
+    s.speculate([a, b], [0])
+    s.generation += 1  # an update in between
+    s.apply([a, b])
+    assert s.committed == set()

@@ -88,13 +88,16 @@ class PSClient:
         self._arrived: dict[int, dict[int, float]] = {}  # ticket id → id(conn) → when its reply was read
         self._parts: dict[tuple[int, int], dict] = {}  # (ticket id, id(conn)) → the tensors of a reply's parts so far
         self._fresh: dict[int, dict[int, torch.Tensor]] = {}  # pulls in parts: ticket id → values not yet handed out
+        self._early: dict[tuple[int, int], dict] = {}  # (ticket id, id(conn)) → blocks sent ahead, not yet confirmed
+        self._sent_at: dict[int, float] = {}  # pulls in parts: ticket id → when sent
         # Seconds of each exchange with each server since `take_server_s` (push: sent to
         # acked; pull: sent to arrived, less the time the server held it for a version):
         # what a slow link or a loaded host costs, which the server itself does not see.
         self.server_s: dict[int, float] = {}
         # What happened on the wire since `take_timeline`: (kind, server, sent, arrived, keys),
-        # kind "fragment" (no reply: arrived None), "push" (arrived: its ack) or "pull" (its
-        # weights); keys: the blocks the message (a pull: its reply) carried.
+        # kind "fragment" (no reply: arrived None), "push" (arrived: its ack), "pull" (its
+        # weights) or "early" (a pull's blocks the server computed ahead of the version, and
+        # sent before it: eager_update); keys: the blocks the message (a pull: its reply) carried.
         self.timeline: list[tuple[str, int, float, float | None, list[int]]] = []
 
     @property
@@ -176,25 +179,31 @@ class PSClient:
             "push", {"worker": self.worker, "samples": int(samples), **extra, **tags(r), **fragments(r)},
             {grad_name(b.key): grads[b.key] for b in blocks if r not in sent or b.key in grads}), only)
 
-    def push_fragment(self, server: int, grads: dict[int, torch.Tensor], seq: int) -> None:
+    def push_fragment(self, server: int, grads: dict[int, torch.Tensor], seq: int, tags: dict | None = None) -> None:
         """Send `server` some of its blocks' gradients ahead of the push they belong to
         (`seq`: the push's number among this worker's streamed pushes). No reply: the
         push that ends the sequence names how many fragments went before it
-        (`push(..., sent=...)`), and the server takes it and them as one push. Sent
-        without copying, like a push."""
-        self.conns[server].send(Message("fragment", {"worker": self.worker, "epoch": self.epoch, "seq": int(seq)},
+        (`push(..., sent=...)`), and the server takes it and them as one push. `tags`:
+        the push's samples, start and count, where known. Sent without copying, like a
+        push."""
+        self.conns[server].send(Message("fragment", {"worker": self.worker, "epoch": self.epoch, "seq": int(seq),
+                                                     **(tags or {})},
                                         {grad_name(k): t for k, t in grads.items()}))
         self.timeline.append(("fragment", server, time.perf_counter(), None, sorted(grads)))
 
-    def pull(self, min_version: int, part_kb: int = 0) -> Ticket:
+    def pull(self, min_version: int, part_kb: int = 0, early: bool = False) -> Ticket:
         """Ask every server for its blocks once it is at `min_version` (as its sync
         policy reads that number); `part_kb` > 0: in parts of at least that many KiB,
-        the first blocks first (`arrived` hands them out as they come)."""
-        parts = {"part_kb": int(part_kb)} if part_kb else {}
+        the first blocks first (`arrived` hands them out as they come); `early` (with
+        `part_kb`, eager_update): a server may send blocks it computed ahead before it
+        publishes the version; they are held back until its reply's final parts say
+        they stand (`kept`), and dropped otherwise (the final parts then bring them)."""
+        parts = {"part_kb": int(part_kb), **({"early": True} if early else {})} if part_kb else {}
         msg = Message("pull", {"worker": self.worker, "min_version": int(min_version), "epoch": self.epoch, **parts})
         ticket = self._send("pull", lambda r, blocks: msg)
         if part_kb:
             self._fresh[ticket.id] = {}  # its values are handed out as they come (`arrived`)
+            self._sent_at[ticket.id] = ticket.sent
         return ticket
 
     def wait(self, ticket: Ticket, timeout: float | None = None) -> Pulled | list[int]:
@@ -210,6 +219,7 @@ class PSClient:
             pass
         got = self._got.pop(ticket.id)
         self._fresh.pop(ticket.id, None)
+        self._sent_at.pop(ticket.id, None)
         arrived = self._arrived.pop(ticket.id, {})
         if ticket.kind == "push":
             sigmas = [s for _, conn, _ in ticket.parts for s in self._sigmas(conn, got[id(conn)])]
@@ -295,7 +305,8 @@ class PSClient:
         """Abandon every request in flight (new connections: late replies to the old
         ones are never read), route by `table`, and tag requests with `epoch`."""
         self.close()
-        self._owed, self._got, self._arrived, self._parts, self._fresh = {}, {}, {}, {}, {}
+        self._owed, self._got, self._arrived, self._parts, self._fresh, self._early = {}, {}, {}, {}, {}, {}
+        self._sent_at = {}
         self.epoch = int(epoch)
         self.set_table(table, addresses)
 
@@ -332,13 +343,24 @@ class PSClient:
             raise ClientError(f"{self.who}: unexpected {reply.type!r} from {conn.address}")
         ticket = owed[0]
         if reply.type == "params" and ticket in self._fresh:  # a pull in parts
+            part = (ticket, id(conn))
             try:
-                self._fresh[ticket].update(values_of(reply.tensors))
+                values = values_of(reply.tensors)
             except (KeyError, TypeError, ValueError) as exc:
                 raise ClientError(f"{self.who}: {conn.address} sent malformed params ({exc})") from None
-            earlier = self._parts.pop((ticket, id(conn)), {})
+            if reply.fields.get("early") is True:  # computed ahead: not used before the version is published
+                self._early.setdefault(part, {}).update(reply.tensors)
+                r = next((r for r, c in self.conns.items() if c is conn), -1)
+                self.timeline.append(("early", r, self._sent_at.get(ticket, 0.0), time.perf_counter(), sorted(values)))
+                return
+            earlier = self._parts.pop(part, {})
+            ahead = self._early.pop(part, None)
+            if ahead is not None and reply.fields.get("kept") is True:  # they stand: the first of the final parts
+                self._fresh[ticket].update(values_of(ahead))
+                earlier = {**ahead, **earlier}
+            self._fresh[ticket].update(values)
             if reply.fields.get("last", True) is False:  # a part of the reply: the rest is to come
-                self._parts[(ticket, id(conn))] = {**earlier, **reply.tensors}
+                self._parts[part] = {**earlier, **reply.tensors}
                 return
             reply.tensors.update(earlier)
         owed.popleft()

@@ -85,7 +85,8 @@ class Coordinator:
             init_fields={"optimizer": spec.to_dict(), "protocol": cfg.protocol,
                          "softsync_n": cfg.softsync_n or cfg.workers, "staleness_bound": cfg.staleness_bound,
                          "lr_modulation": cfg.lr_modulation, "async_scaling": cfg.async_scaling,
-                         "delay_compensation": cfg.delay_compensation, "dc_lambda": cfg.dc_lambda},
+                         "delay_compensation": cfg.delay_compensation, "dc_lambda": cfg.dc_lambda,
+                         "eager_update": cfg.eager_update},
             control_path=self.run_dir / "control.jsonl", event=self._event, record=self.metrics.write,
             elapsed=self.stats.elapsed, await_hello=self.await_hello)
         self.servers.barrier = self.barrier_paced

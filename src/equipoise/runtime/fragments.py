@@ -27,6 +27,8 @@ class _Parts:
     count: int = 0
     tensors: dict[int, torch.Tensor] = field(default_factory=dict)
     checked: set[int] = field(default_factory=set)
+    version: int = -1  # the server's version when the first came (a barrier's update in progress)
+    tags: dict | None = None  # the push's samples, start and count, where the worker sent them
 
 
 class Fragments:
@@ -34,16 +36,19 @@ class Fragments:
         self.limit = limit
         self._by_worker: dict[int, _Parts] = {}
 
-    def add(self, worker: int, seq: int, tensors: dict[int, torch.Tensor], checked: set[int]) -> None:
+    def add(self, worker: int, seq: int, tensors: dict[int, torch.Tensor], checked: set[int], *,
+            version: int = -1, tags: dict | None = None) -> None:
         """Keep a fragment of `worker`'s push `seq`, of which the blocks `checked` were
         checked on arrival (the others, handed over to another server, were not);
-        PushError, and nothing kept, for a block already sent in this push."""
+        `version`: the server's when it came, `tags`: the push's samples, start and
+        count (`eager_update` combines the gradients before the push ends). PushError,
+        and nothing kept, for a block already sent in this push."""
         parts = self._by_worker.get(worker)
         if parts is None and len(self._by_worker) >= self.limit:
             raise PushError(f"fragment of worker {worker}: fragments of {self.limit} workers' pushes "
                             "are held already")
         if parts is None or parts.seq != seq:
-            parts = self._by_worker[worker] = _Parts(seq)
+            parts = self._by_worker[worker] = _Parts(seq, version=version, tags=tags)
         again = sorted(set(tensors) & set(parts.tensors))
         if again:
             raise PushError(f"fragment of worker {worker}'s push {seq} repeats blocks {again[:5]}")
@@ -64,6 +69,10 @@ class Fragments:
             raise PushError(f"push from worker {worker} ends {count} fragments of push {seq}, "
                             f"but this server holds {held}")
         return parts.tensors, parts.checked
+
+    def items(self):
+        """(worker, its push in progress: seq, tensors, version, tags) of each worker."""
+        return self._by_worker.items()
 
     def drop(self, worker: int) -> None:
         self._by_worker.pop(worker, None)

@@ -15,7 +15,7 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..clock import SYSTEM, Clock
 from ..policy.placement import Block
@@ -24,6 +24,7 @@ from ..wire import Message, Transport
 from ..wire.bandwidth import TokenBucket
 from ..wire.names import grads_of, pack, states_of, values_of
 from ..wire.transport import QuietLog, kind_of
+from .eager import EagerUpdates, split
 from .fragments import Fragments
 from .handover import Forwarding
 from .replica import Replication
@@ -56,9 +57,10 @@ class _Held:
     since: float
     worker: int = -1   # the pulling worker
     part_bytes: int = 0  # forward_pull: the reply in parts of at least this many bytes, in key order
+    early: dict | None = field(default=None)  # eager_update: the blocks sent ahead of the reply (None: not asked)
 
 
-class Server(BlockMoves):
+class Server(BlockMoves, EagerUpdates):
     """One server's message handling; `serve` runs it until told to stop."""
 
     def __init__(self, rank: int, transport: Transport, coordinator: str, *, host: str = "127.0.0.1",
@@ -171,6 +173,7 @@ class Server(BlockMoves):
         if ranks is not None and not (isinstance(ranks, list) and all(isinstance(r, int) for r in ranks)):
             raise TypeError(f"ranks = {ranks!r} must be a list of worker ranks")
         self.store, self.sync = store, ServerSync(policy, workers, version=store.version, ranks=ranks)
+        self.eager = f.get("eager_update") is True
         self.pushes, self.held, self.reads = {}, [], {}
         self.block_grads = {b.key: counts.get(b.key, 0) for b in blocks}
         self.handover.reset()
@@ -271,8 +274,9 @@ class Server(BlockMoves):
         if self._stale(msg):
             return
         part_kb = _count_field(msg.fields, "part_kb", 0)
+        early = {} if part_kb and msg.fields.get("early") is True else None  # it takes blocks computed ahead
         self._hold(_Held(peer, "pull", int(msg.fields["min_version"]), self.clock.now(), int(msg.fields["worker"]),
-                         part_kb * 1024))
+                         part_kb * 1024, early))
 
     def _on_state_req(self, peer: bytes, msg: Message) -> None:
         self._hold(_Held(peer, "state", int(msg.fields["version"]), self.clock.now()))
@@ -318,6 +322,8 @@ class Server(BlockMoves):
         if away:
             self._forward(push, away, step)
         self._apply_ready(release=False)  # after the ack
+        if self.eager and push.tensors:
+            self._speculate(own)
         self._charge(nbytes, t0)
         self.listener.send(peer, Message("ack", {"version": self.sync.published(),
                                                  "staleness": self.sync.take_staleness(push.worker)}))
@@ -341,8 +347,11 @@ class Server(BlockMoves):
             raise PushError(f"fragment of worker {worker} has wrong blocks (unexpected {stray[:5]})")
         if mine:
             self.store.check(Push(worker, 0, 1, mine), partial=True)
-        self.fragments.add(worker, seq, tensors, checked=set(mine))
+        self.fragments.add(worker, seq, tensors, checked=set(mine), version=self.sync.version,
+                           tags=_fragment_tags(f))
         self._charge(_nbytes(tensors.values()), t0)
+        if self.eager and mine and self._speculate(mine):
+            self._release()
 
     def _apply(self, update: Update) -> None:
         """One update of the store, with σ of each gradient as `sync` measured it; with a
@@ -424,6 +433,8 @@ class Server(BlockMoves):
                 self._reply(h)
             else:
                 keep.append(h)
+                if h.early is not None:
+                    self._send_early(h)
         self.held = keep
 
     def _reply(self, h: _Held) -> None:
@@ -457,14 +468,11 @@ class Server(BlockMoves):
         least `part_bytes`, each marked `last` or not, each through the emulated link on
         its own, so that the worker's forward can start on the first while the rest
         travel."""
-        parts: list[dict] = [{}]
-        size = 0
-        for key in sorted(values):
-            if size >= h.part_bytes:
-                parts.append({})
-                size = 0
-            parts[-1][key] = values[key]
-            size += _nbytes([values[key]])
+        if h.early:  # eager_update: blocks sent ahead stand if the update took them, else all again
+            fields["kept"] = self._kept(h)
+            if fields["kept"]:
+                values = {k: v for k, v in values.items() if k not in h.early}
+        parts = split(values, h.part_bytes)
         for i, part in enumerate(parts):
             self._charge(_nbytes(part.values()), t0)
             msg = Message("params", {**fields, "last": i == len(parts) - 1}, pack(part))
@@ -487,6 +495,22 @@ def _positive(name: str, x, zero_ok: bool = False) -> float:
     if type(x) not in (int, float) or not math.isfinite(x) or x < 0 or (x == 0 and not zero_ok):
         raise ValueError(f"straggler {name} = {x!r} must be a finite number {'≥' if zero_ok else '>'} 0")
     return float(x)
+
+
+def _fragment_tags(f: dict) -> dict | None:
+    """A fragment's tags of the push it belongs to (samples, start, count), checked;
+    None if it has none."""
+    if "samples" not in f:
+        return None
+    samples, start, count = f["samples"], f.get("start", -1), f.get("count")
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+        raise PushError(f"fragment of worker {f.get('worker')}: samples = {samples!r} is not a count ≥ 1")
+    if isinstance(start, bool) or not isinstance(start, int) or start < -1:
+        raise PushError(f"fragment of worker {f.get('worker')}: start = {start!r} is not a position ≥ 0")
+    if count is not None and (isinstance(count, bool) or not isinstance(count, (int, float))
+                              or not (math.isfinite(count) and count >= 0)):
+        raise PushError(f"fragment of worker {f.get('worker')}: count = {count!r} is not a finite number ≥ 0")
+    return {"samples": samples, "start": start, **({} if count is None else {"count": float(count)})}
 
 
 def _count_field(f: dict, name: str, default):

@@ -65,6 +65,25 @@ class Push:
         return float(self.samples) if self.count is None else self.count
 
 
+@dataclass
+class Early:
+    """A block's update computed ahead of its version's (`ParameterStore.speculate`)."""
+    sig: tuple
+    value: torch.Tensor
+    state: dict
+    grads: tuple  # the gradients it was computed from, kept so that their ids stay theirs
+
+
+@dataclass
+class _Plan:
+    group: list[Push]
+    weights: list[float]
+    by_samples: list[float]
+    lr: float  # the learning rate times its factor
+    momentum: float
+    step: Step | None
+
+
 class PushError(ValueError):
     """A push the store refuses; the message names the worker and the fault."""
 
@@ -88,6 +107,9 @@ class ParameterStore:
         self._sums: dict[int, torch.Tensor] = {}
         self._loans: list[tuple[list[torch.Tensor], Callable[[], bool]]] = []  # (tensors, done)
         self._retired: dict[int, list[torch.Tensor]] = {}  # earlier buffers of each block
+        self.early: dict[int, Early] = {}  # blocks whose next update was computed ahead (speculate)
+        self.committed: set[int] = set()  # the blocks the last update took from `early`
+        self.generation = 0  # updates applied by this store: a speculation is of one generation
         if optim_state:
             self._load_optim_state(optim_state)
 
@@ -158,32 +180,27 @@ class ParameterStore:
         group, so every gradient counts once with the share it has in its update; a block
         no push has is not stepped. `forwarded`: such a forwarded gradient, applied on
         its own — the version and the sample count do not move (the worker's push for
-        this server's other blocks counted them)."""
-        staleness = [0] * len(group) if staleness is None else list(staleness)
-        order = sorted(range(len(group)), key=lambda i: (group[i].start, group[i].worker))
-        group, staleness = [group[i] for i in order], [staleness[i] for i in order]
-        base = self.policy.weights([p.weight for p in group])
-        weights, lr_factor = self.policy.modulate(base, staleness)
-        momentum = self.spec.momentum
+        this server's other blocks counted them).
+
+        A block whose update `speculate` computed ahead from the same gradients, weights,
+        learning rate and momentum on the same values (`early`) takes that result, the
+        same numbers: the step of one block never reads another's."""
+        plan = self._plan(group, staleness)
         if self.policy.async_scaling == "bsp":
-            # The rule sizes the step (α0/σ was Rudra's estimate of it): a modulation only
-            # moves weight within the group towards its fresher gradients.
-            step = self.last_step = self._bsp_step(group, staleness)
-            total = sum(weights)
-            if total > 0:
-                weights = [w * sum(base) / total for w in weights]
-            lr_factor, momentum = step.lr_factor, step.momentum
+            self.last_step = plan.step
+        group = plan.group
         grads = self._compensated(group) if self.policy.delay_compensation != "none" else None
+        early = {k: e for k, e in self.early.items() if e.sig == self._signature(k, plan)}
         self._copy_on_write()
-        # Buffers (BatchNorm statistics) are averaged over samples, never scaled by staleness.
-        by_samples = self.policy.weights([p.samples for p in group])
         whole = all(len(p.tensors) == len(self.blocks) for p in group)
         combined: dict[int, torch.Tensor] = {}
         for k, b in self.blocks.items():
+            if k in early:
+                continue
             have = range(len(group)) if whole else [i for i, p in enumerate(group) if k in p.tensors]
             if not have:
                 continue
-            w = weights if b.kind == "param" else by_samples
+            w = plan.weights if b.kind == "param" else plan.by_samples
             if not whole:  # buffers are averages: over the pushes that have them
                 w = [w[i] for i in have]
                 if b.kind == "buffer":
@@ -195,29 +212,108 @@ class ParameterStore:
         for key, b in self.blocks.items():
             if b.kind == "buffer" and key in combined:
                 self.values[key].copy_(combined[key])
-        lr = learning_rate(self.spec.lr, self.spec.schedule, self.samples / self.spec.global_batch,
-                           total=self.spec.total, step_size=self.spec.step_size, gamma=self.spec.gamma)
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr * lr_factor
-            if "momentum" in g:
-                g["momentum"] = momentum
-                if momentum == 0 and self.spec.momentum > 0:
-                    # torch's SGD skips a zero momentum without touching the buffer; the
-                    # rule's buf = 0·buf + g means the next momentum starts from g afresh.
-                    for param in g["params"]:
-                        if param.grad is not None:
-                            self.optimizer.state.get(param, {}).pop("momentum_buffer", None)
+        self._set_hyper(self.optimizer, plan.lr, plan.momentum)
+        if plan.momentum == 0 and self.spec.momentum > 0:
+            # torch's SGD skips a zero momentum without touching the buffer; the rule's
+            # buf = 0·buf + g means the next momentum starts from g afresh.
+            for param in self._params:
+                if param.grad is not None:
+                    self.optimizer.state.get(param, {}).pop("momentum_buffer", None)
         if self._params and self._plain_sgd:
             # Exactly SGD.step's arithmetic without momentum and weight decay (w −= lr·g), less
             # its per-call overhead (profiler scope, grad mode, argument checks).
             for param in self._params:
                 if param.grad is not None:
-                    param.add_(param.grad, alpha=-(lr * lr_factor))
+                    param.add_(param.grad, alpha=-plan.lr)
         elif self._params:
             self.optimizer.step()  # a parameter without a gradient (None) is not stepped
+        params = dict(zip(self._param_keys, self._params))
+        for k, e in early.items():  # the updates computed ahead: their values and optimizer state
+            self.values[k] = e.value
+            if k in params:
+                params[k].data = e.value
+                self.optimizer.state.pop(params[k], None)
+                if e.state:
+                    self.optimizer.state[params[k]] = e.state
+        self.committed = set(early)
+        self.early = {}
+        self.generation += 1
         if not forwarded:
             self.version += 1
             self.samples += sum(p.samples for p in group)
+
+    def speculate(self, group: list[Push], keys: list[int]) -> None:
+        """Compute ahead the update of each block of `keys` from `group`, the pushes its
+        version's update will be made of as far as they are known (some still partial:
+        each has every block of `keys`), on side buffers: the store does not change.
+        `apply` takes a block's result if its group turns out the same (the same
+        gradients with the same weights, learning rate and momentum, on this version's
+        values), and computes it again otherwise (a worker lost meanwhile, a group cut
+        differently). Barrier protocols, σ = 0, without delay compensation."""
+        plan = self._plan(group, None)
+        params = dict(zip(self._param_keys, self._params))
+        for k in keys:
+            b = self.blocks[k]
+            w = plan.weights if b.kind == "param" else plan.by_samples
+            g = self._combine(k, [p.tensors[k] for p in plan.group], w)
+            value = self.values[k].clone()
+            state: dict = {}
+            if b.kind == "buffer":
+                value.copy_(g)
+            elif self._plain_sgd:
+                value.add_(g, alpha=-plan.lr)
+            else:
+                side = torch.nn.Parameter(value, requires_grad=False)
+                optimizer = _make_optimizer(self.spec, [side])
+                kept = {n: t.clone() if isinstance(t, torch.Tensor) else t
+                        for n, t in self.optimizer.state.get(params[k], {}).items()}
+                if plan.momentum == 0 and self.spec.momentum > 0:
+                    kept.pop("momentum_buffer", None)
+                if kept:
+                    optimizer.state[side] = kept
+                self._set_hyper(optimizer, plan.lr, plan.momentum)
+                side.grad = g
+                optimizer.step()
+                state = optimizer.state.get(side, {})
+            self.early[k] = Early(self._signature(k, plan), value, state,
+                                  tuple(p.tensors[k] for p in plan.group))
+
+    def _plan(self, group: list[Push], staleness: list[int] | None) -> "_Plan":
+        """The arithmetic of one update before any block is touched: the group in its
+        order, each push's weight (and its weight among the buffers, by samples), the
+        learning rate and momentum."""
+        staleness = [0] * len(group) if staleness is None else list(staleness)
+        order = sorted(range(len(group)), key=lambda i: (group[i].start, group[i].worker))
+        group, staleness = [group[i] for i in order], [staleness[i] for i in order]
+        base = self.policy.weights([p.weight for p in group])
+        weights, lr_factor = self.policy.modulate(base, staleness)
+        momentum, step = self.spec.momentum, None
+        if self.policy.async_scaling == "bsp":
+            # The rule sizes the step (α0/σ was Rudra's estimate of it): a modulation only
+            # moves weight within the group towards its fresher gradients.
+            step = self._bsp_step(group, staleness)
+            total = sum(weights)
+            if total > 0:
+                weights = [w * sum(base) / total for w in weights]
+            lr_factor, momentum = step.lr_factor, step.momentum
+        # Buffers (BatchNorm statistics) are averaged over samples, never scaled by staleness.
+        by_samples = self.policy.weights([p.samples for p in group])
+        lr = learning_rate(self.spec.lr, self.spec.schedule, self.samples / self.spec.global_batch,
+                           total=self.spec.total, step_size=self.spec.step_size, gamma=self.spec.gamma)
+        return _Plan(group, weights, by_samples, lr * lr_factor, momentum, step)
+
+    def _signature(self, key: int, plan: "_Plan") -> tuple:
+        """What a block's update depends on besides its values: the store's generation
+        (updates so far), the step's hyper-parameters, and each gradient with its weight."""
+        w = plan.weights if self.blocks[key].kind == "param" else plan.by_samples
+        return (self.generation, plan.lr, plan.momentum,
+                tuple((p.worker, p.start, x, id(p.tensors.get(key))) for p, x in zip(plan.group, w)))
+
+    def _set_hyper(self, optimizer: torch.optim.Optimizer, lr: float, momentum: float) -> None:
+        for g in optimizer.param_groups:
+            g["lr"] = lr
+            if "momentum" in g:
+                g["momentum"] = momentum
 
     def _bsp_step(self, group: list[Push], staleness: list[int]) -> Step:
         """BSP's lr and momentum for this update (policy/staleness.py): its samples against

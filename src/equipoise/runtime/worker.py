@@ -12,6 +12,7 @@ process or a Ray actor.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -83,6 +84,7 @@ class Worker:
         self._inbox: deque[Message] = deque()  # coordinator messages read while waiting for servers
         self.early: BackwardPush | None = None  # backward_push: the hooks that stream a step's gradients
         self.lazy: ForwardPull | None = None  # forward_pull: the hooks that take a pull's weights as they come
+        self._tags: dict = {}  # backward_push: the tags of the push being streamed
         self._step_t: tuple[float, float] | None = None  # the last step's forward start and backward end
         self._pulled: tuple[dict[int, int], dict[int, int], float] | None = None  # forward_pull: finished by a step
         # Neighbours are real processes the launcher runs; the worker only emulates factors.
@@ -291,12 +293,13 @@ class Worker:
                 pushes = self.link.read_part([b for b in self.blocks if b.key not in streamed], copy=bool(self.depth))
         pull_version = self.policy.pull_version(step + 1 + self.depth, f["iteration"])
         part_kb = self.cfg.fragment_kb if self.lazy is not None else 0  # forward_pull: the weights in parts
+        early = self.cfg.eager_update  # blocks the servers compute ahead may come before the version
         if self.policy.pull_first():
-            pull = self.client.pull(pull_version, part_kb)
+            pull = self.client.pull(pull_version, part_kb, early)
             push = self.client.push(pushes, versions, f["size"], start=f["start"], count=count, sent=sent)
         else:
             push = self.client.push(pushes, versions, f["size"], count=count, reads=reads, step=step, sent=sent)
-            pull = self.client.pull(pull_version, part_kb)
+            pull = self.client.pull(pull_version, part_kb, early)
         return push, pull, versions, t3
 
     def _arm(self, f: dict) -> None:
@@ -306,7 +309,11 @@ class Worker:
         if self.early is None or f.get("await_table"):
             return
         server_of = {b.key: r for r, blocks in self.client.by_server.items() for b in blocks}
-        self.early.arm(server_of, self.client.push_fragment, copy=bool(self.depth))
+        # the push's tags ride on its fragments (eager_update: the servers combine the
+        # gradients before the push ends); the loss's count joins them before backward
+        self._tags = {"samples": int(f["size"]), "start": int(f.get("start", -1))}
+        self.early.arm(server_of, functools.partial(self.client.push_fragment, tags=self._tags),
+                       copy=bool(self.depth))
 
     def _disarm(self) -> tuple[dict[int, tuple[int, int]], set[int] | None]:
         """Stop streaming: the fragments sent to each server ((seq, count)) and the blocks
@@ -464,6 +471,8 @@ class Worker:
         if not math.isfinite(step.value):
             raise WorkerError(f"worker {self.rank}: loss is {step.value} at iteration "
                               f"{plan['iteration']} (diverged: try a smaller lr)")
+        if self.early is not None and self.early.armed and step.count is not None and step.count != plan["size"]:
+            self._tags["count"] = float(step.count)  # as the push sends it
         step.objective.backward()
         return step.value, step.count
 
