@@ -18,10 +18,11 @@ Presets:
 * `ddp`: equipoise BSP against PyTorch DDP (gloo, one rank per worker host) on the
   same four worker hosts, whose links are capped at `rate_mbit` each way; equipoise's two
   servers on hosts of their own, unshaped (as BytePS deploys them). equipoise runs three times
-  per round: exchanging after backward, and pipelined (`backward_push` and
-  `forward_pull`: the push leaves during backward, the forward starts on the first
-  layers' weights), and pipelined with `eager_update` (each block updated by its server
-  once every worker's gradient of it is in, and sent down while the rest still go up).
+  per round: exchanging after backward, pipelined (`backward_push` and `forward_pull`:
+  the push leaves during backward, the forward starts on the first layers' weights) and
+  pipelined with `eager_update` (each block updated by its server once every worker's
+  gradient of it is in, and sent down while the rest still go up); both pipelined runs
+  with blocks and parts of 128 KiB (`PIPELINED`).
   A parameter server
   moves each gradient byte once each way per worker; ring all-reduce about 2(n−1)/n
   times. Goal ≥ 1.2×.
@@ -89,6 +90,11 @@ PRESETS = {
     "psld": Spec(kind="psld", quotas=(0.0, 0.0, 0.0, 0.0), global_batch=128, iterations=50, rate_mbit=400.0),
 }
 PSLD_POLICIES = ("greedy", "psld", "oracle")
+# The pipelined runs' parts: 128 KiB take 10 ms at 100 Mbit/s; a pipeline of parts up to
+# the servers and back down costs about two parts' time to fill and drain, and a part's
+# fixed cost (tens of µs) is under 1% of it. Blocks of 32,768 floats are one part each,
+# so that a layer's gradient travels in several (the cnn's classifier: 13).
+PIPELINED = {"backward_push": True, "forward_pull": True, "block_size": 32768, "fragment_kb": 128}
 
 
 def psld_slow(spec: Spec) -> int:
@@ -246,10 +252,9 @@ def run(preset: str, results_path: str | None = None, plots: str | None = None, 
         elif spec.kind == "ddp":
             systems = {"ddp": lambda: ddp_on_testbed(tb, spec, 3),
                        "equipoise": lambda: on_testbed(tb, spec, "bsp", address, tmp),
-                       "equipoise_pipelined": lambda: on_testbed(tb, spec, "bsp", address, tmp,
-                                                                 backward_push=True, forward_pull=True),
-                       "equipoise_eager": lambda: on_testbed(tb, spec, "bsp", address, tmp, backward_push=True,
-                                                             forward_pull=True, eager_update=True)}
+                       "equipoise_pipelined": lambda: on_testbed(tb, spec, "bsp", address, tmp, **PIPELINED),
+                       "equipoise_eager": lambda: on_testbed(tb, spec, "bsp", address, tmp, **PIPELINED,
+                                                             eager_update=True)}
         elif spec.kind == "lbbsp":
             systems = {p: (lambda p=p: on_testbed(tb, spec, p, address, tmp)) for p in ("bsp", "lbbsp")}
         elif spec.kind == "cost-hosts":

@@ -34,8 +34,9 @@ def test_migrations_and_elastic_servers_leave_the_parameters_unchanged(tmp_path,
               {"iteration": 11, "remove": 0}, {"iteration": 15, "move": 0, "to": 2}]
     equipoise.train(kw, out=tmp_path / "plain")
     # The moved run (with Adam) also streams its pushes and pulls (backward_push,
-    # forward_pull): moves between them change nothing either.
-    pipelined = {"backward_push": True, "forward_pull": True} if optimizer == "adam" else {}
+    # forward_pull) and updates blocks ahead (eager_update): moves between them change
+    # nothing either.
+    pipelined = {"backward_push": True, "forward_pull": True, "eager_update": True} if optimizer == "adam" else {}
     summary = equipoise.train(dict(kw, server_events=events, **pipelined), out=tmp_path / "moved")
     a, b = final(tmp_path / "plain"), final(tmp_path / "moved")
     assert set(a) == set(b)

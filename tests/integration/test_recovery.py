@@ -54,7 +54,8 @@ def _run_with(cfg: dict, run, action, at: int) -> dict:
 def test_a_killed_worker_changes_nothing_but_the_time(tmp_path, protocol):
     cfg = dict(BASE, protocol=protocol)
     if protocol == "lbbsp":  # also with the exchange pipelined: a worker lost mid-stream
-        cfg.update(slowdown=[10.0, 10.0, 20.0, 40.0], backward_push=True, forward_pull=True, fragment_kb=4)
+        cfg.update(slowdown=[10.0, 10.0, 20.0, 40.0], backward_push=True, forward_pull=True, fragment_kb=4,
+                   eager_update=True)  # and blocks updated ahead of a version the lost worker leaves short
     at = random.Random(f"kill-{protocol}").randrange(5, 40)
     run = tmp_path / "run"
     summary = _run_with(cfg, run, lambda pid: os.kill(pid, signal.SIGKILL), at)

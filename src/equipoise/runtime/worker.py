@@ -33,7 +33,7 @@ from ..wire import Message, PeerTimeout, Transport
 from . import probes
 from .device import DeviceError, DeviceLink, OutOfMemory, autocast, check_precision, resolve, set_deterministic
 from .device import to_device, worker_device, worker_precision
-from .client import ClientError, PSClient, Pulled
+from .client import ClientError, PSClient, Pulled, Ticket
 from .early_pull import ForwardPull
 from .early_push import BackwardPush
 from ..workload import SampleError, StepError, load_workload
@@ -85,6 +85,7 @@ class Worker:
         self.early: BackwardPush | None = None  # backward_push: the hooks that stream a step's gradients
         self.lazy: ForwardPull | None = None  # forward_pull: the hooks that take a pull's weights as they come
         self._tags: dict = {}  # backward_push: the tags of the push being streamed
+        self._next_pull: Ticket | None = None  # eager_update: the next version's pull, sent before backward
         self._step_t: tuple[float, float] | None = None  # the last step's forward start and backward end
         self._pulled: tuple[dict[int, int], dict[int, int], float] | None = None  # forward_pull: finished by a step
         # Neighbours are real processes the launcher runs; the worker only emulates factors.
@@ -169,6 +170,7 @@ class Worker:
         while the next step computes (`_overlapped`). A report describes one iteration:
         its compute and the exchange that fed it."""
         self._disarm()  # a rollback may have ended a streamed step
+        self._next_pull = None
         if self.lazy is not None:
             self.lazy.disarm()
             self._pulled = None
@@ -293,13 +295,12 @@ class Worker:
                 pushes = self.link.read_part([b for b in self.blocks if b.key not in streamed], copy=bool(self.depth))
         pull_version = self.policy.pull_version(step + 1 + self.depth, f["iteration"])
         part_kb = self.cfg.fragment_kb if self.lazy is not None else 0  # forward_pull: the weights in parts
-        early = self.cfg.eager_update  # blocks the servers compute ahead may come before the version
         if self.policy.pull_first():
-            pull = self.client.pull(pull_version, part_kb, early)
+            pull = self._pull(pull_version, part_kb)
             push = self.client.push(pushes, versions, f["size"], start=f["start"], count=count, sent=sent)
         else:
             push = self.client.push(pushes, versions, f["size"], count=count, reads=reads, step=step, sent=sent)
-            pull = self.client.pull(pull_version, part_kb, early)
+            pull = self._pull(pull_version, part_kb)
         return push, pull, versions, t3
 
     def _arm(self, f: dict) -> None:
@@ -333,7 +334,7 @@ class Worker:
         if f.get("await_table"):  # blocks moved during this iteration: the shares route by the new table
             table = self._request(Message("table_req", {"worker": self.rank, "epoch": self.epoch}), "table")
             versions = self._plan_table(table, versions, 0)
-        pull = self.client.pull(self.policy.pull_version(step + 1, f["iteration"]))
+        pull = self._pull(self.policy.pull_version(step + 1, f["iteration"]))
         self.coord.send(self._plan_req(step + 1, self._oom_report(f, oom, versions)))
         plan = self._recv_coord("plan")
         while plan.fields.get("recover"):
@@ -370,6 +371,12 @@ class Worker:
         report = self._report(f, loss, count, versions, staleness, measured, {"wait_s": 0.0, "comm_s": 0.0})
         self.coord.send(self._plan_req(step, {**report, "recovery": True}))
         return self._recv_coord("plan")
+
+    def _pull(self, version: int, part_kb: int = 0) -> Ticket:
+        """Ask for the weights of `version`: the pull already sent before backward
+        (eager_update) if there is one."""
+        ticket, self._next_pull = self._next_pull, None
+        return ticket if ticket is not None else self.client.pull(version, part_kb)
 
     def _lazy_armed(self) -> bool:
         return self.lazy is not None and self.lazy.armed
@@ -471,8 +478,15 @@ class Worker:
         if not math.isfinite(step.value):
             raise WorkerError(f"worker {self.rank}: loss is {step.value} at iteration "
                               f"{plan['iteration']} (diverged: try a smaller lr)")
-        if self.early is not None and self.early.armed and step.count is not None and step.count != plan["size"]:
-            self._tags["count"] = float(step.count)  # as the push sends it
+        if self.early is not None and self.early.armed:
+            if step.count is not None and step.count != plan["size"]:
+                self._tags["count"] = float(step.count)  # as the push sends it
+            if self.cfg.eager_update and self._next_pull is None:
+                # The next version's pull goes ahead of the fragments on each connection:
+                # a server holds it when it computes the first blocks ahead, and sends them
+                # down while the rest of the gradients still come up (runtime/eager.py).
+                self._next_pull = self.client.pull(self.policy.pull_version(0, plan["iteration"]),
+                                                   self.cfg.fragment_kb, early=True)
         step.objective.backward()
         return step.value, step.count
 
