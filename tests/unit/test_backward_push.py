@@ -153,8 +153,9 @@ def test_a_streamed_job_is_the_reference_bit_for_bit_and_shows_its_fragments(tmp
         assert sum(summary["staleness_histogram"].values()) == 8 * 3 * 2  # 8 iterations × 3 workers × 2 servers
     iters = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     iters = [r for r in iters if r.get("type") == "iteration"]
-    if protocol == "bsp":  # the last layer's blocks came ahead of the versions
-        assert any(e[0] == "early" for r in iters for events in r["timeline"] for e in events)
+    if protocol == "bsp":  # the last layer's blocks came ahead of the versions, to a pull sent before the fragments
+        early = [(e, events) for r in iters for events in r["timeline"] for e in events if e[0] == "early"]
+        assert early and all(e[2] < min(f[2] for f in events if f[0] == "fragment") for e, events in early)
     for r in iters[1:]:
         for events in r["timeline"]:
             fragments = [e for e in events if e[0] == "fragment"]
