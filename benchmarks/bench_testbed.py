@@ -17,12 +17,14 @@ Presets:
   two cores with the job).
 * `ddp`: equipoise BSP against PyTorch DDP (gloo, one rank per worker host) on the
   same four worker hosts, whose links are capped at `rate_mbit` each way; equipoise's two
-  servers on hosts of their own, unshaped (as BytePS deploys them). equipoise runs three times
+  servers on hosts of their own, unshaped (as BytePS deploys them). equipoise runs four times
   per round: exchanging after backward, pipelined (`backward_push` and `forward_pull`:
   the push leaves during backward, the forward starts on the first layers' weights) and
   pipelined with `eager_update` (each block updated by its server once every worker's
   gradient of it is in, and sent down while the rest still go up); both pipelined runs
-  with blocks and parts of 128 KiB (`PIPELINED`).
+  with blocks and parts of 128 KiB (`PIPELINED`); and the last with the default blocks
+  (1 MiB) and parts (256 KiB), to show what the block size does. Each equipoise run
+  also records where its iterations' time goes (`split`, `wire`).
   A parameter server
   moves each gradient byte once each way per worker; ring all-reduce about 2(n−1)/n
   times. Goal ≥ 1.2×.
@@ -47,6 +49,7 @@ benchmarks/results/bench_testbed_<preset>.json.
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -158,8 +161,32 @@ def on_testbed(tb, spec: Spec, protocol: str, address: str, tmp: Path, workers_o
         raise RuntimeError(f"the job on the testbed failed: {done.stderr.strip().splitlines()[-3:]}")
     nodes = json.loads(done.stdout.strip().splitlines()[-1])
     window = steady_window(out / "metrics.jsonl", spec.warmup)
-    return {"samples_per_s": window["samples_per_s"], "batch": window["batch"],
+    return {"samples_per_s": window["samples_per_s"], "batch": window["batch"], "split": window["split"],
+            "wire": wire_times(out / "metrics.jsonl", spec.warmup),
             "hosts": {r: n["ip"] for r, n in sorted(nodes.items())}}
+
+
+def wire_times(metrics: Path, warmup: int) -> dict[str, float]:
+    """Where a step's exchange goes, from the iteration records after `warmup`: medians
+    over every (iteration, worker) of its `gap_s` and of its timeline's times (s from the
+    start of its forward): the first fragment sent, the last early block and the last
+    push ack arrived; and of the slowest and fastest worker's compute per iteration."""
+    recs = [json.loads(line) for line in metrics.read_text(encoding="utf-8").splitlines()]
+    window = sorted((r for r in recs if r.get("type") == "iteration"), key=lambda r: r["iteration"])[warmup:]
+    got: dict[str, list[float]] = {}
+    for r in window:
+        computes = [c for c, b in zip(r.get("compute_s") or [], r["batch"]) if b]
+        if computes:
+            got.setdefault("slowest_compute_s", []).append(max(computes))
+            got.setdefault("fastest_compute_s", []).append(min(computes))
+        got.setdefault("gap_s", []).extend(g for g in r.get("gap_s") or [] if g is not None)
+        for events in r.get("timeline") or []:
+            for name, kind, pick, at in (("first_fragment_s", "fragment", min, 2), ("last_early_s", "early", max, 3),
+                                         ("last_ack_s", "push", max, 3)):
+                times = [e[at] for e in events if e[0] == kind and e[at] is not None and e[at] >= 0]
+                if times:
+                    got.setdefault(name, []).append(pick(times))
+    return {k: statistics.median(v) for k, v in sorted(got.items()) if v}
 
 
 def on_loopback(spec: Spec, tmp: Path) -> dict:
@@ -254,7 +281,10 @@ def run(preset: str, results_path: str | None = None, plots: str | None = None, 
                        "equipoise": lambda: on_testbed(tb, spec, "bsp", address, tmp),
                        "equipoise_pipelined": lambda: on_testbed(tb, spec, "bsp", address, tmp, **PIPELINED),
                        "equipoise_eager": lambda: on_testbed(tb, spec, "bsp", address, tmp, **PIPELINED,
-                                                             eager_update=True)}
+                                                             eager_update=True),
+                       # the default blocks (1 MiB): the classifier is one block per server
+                       "equipoise_eager_1mib": lambda: on_testbed(tb, spec, "bsp", address, tmp, backward_push=True,
+                                                                  forward_pull=True, eager_update=True)}
         elif spec.kind == "lbbsp":
             systems = {p: (lambda p=p: on_testbed(tb, spec, p, address, tmp)) for p in ("bsp", "lbbsp")}
         elif spec.kind == "cost-hosts":
@@ -272,12 +302,17 @@ def run(preset: str, results_path: str | None = None, plots: str | None = None, 
     b = names[0]
     result["ratio"] = {f"{a}/{b}": summary([x["samples_per_s"] / y["samples_per_s"] for x, y in zip(runs[a], runs[b])])
                        for a in names[1:]}
+    result["wire"] = {n: {k: summary([r["wire"][k] for r in runs[n] if k in r.get("wire", {})])
+                          for k in sorted({k for r in runs[n] for k in r.get("wire", {})})}
+                      for n in names if any(r.get("wire") for r in runs[n])}
     rows = [[n, fmt_range(result["summary"][n])] for n in names]
     print(f"## bench_testbed, preset {preset}: {spec.model} on {spec.dataset}, worker hosts' CPUs {list(spec.quotas)}, "
           f"{spec.reps} interleaved rounds, samples/s after {spec.warmup} iterations\n")
     print(markdown_table(["system", "samples/s, median (min–max)"], rows))
     for k, v in result["ratio"].items():
         print(f"\n{k}: {fmt_range(v)}")
+    for n, times in result["wire"].items():  # medians over rounds of each run's medians, in ms
+        print(f"\n{n}: " + ", ".join(f"{k} {1e3 * v['median']:.0f} ms" for k, v in times.items()))
     print(f"\nwrote {write_results(f'{NAME}_{preset}', result, results_path)}")
     return result
 
