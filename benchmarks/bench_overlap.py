@@ -1,8 +1,9 @@
 """Communication hidden behind computation: BSP exchanging after backward (`off`), with
 each step's gradients pushed while backward runs (`push`: `backward_push = true`), and
 with the next forward also started on the first layers' weights (`pipelined`: and
-`forward_pull = true`), interleaved in one invocation (off, push, pipelined, off, ...),
-per model.
+`forward_pull = true`), and with each block also updated by its server as soon as all
+of its gradients are in (`eager`: and `eager_update = true`), interleaved in one
+invocation (off, push, pipelined, eager, off, ...), per model.
 
 For each model the same job (4 workers, 2 servers, one torch thread each, SGD or Adam as
 the model's workload trains) runs `iterations` iterations; reported per run, over the
@@ -61,7 +62,8 @@ class Preset:
 PRESETS = {"ci": Preset(("mlp",), 8, 2, 1), "full": Preset(("cnn", "resnet20", "gpt"), 40, 5, 3)}
 
 
-SIDES = {"off": {}, "push": {"backward_push": True}, "pipelined": {"backward_push": True, "forward_pull": True}}
+SIDES = {"off": {}, "push": {"backward_push": True}, "pipelined": {"backward_push": True, "forward_pull": True},
+         "eager": {"backward_push": True, "forward_pull": True, "eager_update": True}}
 
 
 def run_job(model: str, iterations: int, warmup: int, side: str) -> dict[str, Any]:

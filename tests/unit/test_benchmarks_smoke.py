@@ -241,7 +241,7 @@ def test_async_benchmark_pairs_rounds_against_hardsync():
 
 
 def test_overlap_benchmark_interleaves_the_sides_and_summarises_each_round(tmp_path, monkeypatch):
-    """The harness (bench_overlap's jobs are the ones test_backward_push runs): the three
+    """The harness (bench_overlap's jobs are the ones test_backward_push runs): the four
     sides interleaved per model, medians and each side's ratio to `off` per round."""
     from benchmarks import bench_overlap
 
@@ -249,13 +249,13 @@ def test_overlap_benchmark_interleaves_the_sides_and_summarises_each_round(tmp_p
 
     def fake(model, iterations, warmup, side):
         calls.append((model, side))
-        rate = {"off": 100.0 + len(calls), "push": 150.0, "pipelined": 200.0}[side]
+        rate = {"off": 100.0 + len(calls), "push": 150.0, "pipelined": 200.0, "eager": 250.0}[side]
         return {"samples_per_s": rate, "gap_s": 0.01, "compute_s": 0.05, "iterations": iterations - warmup}
 
     monkeypatch.setattr(bench_overlap, "run_job", fake)
     result = bench_overlap.run("ci", results=str(tmp_path / "o.json"), reps=2)
-    assert calls == [("mlp", "off"), ("mlp", "push"), ("mlp", "pipelined")] * 2
+    assert calls == [("mlp", "off"), ("mlp", "push"), ("mlp", "pipelined"), ("mlp", "eager")] * 2
     r = result["models"]["mlp"]
-    assert r["pipelined_ratio"]["min"] == 200 / 104 and r["pipelined_ratio"]["max"] == 200 / 101
+    assert r["pipelined_ratio"]["min"] == 200 / 105 and r["pipelined_ratio"]["max"] == 200 / 101
     assert r["push_samples_per_s"]["median"] == 150 and "| mlp " in bench_overlap.results_table(result)
     assert json.loads((tmp_path / "o.json").read_text())["benchmark"] == "bench_overlap"

@@ -322,11 +322,11 @@ class Server(BlockMoves, EagerUpdates):
         if away:
             self._forward(push, away, step)
         self._apply_ready(release=False)  # after the ack
-        if self.eager and push.tensors:
-            self._speculate(own)
         self._charge(nbytes, t0)
         self.listener.send(peer, Message("ack", {"version": self.sync.published(),
                                                  "staleness": self.sync.take_staleness(push.worker)}))
+        if self.eager and push.tensors:  # blocks this push completed (its version still in progress)
+            self._speculate(own)
         self._release()
 
     def _on_fragment(self, peer: bytes, msg: Message) -> None:
