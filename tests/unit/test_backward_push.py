@@ -58,11 +58,18 @@ def test_fragments_and_their_ending_push_are_one_update(server):
     assert server.store.values[0].tolist() == [-2.0, -2.0] and server.store.values[1].tolist() == [-1.0, -1.0]
 
 
-@pytest.mark.parametrize("bad", ["nan", "stray", "count", "repeat", "seq"])
+@pytest.mark.parametrize("bad", ["nan", "stray", "count", "repeat", "seq", "tags"])
 def test_a_bad_fragment_or_ending_is_refused_and_nothing_is_applied(server, bad):
     if bad == "nan":  # refused as it comes, while the worker still computes
         (r,) = replies(server, fragment(1, g1=torch.tensor([1.0, math.nan])))
         assert r.type == "error" and "non-finite" in r.fields["message"]
+    elif bad == "tags":  # the push's tags it carries (eager_update weighs its gradients by them)
+        for tags, word in (({"samples": 0}, "samples"), ({"samples": 2, "count": math.inf}, "count"),
+                           ({"samples": 2, "start": "x"}, "start")):
+            msg = fragment(1, g1=torch.ones(2))
+            msg.fields.update(tags)
+            (r,) = replies(server, msg)
+            assert r.type == "error" and word in r.fields["message"] and len(server.fragments) == 0
     elif bad == "stray":
         (r,) = replies(server, fragment(1, g7=torch.ones(2)))
         assert r.type == "error" and "wrong blocks" in r.fields["message"]
@@ -72,7 +79,7 @@ def test_a_bad_fragment_or_ending_is_refused_and_nothing_is_applied(server, bad)
                "seq": ending(2, 1, g0=torch.ones(2))}[bad]
         (r,) = replies(server, end)
         assert r.type == "error" and ("fragments" in r.fields["message"] or "repeats" in r.fields["message"])
-    assert server.store.version == 0 and len(server.fragments) == 0 or bad in ("nan", "stray")
+    assert server.store.version == 0 and len(server.fragments) == 0 or bad in ("nan", "stray", "tags")
     assert server.store.values[0].tolist() == [0.0, 0.0] and server.store.values[1].tolist() == [0.0, 0.0]
 
 
