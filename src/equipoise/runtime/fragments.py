@@ -71,7 +71,8 @@ class Fragments:
         return parts.tensors, parts.checked
 
     def items(self):
-        """(worker, its push in progress: seq, tensors, version, tags) of each worker."""
+        """(worker, its push in progress) of each worker: the parts' seq, tensors,
+        version and tags."""
         return self._by_worker.items()
 
     def drop(self, worker: int) -> None:

@@ -247,6 +247,7 @@ class Server(BlockMoves, EagerUpdates):
         self.held = [h for h in self.held if h.worker != worker]
         self.reads.pop(worker, None)
         self.fragments.drop(worker)
+        self.store.early = {}  # computed ahead from a group that has changed: made again, or not at all
         self._apply_ready()
         self.listener.send(peer, Message("ack", {"version": self.sync.published(), "at": self.sync.version,
                                                  "applied": self.sync.applied[worker]}))
@@ -255,6 +256,7 @@ class Server(BlockMoves, EagerUpdates):
         """How many pushes the update from `version` waits for (null: one per worker)."""
         pushes = msg.fields.get("pushes")
         self.sync.expect(int(msg.fields["version"]), None if pushes is None else int(pushes))
+        self.store.early = {}  # the group changes: blocks computed ahead would not be taken
         self._apply_ready()
         self.listener.send(peer, Message("ack", {"version": self.sync.published()}))
 
@@ -325,9 +327,11 @@ class Server(BlockMoves, EagerUpdates):
         self._charge(nbytes, t0)
         self.listener.send(peer, Message("ack", {"version": self.sync.published(),
                                                  "staleness": self.sync.take_staleness(push.worker)}))
-        if self.eager and push.tensors:  # blocks this push completed (its version still in progress)
-            self._speculate(own)
-        self._release()
+        try:
+            if self.eager and push.tensors:  # blocks this push completed (its version still in progress)
+                self._speculate(own)
+        finally:
+            self._release()
 
     def _on_fragment(self, peer: bytes, msg: Message) -> None:
         """Part of a push sent while the worker's backward runs (runtime/fragments.py):
@@ -506,7 +510,7 @@ def _fragment_tags(f: dict) -> dict | None:
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
         raise PushError(f"fragment of worker {f.get('worker')}: samples = {samples!r} is not a count ≥ 1")
     if isinstance(start, bool) or not isinstance(start, int) or start < -1:
-        raise PushError(f"fragment of worker {f.get('worker')}: start = {start!r} is not a position ≥ 0")
+        raise PushError(f"fragment of worker {f.get('worker')}: start = {start!r} is not a position ≥ 0 (or -1: none)")
     if count is not None and (isinstance(count, bool) or not isinstance(count, (int, float))
                               or not (math.isfinite(count) and count >= 0)):
         raise PushError(f"fragment of worker {f.get('worker')}: count = {count!r} is not a finite number ≥ 0")

@@ -99,6 +99,7 @@ class ParameterStore:
         self._params = [torch.nn.Parameter(self.values[k], requires_grad=False)
                         for k, b in self.blocks.items() if b.kind == "param"]
         self._param_keys = [k for k, b in self.blocks.items() if b.kind == "param"]
+        self._param_of = dict(zip(self._param_keys, self._params))  # block key → its Parameter
         self.optimizer = _make_optimizer(spec, self._params)
         self._plain_sgd = spec.name == "sgd" and spec.momentum == 0 and spec.weight_decay == 0
         self.last_step: Step | None = None  # async_scaling = "bsp": how the last update stepped
@@ -152,7 +153,7 @@ class ParameterStore:
         if not self._loans:
             return
         busy = {id(t) for tensors, _ in self._loans for t in tensors}
-        params = dict(zip(self._param_keys, self._params))
+        params = self._param_of
         for key, value in self.values.items():
             if id(value) not in busy:
                 continue
@@ -227,7 +228,7 @@ class ParameterStore:
                     param.add_(param.grad, alpha=-plan.lr)
         elif self._params:
             self.optimizer.step()  # a parameter without a gradient (None) is not stepped
-        params = dict(zip(self._param_keys, self._params))
+        params = self._param_of
         for k, e in early.items():  # the updates computed ahead: their values and optimizer state
             self.values[k] = e.value
             if k in params:
@@ -251,18 +252,16 @@ class ParameterStore:
         values), and computes it again otherwise (a worker lost meanwhile, a group cut
         differently). Barrier protocols, σ = 0, without delay compensation."""
         plan = self._plan(group, None)
-        params = dict(zip(self._param_keys, self._params))
+        params = self._param_of
         for k in keys:
             b = self.blocks[k]
             w = plan.weights if b.kind == "param" else plan.by_samples
             g = self._combine(k, [p.tensors[k] for p in plan.group], w)
-            value = self.values[k].clone()
+            value = g.clone() if b.kind == "buffer" else self.values[k].clone()  # buffers: the average itself
             state: dict = {}
-            if b.kind == "buffer":
-                value.copy_(g)
-            elif self._plain_sgd:
+            if b.kind == "param" and self._plain_sgd:
                 value.add_(g, alpha=-plan.lr)
-            else:
+            elif b.kind == "param":
                 side = torch.nn.Parameter(value, requires_grad=False)
                 optimizer = _make_optimizer(self.spec, [side])
                 kept = {n: t.clone() if isinstance(t, torch.Tensor) else t
