@@ -37,10 +37,12 @@ SCHEMA: dict[str, dict[str, FieldType]] = {
         "version": int,
     },
     # parameter traffic; tensors "b<key>" in params, "g<key>" in push
-    "pull": {"worker": int, "min_version": int},
+    "pull": {"worker": int, "min_version": int},  # optional part_kb (reply in parts), early (eager_update)
+    # optional last (a part), early (computed ahead of the version), kept (early parts stand)
     "params": {"version": int, "held_s": float},
     "push": {"worker": int, "version": int, "samples": int},  # optional seq, fragments: it ends a stream
-    "fragment": {"worker": int, "seq": int},  # backward_push: part of a push, + tensors "g<key>"; no reply
+    # backward_push: part of a push, + tensors "g<key>"; no reply; optional samples, start, count (its push's)
+    "fragment": {"worker": int, "seq": int},
     "ack": {"version": int},
     # checkpointing; state carries arbitrary tensors
     "state_req": {"version": int},
