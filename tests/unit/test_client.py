@@ -245,3 +245,25 @@ def test_blocks_sent_ahead_are_held_back_until_the_final_parts_say_they_stand(ne
     pulled = client.wait(ticket)
     assert {k: v[0].item() for k, v in pulled.values.items()} == {0: 50.0, 1: 51.0, 2: 52.0, 3: 53.0 if not kept
                                                                     else 63.0}
+
+
+def test_a_pull_sent_ahead_takes_its_early_parts_after_the_older_pull_s_reply(net):
+    """eager_update: the next version's pull is sent while the current one is still
+    arriving in parts; each server's replies come in order on its connection (the
+    current pull's parts, then the next one's early and final parts), and each lands in
+    its own ticket."""
+    _, servers, client = net
+    now, ahead = client.pull(5, part_kb=1), client.pull(6, part_kb=1, early=True)
+    for r, server in enumerate(servers):
+        (peer, _), _ = take(server, "pull"), take(server, "pull")
+        first = params([r], version=5)
+        first.fields["last"] = False
+        server.send(peer, first)
+        server.send(peer, params([r + 2], version=5))  # its last part
+        server.send(peer, Message("params", {"version": 6, "held_s": 0.0, "early": True, "last": False},
+                                  pack(values={r + 2: torch.full((3,), float(62 + r))})))
+        final = params([r], version=6)
+        final.fields.update(kept=True, last=True)
+        server.send(peer, final)
+    assert {k: v[0].item() for k, v in client.wait(now).values.items()} == {0: 50.0, 1: 51.0, 2: 52.0, 3: 53.0}
+    assert {k: v[0].item() for k, v in client.wait(ahead).values.items()} == {0: 60.0, 1: 61.0, 2: 62.0, 3: 63.0}
