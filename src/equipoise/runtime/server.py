@@ -25,7 +25,7 @@ from ..wire.bandwidth import TokenBucket
 from ..wire.names import grads_of, pack, states_of, values_of
 from ..wire.transport import QuietLog, kind_of
 from .eager import EagerUpdates, split
-from .fragments import Fragments
+from .fragments import FragmentHandling, Fragments, count_field
 from .handover import Forwarding
 from .replica import Replication
 from .server_moves import BlockMoves, _nbytes
@@ -60,7 +60,7 @@ class _Held:
     early: dict | None = field(default=None)  # eager_update: the blocks sent ahead of the reply (None: not asked)
 
 
-class Server(BlockMoves, EagerUpdates):
+class Server(BlockMoves, EagerUpdates, FragmentHandling):
     """One server's message handling; `serve` runs it until told to stop."""
 
     def __init__(self, rank: int, transport: Transport, coordinator: str, *, host: str = "127.0.0.1",
@@ -275,7 +275,7 @@ class Server(BlockMoves, EagerUpdates):
     def _on_pull(self, peer: bytes, msg: Message) -> None:
         if self._stale(msg):
             return
-        part_kb = _count_field(msg.fields, "part_kb", 0)
+        part_kb = count_field(msg.fields, "part_kb", 0)
         early = {} if part_kb and msg.fields.get("early") is True else None  # it takes blocks computed ahead
         self._hold(_Held(peer, "pull", int(msg.fields["min_version"]), self.clock.now(), int(msg.fields["worker"]),
                          part_kb * 1024, early))
@@ -304,7 +304,7 @@ class Server(BlockMoves, EagerUpdates):
             version = min(version, self.sync.published())
         own = grads_of(msg.tensors)
         nbytes = _nbytes(own.values())
-        earlier, checked = self.fragments.take(int(f["worker"]), _count_field(f, "seq", None), _count_field(f, "fragments", 0))
+        earlier, checked = self.fragments.take(int(f["worker"]), count_field(f, "seq", None), count_field(f, "fragments", 0))
         again = sorted(set(earlier) & set(own))
         if again:
             raise PushError(f"push from worker {f['worker']} repeats blocks {again[:5]} of its fragments")
@@ -331,30 +331,6 @@ class Server(BlockMoves, EagerUpdates):
             if self.eager and push.tensors:  # blocks this push completed (its version still in progress)
                 self._speculate(own)
         finally:
-            self._release()
-
-    def _on_fragment(self, peer: bytes, msg: Message) -> None:
-        """Part of a push sent while the worker's backward runs (runtime/fragments.py):
-        its blocks are checked now (size, dtype, finite: while the worker still
-        computes) and kept until the push that ends it. A block handed over since is
-        kept unchecked: the push's forwarding checks it. No reply, unless refused."""
-        if self._stale(msg):
-            return
-        t0, f = self.clock.now(), msg.fields
-        worker, seq = int(f["worker"]), _count_field(f, "seq", None)
-        if worker in self.sync.lost:
-            raise SyncFault(f"fragment of worker {worker}, which was declared lost")
-        tensors = grads_of(msg.tensors)
-        mine = {k: t for k, t in tensors.items() if k in self.store.blocks}
-        stray = sorted(k for k in tensors if k not in mine and k not in self.handover.moved)
-        if stray or not tensors:
-            raise PushError(f"fragment of worker {worker} has wrong blocks (unexpected {stray[:5]})")
-        if mine:
-            self.store.check(Push(worker, 0, 1, mine), partial=True)
-        self.fragments.add(worker, seq, tensors, checked=set(mine), version=self.sync.version,
-                           tags=_fragment_tags(f))
-        self._charge(_nbytes(tensors.values()), t0)
-        if self.eager and mine and self._speculate(mine):
             self._release()
 
     def _apply(self, update: Update) -> None:
@@ -499,32 +475,6 @@ def _positive(name: str, x, zero_ok: bool = False) -> float:
     if type(x) not in (int, float) or not math.isfinite(x) or x < 0 or (x == 0 and not zero_ok):
         raise ValueError(f"straggler {name} = {x!r} must be a finite number {'≥' if zero_ok else '>'} 0")
     return float(x)
-
-
-def _fragment_tags(f: dict) -> dict | None:
-    """A fragment's tags of the push it belongs to (samples, start, count), checked;
-    None if it has none."""
-    if "samples" not in f:
-        return None
-    samples, start, count = f["samples"], f.get("start", -1), f.get("count")
-    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-        raise PushError(f"fragment of worker {f.get('worker')}: samples = {samples!r} is not a count ≥ 1")
-    if isinstance(start, bool) or not isinstance(start, int) or start < -1:
-        raise PushError(f"fragment of worker {f.get('worker')}: start = {start!r} is not a position ≥ 0 (or -1: none)")
-    if count is not None and (isinstance(count, bool) or not isinstance(count, (int, float))
-                              or not (math.isfinite(count) and count >= 0)):
-        raise PushError(f"fragment of worker {f.get('worker')}: count = {count!r} is not a finite number ≥ 0")
-    return {"samples": samples, "start": start, **({} if count is None else {"count": float(count)})}
-
-
-def _count_field(f: dict, name: str, default):
-    """Field `name` of a push, an int ≥ 0 (`default` if absent); PushError otherwise."""
-    x = f.get(name, default)
-    if x is default:
-        return x
-    if isinstance(x, bool) or not isinstance(x, int) or x < 0:
-        raise PushError(f"request of worker {f.get('worker')}: {name} = {x!r} is not a count ≥ 0")
-    return x
 
 
 def _warm_up() -> None:
