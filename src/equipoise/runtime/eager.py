@@ -21,8 +21,8 @@ until then (runtime/client.py), so no step ever computes on weights of an unpubl
 version.
 
 Off (each block updated with the rest) when the update in progress waits for a lost
-worker's shares, while blocks are handed over, under replication (a version is
-published when the backup has it), and with delay compensation (no barrier).
+worker's shares, while blocks are handed over, and under replication (a version is
+published when the backup has it).
 """
 
 from __future__ import annotations
@@ -42,13 +42,13 @@ class EagerUpdates:
         """The pushes the update in progress will be made of, as far as they have come
         (a worker's fragments so far stand for its push), if every worker's has begun
         to come and nothing makes the group uncertain; None otherwise."""
-        sync, store = self.sync, self.store
-        if (not self.eager or not sync.policy.barrier() or sync.expected is not None or self.handover.moved
-                or self.replication is not None or store.policy.delay_compensation != "none"):
+        sync = self.sync
+        if not self.eager or not sync.policy.barrier() or sync.expected is not None or self.handover.moved \
+                or self.replication is not None:
             return None
         group: list[Push] = []
         for p in sync.pending:
-            if p.part or p.version != sync.version:
+            if p.part:  # a lost worker's share: the group is being cut again
                 return None
             group.append(self.pushes[p.token])
         pushed = {p.worker for p in sync.pending}
