@@ -24,7 +24,10 @@ Presets:
   gradient of it is in, and sent down while the rest still go up); both pipelined runs
   with blocks and parts of 128 KiB (`PIPELINED`); and the last with the default blocks
   (1 MiB) and parts (256 KiB), to show what the block size does. Each equipoise run
-  also records where its iterations' time goes (`split`, `wire`).
+  also records where its iterations' time goes (`split`, `wire`) and, per iteration, a
+  floor no exchange can beat (`bound_s`: the last worker's first gradient byte, then its
+  whole gradient at the link's rate); `ceiling` is DDP's iteration over that floor, the
+  most any parameter server could reach against DDP on these links.
   A parameter server
   moves each gradient byte once each way per worker; ring all-reduce about 2(n−1)/n
   times. Goal ≥ 1.2×.
@@ -161,32 +164,59 @@ def on_testbed(tb, spec: Spec, protocol: str, address: str, tmp: Path, workers_o
         raise RuntimeError(f"the job on the testbed failed: {done.stderr.strip().splitlines()[-3:]}")
     nodes = json.loads(done.stdout.strip().splitlines()[-1])
     window = steady_window(out / "metrics.jsonl", spec.warmup)
+    link_s = model_bytes(spec) * 8 / (spec.rate_mbit * 1e6) if spec.rate_mbit else 0.0
     return {"samples_per_s": window["samples_per_s"], "batch": window["batch"], "split": window["split"],
-            "wire": wire_times(out / "metrics.jsonl", spec.warmup),
+            "wire": wire_times(out / "metrics.jsonl", spec.warmup, link_s),
             "hosts": {r: n["ip"] for r, n in sorted(nodes.items())}}
 
 
-def wire_times(metrics: Path, warmup: int) -> dict[str, float]:
+def wire_times(metrics: Path, warmup: int, link_s: float = 0.0) -> dict[str, float]:
     """Where a step's exchange goes, from the iteration records after `warmup`: medians
     over every (iteration, worker) of its `gap_s` and of its timeline's times (s from the
     start of its forward): the first fragment sent, the last early block and the last
-    push ack arrived; and of the slowest and fastest worker's compute per iteration."""
+    push ack arrived; and of the slowest and fastest worker's compute per iteration.
+    Per iteration: its time (`iteration_s`), the round trip of the plan request the
+    barrier waited for (`plan_last_s`: the shortest of the workers', whose report came
+    last), and `bound_s`, a floor no exchange can beat: the last worker to send a
+    gradient byte (its first fragment) still has to move the whole gradient up its link,
+    `link_s` (the model's bytes at the link's rate). A barrier releases every worker's
+    forward within a ms, so times from each worker's own forward start are comparable."""
     recs = [json.loads(line) for line in metrics.read_text(encoding="utf-8").splitlines()]
     window = sorted((r for r in recs if r.get("type") == "iteration"), key=lambda r: r["iteration"])[warmup:]
     got: dict[str, list[float]] = {}
+    for a, b in zip(window, window[1:]):
+        got.setdefault("iteration_s", []).append(b["elapsed"] - a["elapsed"])
     for r in window:
         computes = [c for c, b in zip(r.get("compute_s") or [], r["batch"]) if b]
         if computes:
             got.setdefault("slowest_compute_s", []).append(max(computes))
             got.setdefault("fastest_compute_s", []).append(min(computes))
         got.setdefault("gap_s", []).extend(g for g in r.get("gap_s") or [] if g is not None)
+        firsts, plans = [], []
         for events in r.get("timeline") or []:
             for name, kind, pick, at in (("first_fragment_s", "fragment", min, 2), ("last_early_s", "early", max, 3),
                                          ("last_ack_s", "push", max, 3)):
                 times = [e[at] for e in events if e[0] == kind and e[at] is not None and e[at] >= 0]
                 if times:
                     got.setdefault(name, []).append(pick(times))
+                    if kind == "fragment":
+                        firsts.append(pick(times))
+            plans += [e[3] - e[2] for e in events if e[0] == "plan" and e[3] is not None]
+        if plans:
+            got.setdefault("plan_last_s", []).append(min(plans))
+        if firsts and link_s and len(firsts) == len(r["timeline"]):
+            got.setdefault("bound_s", []).append(max(firsts) + link_s)
     return {k: statistics.median(v) for k, v in sorted(got.items()) if v}
+
+
+def model_bytes(spec: Spec) -> int:
+    """The bytes of a push (every parameter's gradient and buffer) of the spec's model."""
+    from equipoise.data import load_dataset
+    from equipoise.models import build_model
+
+    data = load_dataset(spec.dataset)
+    model = build_model(spec.model, data.input_shape, data.num_classes)
+    return sum(t.numel() * t.element_size() for t in model.state_dict().values())
 
 
 def on_loopback(spec: Spec, tmp: Path) -> dict:
@@ -305,6 +335,10 @@ def run(preset: str, results_path: str | None = None, plots: str | None = None, 
     result["wire"] = {n: {k: summary([r["wire"][k] for r in runs[n] if k in r.get("wire", {})])
                           for k in sorted({k for r in runs[n] for k in r.get("wire", {})})}
                       for n in names if any(r.get("wire") for r in runs[n])}
+    if spec.kind == "ddp":  # the most any exchange could give: DDP's iteration over the floor
+        result["ceiling"] = {f"{n}: ddp iteration / bound": summary(
+            [spec.global_batch / d["samples_per_s"] / r["wire"]["bound_s"] for r, d in zip(runs[n], runs["ddp"])
+             if "bound_s" in r.get("wire", {})]) for n in names if any("bound_s" in r.get("wire", {}) for r in runs[n])}
     rows = [[n, fmt_range(result["summary"][n])] for n in names]
     print(f"## bench_testbed, preset {preset}: {spec.model} on {spec.dataset}, worker hosts' CPUs {list(spec.quotas)}, "
           f"{spec.reps} interleaved rounds, samples/s after {spec.warmup} iterations\n")
@@ -313,6 +347,8 @@ def run(preset: str, results_path: str | None = None, plots: str | None = None, 
         print(f"\n{k}: {fmt_range(v)}")
     for n, times in result["wire"].items():  # medians over rounds of each run's medians, in ms
         print(f"\n{n}: " + ", ".join(f"{k} {1e3 * v['median']:.0f} ms" for k, v in times.items()))
+    for k, v in result.get("ceiling", {}).items():
+        print(f"\nthe most {k.split(':')[0]} could reach, {k.split(': ')[1]}: {fmt_range(v)}")
     print(f"\nwrote {write_results(f'{NAME}_{preset}', result, results_path)}")
     return result
 

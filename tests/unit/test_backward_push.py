@@ -171,6 +171,9 @@ def test_a_streamed_job_is_the_reference_bit_for_bit_and_shows_its_fragments(tmp
             assert fragments and ends and max(e[2] for e in fragments) <= min(e[2] for e in ends)
         if protocol == "bsp":  # the weights were read during the forward: after its start
             assert all(e[3] > 0 for events in r["timeline"] for e in events if e[0] == "pull")
+            # the report and the plan this forward ran: one round trip to the coordinator, before it
+            plans = [[e for e in events if e[0] == "plan"] for events in r["timeline"]]
+            assert all(len(p) == 1 and p[0][1] == -1 and p[0][2] <= p[0][3] <= 0 for p in plans)
         # a worker's first step has no gap (under ASP it may be in any record)
         assert all((g is None and protocol == "asp") or g >= 0 for g in r["gap_s"])
 

@@ -97,7 +97,8 @@ class PSClient:
         # What happened on the wire since `take_timeline`: (kind, server, sent, arrived, keys),
         # kind "fragment" (no reply: arrived None), "push" (arrived: its ack), "pull" (its
         # weights) or "early" (a pull's blocks the server computed ahead of the version, and
-        # sent before it: eager_update); keys: the blocks the message (a pull: its reply) carried.
+        # sent before it: eager_update) or "plan" (the worker's report and the coordinator's
+        # plan, server -1: `note`); keys: the blocks the message (a pull: its reply) carried.
         self.timeline: list[tuple[str, int, float, float | None, list[int]]] = []
 
     @property
@@ -280,6 +281,11 @@ class PSClient:
             seconds = arrived.get(id(conn), ticket.sent) - ticket.sent - held.get(id(conn), 0.0)
             self.server_s[r] = self.server_s.get(r, 0.0) + max(0.0, seconds)
             self.timeline.append((ticket.kind, r, ticket.sent, arrived.get(id(conn)), ticket.carried.get(r, [])))
+
+    def note(self, kind: str, sent: float, arrived: float) -> None:
+        """Add an exchange with the coordinator (server -1) to the timeline: "plan", the
+        report sent and the next plan arrived (perf_counter times)."""
+        self.timeline.append((kind, -1, sent, arrived, []))
 
     def take_timeline(self, origin: float) -> list[list]:
         """The wire's events since the last call, oldest first, each [kind, server, sent,

@@ -27,7 +27,7 @@ def check_report(worker: int, report: dict) -> list | None:
         raise ValueError(f"report of worker {worker}: server_s must list [server, seconds ≥ 0]")
     timeline = report.get("timeline", [])
     if not isinstance(timeline, list) or not all(
-            isinstance(e, list) and len(e) == 5 and e[0] in ("fragment", "push", "pull", "early") and type(e[1]) is int
+            isinstance(e, list) and len(e) == 5 and e[0] in ("fragment", "push", "pull", "early", "plan") and type(e[1]) is int
             and type(e[2]) in (int, float) and math.isfinite(e[2])
             and (e[3] is None or (type(e[3]) in (int, float) and math.isfinite(e[3])))
             and isinstance(e[4], list) and all(type(k) is int for k in e[4]) for e in timeline):

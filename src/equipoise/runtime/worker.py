@@ -216,10 +216,12 @@ class Worker:
             push, pull, versions, t3 = self._send(f, versions, reads, count, step, measured, in_flight=0)
             staleness = self.client.wait(push)
             step += 1
+            asked = time.perf_counter()  # the report's making, the coordinator's barrier, the plan
             with self.stretch.local():
                 self.coord.send(self._plan_req(step, self._report(f, loss, count, versions, staleness,
                                                                   measured, exchange)))
             plan = self._recv_coord("plan")  # before the weights: a recovery plan computes on the ones just used
+            self.client.note("plan", asked, time.perf_counter())
             while plan.fields.get("recover"):
                 plan = self._recover(data, sampler, plan, versions, step)
             if self.lazy is not None and not plan.fields["stop"] and "table" not in plan.fields:
