@@ -17,13 +17,15 @@ Presets:
   two cores with the job).
 * `ddp`: equipoise BSP against PyTorch DDP (gloo, one rank per worker host) on the
   same four worker hosts, whose links are capped at `rate_mbit` each way; equipoise's two
-  servers on hosts of their own, unshaped (as BytePS deploys them). equipoise runs four times
+  servers on hosts of their own, unshaped (as BytePS deploys them). equipoise runs five times
   per round: exchanging after backward, pipelined (`backward_push` and `forward_pull`:
   the push leaves during backward, the forward starts on the first layers' weights) and
   pipelined with `eager_update` (each block updated by its server once every worker's
   gradient of it is in, and sent down while the rest still go up); both pipelined runs
-  with blocks and parts of 128 KiB (`PIPELINED`); and the last with the default blocks
-  (1 MiB) and parts (256 KiB), to show what the block size does. Each equipoise run
+  with blocks and parts of 128 KiB (`PIPELINED`); then with `eager_update` and blocks and
+  parts sized from the model (`block_size = 0`, `fragment_kb = 0`: the cnn's 421,642
+  floats on 2 servers give the floor, 16,384 floats = 64 KiB); and the last with the
+  default blocks (1 MiB) and parts (256 KiB), to show what the block size does. Each equipoise run
   also records where its iterations' time goes (`split`, `wire`) and, per iteration, a
   floor no exchange can beat (`bound_s`: the last worker's first gradient byte, then its
   whole gradient at the link's rate); `ceiling` is DDP's iteration over that floor, the
@@ -312,6 +314,10 @@ def run(preset: str, results_path: str | None = None, plots: str | None = None, 
                        "equipoise_pipelined": lambda: on_testbed(tb, spec, "bsp", address, tmp, **PIPELINED),
                        "equipoise_eager": lambda: on_testbed(tb, spec, "bsp", address, tmp, **PIPELINED,
                                                              eager_update=True),
+                       # blocks and parts sized from the model (block_size = 0, fragment_kb = 0)
+                       "equipoise_eager_auto": lambda: on_testbed(tb, spec, "bsp", address, tmp, backward_push=True,
+                                                                  forward_pull=True, eager_update=True, block_size=0,
+                                                                  fragment_kb=0),
                        # the default blocks (1 MiB): the classifier is one block per server
                        "equipoise_eager_1mib": lambda: on_testbed(tb, spec, "bsp", address, tmp, backward_push=True,
                                                                   forward_pull=True, eager_update=True)}

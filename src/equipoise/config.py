@@ -63,7 +63,7 @@ class Config:
     dc_lambda: float = 0.0  # DC-ASGD's λ (λ0 for dc_adaptive); > 0 when delay_compensation is set
     overlap: bool = False  # non-barrier protocols: pull the next weights while computing
     backward_push: bool = False  # push each block's gradient while backward still runs
-    fragment_kb: int = 256  # backward_push, forward_pull: the least a part of a push or a pull carries (KiB)
+    fragment_kb: int = 256  # backward_push, forward_pull: the least a part of a push or a pull carries (KiB); 0: a block's
     forward_pull: bool = False  # the forward starts on the first layers' weights, the rest still arriving
     eager_update: bool = False  # bsp/lbbsp with both above: each block updated and sent once all its gradients are in
     iterations: int = 0  # 0: derived from `epochs`
@@ -101,7 +101,7 @@ class Config:
     neighbours: tuple[dict, ...] = ()  # {worker, start, stop, share}: real CPU burners
     cpu_limit: tuple[float, ...] = ()  # CPUs per worker, enforced with a cgroup v1 quota
     membership: tuple[dict, ...] = ()  # {iteration, leave = rank} or {iteration, join = count}
-    block_size: int = 262144
+    block_size: int = 262144  # elements; 0: auto (each server's share in 16 blocks, 16,384 to 262,144)
     placement: str = "greedy"  # round_robin | mxnet | byteps | greedy | psld | oracle
     server_slowdown: tuple[float, ...] = ()  # per server: extra time ∝ bytes, (f − 1)·bytes/server_rate
     server_trace: str = ""  # CSV of (time|iteration, server, factor)
@@ -242,10 +242,10 @@ class Config:
                 f"model = {self.model!r} is neither one of {', '.join(BUILTIN_MODELS)} "
                 "nor a 'package.module:function' spec"
             )
-        for key in ("workers", "servers", "global_batch", "block_size", "threads", "min_batch",
-                    "max_message_mb", "fragment_kb"):
+        for key in ("workers", "servers", "global_batch", "threads", "min_batch", "max_message_mb"):
             _at_least(key, getattr(self, key), 1)
-        for key in ("iterations", "seed", "eval_every", "eval_samples", "checkpoint_every", "lr_step_size",
+        for key in ("block_size", "fragment_kb", "iterations", "seed", "eval_every", "eval_samples",
+                    "checkpoint_every", "lr_step_size",
                     "max_batch", "worker_batch", "reference_batch", "softsync_n", "staleness_bound",
                     "psld_max_servers", "worker_restarts", "snapshot_every", "loader_workers"):
             _at_least(key, getattr(self, key), 0)

@@ -65,7 +65,7 @@ def train_reference(cfg: Config, iterations: int | None = None, data=None,
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, data.input_shape, data.num_classes)
     model.train()
-    blocks = model_blocks(model, cfg.block_size)
+    blocks = model_blocks(model, cfg.block_size, cfg.servers)
     values = {k: v.detach().clone().contiguous() for k, v in read_values(model, blocks).items()}
     params = {b.key: nn.Parameter(values[b.key], requires_grad=False) for b in blocks if b.kind == "param"}
     if cfg.optimizer == "sgd":

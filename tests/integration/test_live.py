@@ -36,7 +36,7 @@ from .helpers import cli
 
 pytestmark = pytest.mark.timeout(300)
 
-JOB = ["--set", "dataset=digits", "--set", "workers=2", "--set", "iterations=30", "--set", "eval_every=10",
+JOB = ["--set", "dataset=digits", "--set", "workers=2", "--set", "iterations=20", "--set", "eval_every=10",
        "--set", "slowdown=[1,32]", "--set", "timeout=60"]
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
 
@@ -118,7 +118,7 @@ def test_watch_shows_the_same_on_the_finished_run(bsp_run):
     out, _ = bsp_run
     proc = cli("watch", str(out), timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert "iteration 30/30" in proc.stdout and "completed" in proc.stdout
+    assert "iteration 20/20" in proc.stdout and "completed" in proc.stdout
     rows = worker_rows(proc.stdout)
     assert rows["w1"].rstrip().endswith("slow") and "slow" not in rows["w0"], proc.stdout
 
@@ -133,8 +133,8 @@ def test_tensorboard_has_one_value_per_iteration(lbbsp_run):
                      "worker1/wait_s", "worker0/compute_s", "worker1/compute_s"}
     assert per_iteration | {"test/accuracy", "server0/busy_share", "server1/busy_share"} <= tags, tags
     for tag in per_iteration:
-        assert [e.step for e in acc.Scalars(tag)] == list(range(30)), tag
-    assert [e.step for e in acc.Scalars("test/accuracy")] == [10, 20, 30]
+        assert [e.step for e in acc.Scalars(tag)] == list(range(20)), tag
+    assert [e.step for e in acc.Scalars("test/accuracy")] == [10, 20]
     # LB-BSP's global batch stays 128: the two workers' logged batches sum to it every iteration
     b0, b1 = acc.Scalars("worker0/batch"), acc.Scalars("worker1/batch")
     assert all(x.value + y.value == 128 for x, y in zip(b0, b1))

@@ -16,9 +16,9 @@ from .helpers import all_gone, descendants, records, set_args, start_cli, wait_f
 
 pytestmark = pytest.mark.timeout(240)
 
-JOB = dict(dataset="digits", model="mlp", global_batch=64, workers=3, servers=2, iterations=400,
-           eval_every=0, checkpoint_every=40, lr=0.05, momentum=0.9, weight_decay=1e-4,
-           optimizer="sgd", lr_schedule="step", lr_step_size=150, lr_gamma=0.5, seed=7,
+JOB = dict(dataset="digits", model="mlp", global_batch=64, workers=3, servers=2, iterations=200,
+           eval_every=0, checkpoint_every=20, lr=0.05, momentum=0.9, weight_decay=1e-4,
+           optimizer="sgd", lr_schedule="step", lr_step_size=75, lr_gamma=0.5, seed=7,
            progress=False, slowdown=[1.0, 1.0, 3.0])
 
 
@@ -26,7 +26,7 @@ JOB = dict(dataset="digits", model="mlp", global_batch=64, workers=3, servers=2,
 def whole(tmp_path_factory):
     """The uninterrupted run's final weights."""
     out = tmp_path_factory.mktemp("whole") / "run"
-    assert equipoise.train(JOB, out=out)["iterations"] == 400
+    assert equipoise.train(JOB, out=out)["iterations"] == JOB["iterations"]
     return torch.load(out / "model.pt", weights_only=True)
 
 
@@ -41,18 +41,18 @@ def test_resume_after_interrupt_ends_bit_for_bit(tmp_path, whole):
     run = tmp_path / "interrupted"
     proc = start_cli("train", "--out", str(run), *set_args(JOB))
     try:
-        wait_for(lambda: any(r.get("event") == "checkpoint" and r["iteration"] >= 80
-                             for r in records(run, "event")), 120, "a checkpoint at iteration ≥ 80")
+        wait_for(lambda: any(r.get("event") == "checkpoint" and r["iteration"] >= 40
+                             for r in records(run, "event")), 120, "a checkpoint at iteration ≥ 40")
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=30)
     finally:
         proc.kill()
     assert proc.returncode == 130
     done = max(r["iteration"] for r in records(run, "iteration"))
-    assert done < 399, "the interrupt came too late to test anything"
+    assert done < JOB["iterations"] - 1, "the interrupt came too late to test anything"
 
     resumed = equipoise.train(resume=run)
-    assert resumed["resumed_from"] >= 80 and resumed["iterations"] == 400
+    assert resumed["resumed_from"] >= 40 and resumed["iterations"] == JOB["iterations"]
     _assert_equal(whole, torch.load(run / "model.pt", weights_only=True))
 
 
@@ -63,8 +63,8 @@ def test_a_killed_coordinator_takes_its_processes_along_and_the_run_resumes(tmp_
     run = tmp_path / "killed"
     proc = start_cli("train", "--out", str(run), *set_args(JOB))
     try:
-        wait_for(lambda: any(r.get("event") == "checkpoint" and r["iteration"] >= 80
-                             for r in records(run, "event")), 120, "a checkpoint at iteration ≥ 80")
+        wait_for(lambda: any(r.get("event") == "checkpoint" and r["iteration"] >= 40
+                             for r in records(run, "event")), 120, "a checkpoint at iteration ≥ 40")
         children = [p.pid for p in descendants(proc.pid)]
         proc.kill()
         proc.communicate(timeout=30)
@@ -74,12 +74,12 @@ def test_a_killed_coordinator_takes_its_processes_along_and_the_run_resumes(tmp_
     assert len(children) >= JOB["workers"] + JOB["servers"]
     assert all_gone(children, timeout=Config.from_dict(JOB).timeout), "children outlived the coordinator"
     done = max(r["iteration"] for r in records(run, "iteration"))
-    assert done < 399, "the kill came too late to test anything"
+    assert done < JOB["iterations"] - 1, "the kill came too late to test anything"
 
     ckpt = load_checkpoint(run)
-    assert ckpt.iteration >= 80 and ckpt.iteration % JOB["checkpoint_every"] == 0
+    assert ckpt.iteration >= 40 and ckpt.iteration % JOB["checkpoint_every"] == 0
     resumed = equipoise.train(resume=run)
-    assert resumed["resumed_from"] == ckpt.iteration and resumed["iterations"] == 400
+    assert resumed["resumed_from"] == ckpt.iteration and resumed["iterations"] == JOB["iterations"]
     _assert_equal(whole, torch.load(run / "model.pt", weights_only=True))
 
 

@@ -248,7 +248,7 @@ def test_a_host_holding_a_server_and_a_worker_removed_mid_run_is_recovered(clust
 
     tb, address = cluster
     run = tmp_path / "run"
-    cfg = {**RAY_JOB, "ray_address": address, "workers": 2, "iterations": 80, "replication": 1,
+    cfg = {**RAY_JOB, "ray_address": address, "workers": 2, "iterations": 50, "replication": 1,
            "slowdown": [150.0, 150.0], "momentum": 0.9,
            "server_resources": [{"CPU": 0.1, "h1": 1}, {"CPU": 0.1, "h2": 1}],
            "worker_resources": [{"CPU": 0.1, "h2": 1}, {"CPU": 0.1, "h3": 1}]}

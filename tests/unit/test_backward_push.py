@@ -178,6 +178,28 @@ def test_a_streamed_job_is_the_reference_bit_for_bit_and_shows_its_fragments(tmp
         assert all((g is None and protocol == "asp") or g >= 0 for g in r["gap_s"])
 
 
+def test_auto_blocks_and_parts_stream_a_layer_in_several_parts_and_equal_the_reference(tmp_path, digits):
+    """block_size = 0 and fragment_kb = 0: the digits CNN (53,002 floats on 2 servers)
+    in blocks of 16,384 floats (the floor: 53,002 / 32 is less), its classifier's 32,768
+    in two, each part of a push or pull one block's 64 KiB. A BSP job with eager_update
+    ends where single-process SGD ends, and every step sends its gradients in several
+    fragments."""
+    from equipoise.models import build_model
+    from equipoise.runtime.blocks import model_blocks
+
+    cfg = Config.from_dict(dict(dataset="digits", model="cnn", global_batch=32, workers=2, servers=2, iterations=4,
+                                eval_every=0, checkpoint_every=0, progress=False, timeout=30.0, block_size=0,
+                                fragment_kb=0, backward_push=True, forward_pull=True, eager_update=True))
+    blocks = model_blocks(build_model("cnn", digits.input_shape, digits.num_classes), 0, 2)
+    assert max(b.numel for b in blocks) == 16_384 and len(blocks) > len({b.name for b in blocks})
+    run_threads(cfg, tmp_path, digits)
+    ref = train_reference(cfg, data=digits).state_dict()
+    got = torch.load(tmp_path / "model.pt", weights_only=True)
+    assert all(torch.equal(got[k], ref[k]) for k in ref if ref[k].is_floating_point())
+    iters = [r for r in map(json.loads, open(tmp_path / "metrics.jsonl")) if r.get("type") == "iteration"]
+    assert all(sum(e[0] == "fragment" for e in events) >= 2 for r in iters for events in r["timeline"])
+
+
 def test_a_pull_in_parts_sends_the_blocks_in_key_order_and_marks_the_last():
     s = Server(0, InMemoryTransport(), "nowhere")
     s.sent = []

@@ -160,7 +160,9 @@ def test_results_name_the_command_relative_to_the_checkout(monkeypatch):
     assert common.relative_argv() == ["benchmarks/bench_x.py", "--keep", "/tmp/x"]
 
 
-def test_live_view_cost_preset_interleaves_and_draws_the_view(tmp_path):
+def test_live_view_cost_preset_interleaves_and_draws_the_view(tmp_path, monkeypatch):
+    """The harness (the jobs, live view on, are test_live's): the variants interleaved,
+    each under its own settings, the view drawn as on a terminal."""
     from benchmarks import bench_costs
     from equipoise.telemetry.progress import ProgressDisplay
 
@@ -169,11 +171,19 @@ def test_live_view_cost_preset_interleaves_and_draws_the_view(tmp_path):
         drawn = display._progress is not None  # the bar and the view, not plain lines
         display.close()
     assert drawn
-    result = bench_costs.run("live-ci", results_path=str(tmp_path / "live.json"))
+    calls = []
+
+    def fake(spec, extra):
+        calls.append(dict(extra))
+        return 80.0 if extra.get("progress") else 100.0
+
+    monkeypatch.setattr(bench_costs, "_run_variant", fake)
+    result = bench_costs.run("live-ci", results_path=str(tmp_path / "live.json"), reps=2)
+    assert calls == [{}, {"progress": True}] * 2
     rows = result["results"]
     assert list(rows) == ["default", "live view"]
-    assert all(len(r["runs"]) == 1 and r["median"] > 0 for r in rows.values())
-    assert rows["default"]["ratio_to_default"] == 1.0 and rows["live view"]["ratio_to_default"] > 0
+    assert all(r["runs"] == [r["median"]] * 2 for r in rows.values())
+    assert rows["default"]["ratio_to_default"] == 1.0 and rows["live view"]["ratio_to_default"] == 0.8
     assert json.loads((tmp_path / "live.json").read_text())["preset"] == "live-ci"
 
 

@@ -48,6 +48,8 @@ def test_parse_override(item, expected):
     ({"slowdown_noise": float("nan")}, ["slowdown_noise"]),
     ({"model": "nonsense"}, ["model", "nonsense"]),
     ({"max_batch": 10}, ["max_batch", "10"]),
+    ({"block_size": -1}, ["block_size", "-1"]),
+    ({"fragment_kb": -1}, ["fragment_kb", "-1"]),
     ({"colour": "red"}, ["colour"]),
     ({"eager_update": True, "backward_push": True}, ["eager_update", "forward_pull = false"]),
     ({"eager_update": True, "backward_push": True, "forward_pull": True, "protocol": "asp"},

@@ -12,12 +12,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from equipoise.policy.placement import (
+    AUTO_MAX,
+    AUTO_MIN,
+    AUTO_PARTS,
     BYTEPS_PARTITION_BYTES,
     MXNET_BIGARRAY_BOUND,
     ORACLE_EXACT_LIMIT,
     PLACEMENTS,
     Block,
     Move,
+    auto_block_size,
     byteps_server,
     djb2,
     exploit_moves,
@@ -117,11 +121,29 @@ def test_policy_names_and_unknown_policy():
 
 
 @pytest.mark.parametrize("policy", list(PLACEMENTS))
+def test_block_size_zero_cuts_each_servers_share_in_16_blocks_within_bounds(policy):
+    """block_size = 0: ceil(total / (16 · servers)) elements, clamped to [16,384, 262,144];
+    every policy then cuts as with that number given."""
+    assert (AUTO_PARTS, AUTO_MIN, AUTO_MAX) == (16, 16_384, 262_144)
+    mid = [("conv", 40_000, "param", 4), ("fc", 4_000_000, "param", 4), ("bn", 64, "buffer", 4)]
+    total = 40_000 + 4_000_000 + 64
+    for servers in (1, 2, 3):
+        size = auto_block_size(mid, servers)
+        assert size == math.ceil(total / (16 * servers)) and AUTO_MIN < size < AUTO_MAX
+        blocks, _ = placement_blocks(policy, mid, servers, 0)
+        assert (blocks, _) == placement_blocks(policy, mid, servers, size)
+        if policy in ("greedy", "psld", "oracle"):  # cut only by block_size: 16 blocks a server at least
+            assert len(blocks) >= 16 * servers and max(b.numel for b in blocks) == size
+    assert auto_block_size([("w", 1000, "param", 4)], 4) == AUTO_MIN  # a tiny model: no smaller parts
+    assert auto_block_size([("w", 10**8, "param", 4)], 2) == AUTO_MAX  # a large one: the default
+
+
+@pytest.mark.parametrize("policy", list(PLACEMENTS))
 def test_bad_arguments(policy):
     with pytest.raises(ValueError):
         placement_blocks(policy, [("w", 4, "param", 4)], 0, 10)
     with pytest.raises(ValueError):
-        placement_blocks(policy, [("w", 4, "param", 4)], 2, 0)
+        placement_blocks(policy, [("w", 4, "param", 4)], 2, -1)  # 0 is auto_block_size
     with pytest.raises(ValueError, match="3 rates for 2 servers"):
         placement_blocks(policy, [("w", 4, "param", 4)], 2, 10, [1.0, 1.0, 1.0])
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..policy.placement import Block, make_blocks
+from ..policy.placement import Block, make_blocks, resolve_block_size
 
 
 def model_tensors(model: nn.Module) -> list[tuple[str, int, str, int]]:
@@ -26,9 +26,11 @@ def _persistent(model: nn.Module, name: str) -> bool:
     return leaf not in module._non_persistent_buffers_set
 
 
-def model_blocks(model: nn.Module, block_size: int) -> list[Block]:
-    """The model's tensors cut into blocks of at most `block_size` elements."""
-    return make_blocks(model_tensors(model), block_size)
+def model_blocks(model: nn.Module, block_size: int, servers: int = 1) -> list[Block]:
+    """The model's tensors cut into blocks of at most `block_size` elements (0: the
+    size `auto_block_size` gives for `servers` servers)."""
+    tensors = model_tensors(model)
+    return make_blocks(tensors, resolve_block_size(block_size, tensors, servers))
 
 
 def _flat(model: nn.Module) -> dict[str, torch.Tensor]:

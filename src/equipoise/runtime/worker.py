@@ -108,6 +108,8 @@ class Worker:
         welcome = self._request(Message("hello", {
             "role": "worker", "rank": self.rank, "address": "", "pid": os.getpid()}), "welcome")
         self.blocks = [Block.from_list(r) for r in welcome.fields["blocks"]]
+        # the least a part of a streamed push or pull carries (fragment_kb 0: the largest block)
+        self.part_kb = cfg.fragment_kb or max(1, max((b.nbytes for b in self.blocks), default=1024) // 1024)
         self.epoch = int(welcome.fields.get("epoch", 0))
         self.client = PSClient(self.transport, self.rank, self.blocks, cfg.timeout, interrupt=self._look)
         self.client.epoch = self.epoch
@@ -116,7 +118,7 @@ class Worker:
             self.model = build_model(cfg.model, data.input_shape, data.num_classes).to(self.device)
             self.link = DeviceLink(self.model, self.blocks, self.device, self.depth)
             if cfg.backward_push:
-                self.early = BackwardPush(self.model, self.blocks, self.link, cfg.fragment_kb * 1024)
+                self.early = BackwardPush(self.model, self.blocks, self.link, self.part_kb * 1024)
             if cfg.forward_pull:
                 self.lazy = ForwardPull(self.model, self.blocks, self.link, self.client, cfg.timeout)
             self.barrier = self.policy.barrier()
@@ -296,7 +298,7 @@ class Worker:
             else:  # what backward's fragments did not carry
                 pushes = self.link.read_part([b for b in self.blocks if b.key not in streamed], copy=bool(self.depth))
         pull_version = self.policy.pull_version(step + 1 + self.depth, f["iteration"])
-        part_kb = self.cfg.fragment_kb if self.lazy is not None else 0  # forward_pull: the weights in parts
+        part_kb = self.part_kb if self.lazy is not None else 0  # forward_pull: the weights in parts
         if self.policy.pull_first():
             pull = self._pull(pull_version, part_kb)
             push = self.client.push(pushes, versions, f["size"], start=f["start"], count=count, sent=sent)
@@ -488,7 +490,7 @@ class Worker:
                 # a server holds it when it computes the first blocks ahead, and sends them
                 # down while the rest of the gradients still come up (runtime/eager.py).
                 self._next_pull = self.client.pull(self.policy.pull_version(0, plan["iteration"]),
-                                                   self.cfg.fragment_kb, early=True)
+                                                   self.part_kb, early=True)
         step.objective.backward()
         return step.value, step.count
 
