@@ -146,16 +146,43 @@ import torch
 from torch import nn
 
 
+IN_BACKWARD = False  # where the step runs out of memory: its forward, or its backward
+
+
+def oom(n):
+    raise torch.cuda.OutOfMemoryError(f"CUDA out of memory (emulated) with {n} samples")
+
+
+class Boom(torch.autograd.Function):
+    """Identity whose backward runs out of memory above 20 samples: the last layer's
+    gradients are final by then (streamed, with backward_push)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.n = x.shape[0]
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        if ctx.n > 20:
+            oom(ctx.n)
+        return g
+
+
 class Limited(nn.Module):
-    """An MLP whose forward runs out of (emulated) device memory above LIMIT samples."""
+    """An MLP whose step runs out of (emulated) device memory above 20 samples."""
 
     def __init__(self, input_shape, num_classes):
         super().__init__()
         self.net = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, num_classes))
 
     def forward(self, x):
-        if self.training and x.shape[0] > 20:  # training steps only (the evaluation is batched by 1000)
-            raise torch.cuda.OutOfMemoryError(f"CUDA out of memory (emulated) with {x.shape[0]} samples")
+        if not self.training:  # training steps only (the evaluation is batched by 1000)
+            return self.net(x)
+        if IN_BACKWARD:
+            return self.net[3](Boom.apply(self.net[:3](x)))
+        if x.shape[0] > 20:
+            oom(x.shape[0])
         return self.net(x)
 
 
@@ -164,13 +191,19 @@ def build(input_shape, num_classes):
 '''
 
 
-def test_a_worker_running_out_of_memory_is_capped_and_its_slice_split_again(tmp_path, digits):
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_worker_running_out_of_memory_is_capped_and_its_slice_split_again(tmp_path, digits, streamed):
     """Worker 1's slice of 30 does not fit (above 20 the model raises CUDA's
     out-of-memory error): its cap drops, the 30 samples are cut again among the workers
     within their caps, and the job ends as single-process SGD on the global batch does
-    (any split of it is the same step, up to float rounding of the sums: 1e-5)."""
-    (tmp_path / "limited.py").write_text(OOM_MODEL)
-    cfg = job(model=f"{tmp_path / 'limited.py'}:build", batch_split=[5, 30, 13])
+    (any split of it is the same step, up to float rounding of the sums: 1e-5).
+    `streamed`: the step runs out of memory in its backward, with backward_push,
+    forward_pull and eager_update on: the last layer's fragments have left (the server
+    drops them), and the pull for the next version, sent ahead before the backward,
+    is the one the worker then takes."""
+    (tmp_path / "limited.py").write_text(OOM_MODEL.replace("IN_BACKWARD = False", f"IN_BACKWARD = {streamed}"))
+    extra = dict(backward_push=True, forward_pull=True, eager_update=True, fragment_kb=1) if streamed else {}
+    cfg = job(model=f"{tmp_path / 'limited.py'}:build", batch_split=[5, 30, 13], **extra)
     run = tmp_path / "run"
     run.mkdir()
     summary = run_threads(cfg, run, digits)
