@@ -43,6 +43,7 @@ import logging
 import math
 import multiprocessing as mp
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -684,6 +685,10 @@ class Fuzz:
             "messages_per_s": round(sum(self.sent.values()) / seconds, 1),
         }
         results["problems"] = problems(results)
+        if results["problems"]:  # the server's log stays for a look
+            results["server_log"] = str(self.log_path)
+        else:
+            shutil.rmtree(self.log_path.parent, ignore_errors=True)
         return results
 
 

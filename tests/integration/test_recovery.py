@@ -20,7 +20,9 @@ from __future__ import annotations
 import os
 import random
 import signal
+import tempfile
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -122,7 +124,10 @@ def test_a_killed_server_changes_nothing_but_the_time(tmp_path, optimizer, repli
                replication=replication, servers=3, workers=2, slowdown=[20.0, 20.0])
     at = random.Random(f"server-{optimizer}-{replication}").randrange(12, 45)
     run = tmp_path / "run"
+    folders = set(Path(tempfile.gettempdir()).glob("equipoise-job-*"))
     summary = _run_killing(cfg, run, "server 1", at)
+    # the children's temporary folder (a killed server's ipc socket too) is gone with the job
+    assert set(Path(tempfile.gettempdir()).glob("equipoise-job-*")) <= folders
     assert summary["status"] == "completed" and summary["iterations"] == 60
     [lost] = summary["recovered"]
     assert (lost["role"], lost["rank"]) == ("server", 1) and "signal 9" in lost["reason"]

@@ -6,6 +6,7 @@ import json
 import logging
 import threading
 import time
+from pathlib import Path
 
 import msgpack
 import pytest
@@ -231,6 +232,16 @@ def test_zmq_auth_admits_the_job_roles_only(mode, host):
                 with pytest.raises(PeerTimeout):  # either send cannot queue or no reply
                     other.connect(listener.address).request(Message("stop", {"reason": "x"}), timeout=0.3)
         assert listener.recv(0.3) is None
+
+
+def test_an_ipc_listener_removes_its_socket_file_when_closed():
+    with ZmqTransport() as t:
+        first, second = t.listen("ipc"), t.listen("ipc")
+        paths = [Path(x.address[len("ipc://"):]) for x in (first, second)]
+        assert all(p.exists() for p in paths)
+        first.close()
+        assert not paths[0].exists() and paths[1].exists()
+    assert not paths[1].exists()  # closed with its transport
 
 
 def test_zap_logs_a_refused_key_once(caplog):

@@ -11,6 +11,9 @@ from ..config import Config
 REPORT_KEYS = ("iteration", "samples", "loss", "compute_s", "wait_s", "comm_s")
 
 
+TIMELINE_KINDS = ("fragment", "push", "pull", "early", "plan")  # a report's wire events (runtime/client.py)
+
+
 def check_report(worker: int, report: dict) -> list | None:
     """ValueError naming what is wrong with a worker's report; returns (and takes out of
     it) its optional `server_s`, [server, seconds] of its exchanges with each server."""
@@ -27,7 +30,7 @@ def check_report(worker: int, report: dict) -> list | None:
         raise ValueError(f"report of worker {worker}: server_s must list [server, seconds ≥ 0]")
     timeline = report.get("timeline", [])
     if not isinstance(timeline, list) or not all(
-            isinstance(e, list) and len(e) == 5 and e[0] in ("fragment", "push", "pull", "early", "plan") and type(e[1]) is int
+            isinstance(e, list) and len(e) == 5 and e[0] in TIMELINE_KINDS and type(e[1]) is int
             and type(e[2]) in (int, float) and math.isfinite(e[2])
             and (e[3] is None or (type(e[3]) in (int, float) and math.isfinite(e[3])))
             and isinstance(e[4], list) and all(type(k) is int for k in e[4]) for e in timeline):

@@ -208,6 +208,14 @@ class _ZmqEndpoint:
 class _ZmqListener(_ZmqEndpoint, Listener):
     """ROUTER socket; see :class:`Listener` for the contract."""
 
+    def close(self) -> None:
+        super().close()
+        if self.address.startswith("ipc://"):  # ZeroMQ leaves the socket's file behind
+            try:
+                os.unlink(self.address[len("ipc://"):])
+            except OSError:
+                pass
+
     def recv(self, timeout: float) -> tuple[bytes, Message] | None:
         deadline = time.monotonic() + check_timeout(timeout)
         while _poll(self._sock, deadline):

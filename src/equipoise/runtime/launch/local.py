@@ -15,9 +15,11 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -90,7 +92,11 @@ class Children(LaunchedPeers):
         self.tolerated: set[str] = set()
         self.logs = run_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
-        self.env = dict(os.environ, OMP_NUM_THREADS=str(cfg.threads), MKL_NUM_THREADS=str(cfg.threads))
+        # The children's temporary files (their ipc sockets) in a folder of the job's: a
+        # process killed by a signal cannot remove its own; `stop` removes the folder.
+        self.tmp = tempfile.mkdtemp(prefix="equipoise-job-")
+        self.env = dict(os.environ, OMP_NUM_THREADS=str(cfg.threads), MKL_NUM_THREADS=str(cfg.threads),
+                        TMPDIR=self.tmp)
         self.limits: dict[int, CpuLimit] = {}
         self.stopped: set[str] = set()  # processes stopped on purpose (elastic servers)
         tag = f"equipoise-{os.getpid()}"
@@ -173,6 +179,7 @@ class Children(LaunchedPeers):
                 proc.wait(timeout=3)
         for limit in self.limits.values():
             limit.remove()
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def _write_all(pipe, data: bytes, timeout: float) -> None:
