@@ -212,13 +212,15 @@ def wire_times(metrics: Path, warmup: int, link_s: float = 0.0) -> dict[str, flo
 
 
 def model_bytes(spec: Spec) -> int:
-    """The bytes of a push (every parameter's gradient and buffer) of the spec's model."""
+    """The bytes of a push of the spec's model: every tensor a block holds (parameters,
+    floating point buffers)."""
     from equipoise.data import load_dataset
     from equipoise.models import build_model
+    from equipoise.runtime.blocks import model_tensors
 
     data = load_dataset(spec.dataset)
     model = build_model(spec.model, data.input_shape, data.num_classes)
-    return sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    return sum(numel * itemsize for _, numel, _, itemsize in model_tensors(model))
 
 
 def on_loopback(spec: Spec, tmp: Path) -> dict:
@@ -341,7 +343,7 @@ def run(preset: str, results_path: str | None = None, plots: str | None = None, 
     result["wire"] = {n: {k: summary([r["wire"][k] for r in runs[n] if k in r.get("wire", {})])
                           for k in sorted({k for r in runs[n] for k in r.get("wire", {})})}
                       for n in names if any(r.get("wire") for r in runs[n])}
-    if spec.kind == "ddp":  # the most any exchange could give: DDP's iteration over the floor
+    if spec.kind == "ddp":  # the most any exchange could give each run: DDP's iteration over its floor
         result["ceiling"] = {f"{n}: ddp iteration / bound": summary(
             [spec.global_batch / d["samples_per_s"] / r["wire"]["bound_s"] for r, d in zip(runs[n], runs["ddp"])
              if "bound_s" in r.get("wire", {})]) for n in names if any("bound_s" in r.get("wire", {}) for r in runs[n])}

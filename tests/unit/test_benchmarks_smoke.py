@@ -187,6 +187,30 @@ def test_live_view_cost_preset_interleaves_and_draws_the_view(tmp_path, monkeypa
     assert json.loads((tmp_path / "live.json").read_text())["preset"] == "live-ci"
 
 
+def test_testbed_wire_times_take_the_floor_from_the_last_worker_to_send(tmp_path):
+    """bench_testbed's per-iteration split: iterations from record to record, the plan's
+    round trip of the last worker to report (the shortest), and the floor: the latest
+    first fragment plus the gradient's link time."""
+    from benchmarks import bench_testbed
+
+    def record(t, first):  # two workers; worker 1 sends its first fragment `first` s into its step
+        return {"type": "iteration", "iteration": t, "elapsed": 0.25 * t, "batch": [8, 8], "compute_s": [0.05, 0.07],
+                "gap_s": [0.1, 0.1],
+                "timeline": [[["plan", -1, -0.03, -0.001, []], ["fragment", 0, 0.02, None, [1]],
+                              ["early", 0, 0.01, 0.2, [1]], ["push", 0, 0.06, 0.21, [0]]],
+                             [["plan", -1, -0.004, -0.001, []], ["fragment", 1, first, None, [1]],
+                              ["push", 1, 0.08, 0.22, [0]]]]}
+
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(record(t, 0.04 + 0.01 * t)) + "\n" for t in range(5)))
+    w = bench_testbed.wire_times(metrics, warmup=1, link_s=0.135)
+    assert w["iteration_s"] == pytest.approx(0.25) and w["plan_last_s"] == pytest.approx(0.003)
+    assert w["bound_s"] == pytest.approx(0.135 + 0.04 + 0.01 * 2.5)  # median of iterations 1-4
+    assert w["first_fragment_s"] == pytest.approx((0.02 + 0.05) / 2)  # over (iteration, worker): 4 × 0.02, 0.05-0.08
+    assert w["last_early_s"] == pytest.approx(0.2) and w["last_ack_s"] == pytest.approx(0.215)
+    assert "bound_s" not in bench_testbed.wire_times(metrics, warmup=1)  # no link rate: no floor
+
+
 def test_results_folder_refuses_a_dirty_checkout(tmp_path, monkeypatch):
     """benchmarks/results/ only takes results of committed code: with uncommitted
     changes the write is refused (exit status 2) and nothing lands in the folder."""

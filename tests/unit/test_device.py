@@ -15,6 +15,7 @@ from equipoise.runtime import device as device_mod
 from equipoise.runtime.blocks import model_blocks, read_pushes
 from equipoise.runtime.device import DeviceError, DeviceLink, check_local, check_precision, resolve
 from equipoise.runtime.launch.threads import run_threads
+from equipoise.runtime.worker import Worker
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -192,7 +193,8 @@ def build(input_shape, num_classes):
 
 
 @pytest.mark.parametrize("streamed", [False, True])
-def test_a_worker_running_out_of_memory_is_capped_and_its_slice_split_again(tmp_path, digits, streamed):
+def test_a_worker_running_out_of_memory_is_capped_and_its_slice_split_again(tmp_path, digits, monkeypatch,
+                                                                            streamed):
     """Worker 1's slice of 30 does not fit (above 20 the model raises CUDA's
     out-of-memory error): its cap drops, the 30 samples are cut again among the workers
     within their caps, and the job ends as single-process SGD on the global batch does
@@ -204,10 +206,16 @@ def test_a_worker_running_out_of_memory_is_capped_and_its_slice_split_again(tmp_
     (tmp_path / "limited.py").write_text(OOM_MODEL.replace("IN_BACKWARD = False", f"IN_BACKWARD = {streamed}"))
     extra = dict(backward_push=True, forward_pull=True, eager_update=True, fragment_kb=1) if streamed else {}
     cfg = job(model=f"{tmp_path / 'limited.py'}:build", batch_split=[5, 30, 13], **extra)
+    seen = []  # at each out-of-memory: fragments sent in this step? the next pull sent ahead?
+    handle = Worker._out_of_memory
+    monkeypatch.setattr(Worker, "_out_of_memory", lambda self, *a: (
+        seen.append((any(e[0] == "fragment" for e in self.client.timeline), self._next_pull is not None)),
+        handle(self, *a))[1])
     run = tmp_path / "run"
     run.mkdir()
     summary = run_threads(cfg, run, digits)
     assert summary["status"] == "completed" and summary["samples"] == 8 * 48
+    assert seen and all(s == (streamed, streamed) for s in seen), seen
     records = [json.loads(line) for line in open(run / "metrics.jsonl")]
     ooms = [r for r in records if r.get("event") == "out_of_memory"]
     assert ooms and ooms[0]["worker"] == 1 and ooms[0]["batch"] == 30 and ooms[0]["cap"] == 22

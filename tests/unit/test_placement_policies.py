@@ -134,7 +134,11 @@ def test_block_size_zero_cuts_each_servers_share_in_16_blocks_within_bounds(poli
         assert (blocks, _) == placement_blocks(policy, mid, servers, size)
         if policy in ("greedy", "psld", "oracle"):  # cut only by block_size: 16 blocks a server at least
             assert len(blocks) >= 16 * servers and max(b.numel for b in blocks) == size
-    assert auto_block_size([("w", 1000, "param", 4)], 4) == AUTO_MIN  # a tiny model: no smaller parts
+    assert auto_block_size([("w", 100_000, "param", 4)], 2) == AUTO_MIN  # a small model: no smaller parts
+    # ... but every server gets blocks: at most one server's whole share (the digits MLP on 8 servers)
+    assert auto_block_size([("w", 19_210, "param", 4)], 8) == 2402
+    blocks, owner = placement_blocks("greedy", [("w", 19_210, "param", 4)], 8, 0)
+    assert len(blocks) == 8 and set(owner) == set(range(8))
     assert auto_block_size([("w", 10**8, "param", 4)], 2) == AUTO_MAX  # a large one: the default
 
 

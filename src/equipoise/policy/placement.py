@@ -75,7 +75,7 @@ class Block:
 # forward_pull, eager_update) overlaps all but about two parts' link time (the first up,
 # the last down), 1/8 of a share in 16; a part also costs a fixed few tens of µs (its
 # messages, a server's step per block), under 10% of its link time from 64 KiB at
-# 1 Gbit/s (AUTO_MIN float32), and under 5% of 1 MiB at loopback's ~1 GB/s (AUTO_MAX,
+# 1 Gbit/s (AUTO_MIN float32), and about 5% of 1 MiB at loopback's ~1 GB/s (AUTO_MAX,
 # the default block size: larger blocks only lengthen the pipeline's fill).
 AUTO_PARTS: Final = 16
 AUTO_MIN: Final = 16_384
@@ -84,10 +84,13 @@ AUTO_MAX: Final = 262_144
 
 def auto_block_size(tensors: Sequence[tuple[str, int, str, int]], servers: int) -> int:
     """The block size `block_size = 0` stands for: each of `servers` servers' share of
-    `tensors` in AUTO_PARTS blocks, clamped to [AUTO_MIN, AUTO_MAX] elements."""
+    `tensors` in AUTO_PARTS blocks, clamped to [AUTO_MIN, AUTO_MAX] elements — the
+    floor lowered to a server's whole share where that is smaller (a small model on many
+    servers: every server still gets blocks)."""
     _check_servers(servers)
     total = sum(numel for _, numel, _, _ in tensors)
-    return min(AUTO_MAX, max(AUTO_MIN, math.ceil(total / (AUTO_PARTS * servers))))
+    floor = max(1, min(AUTO_MIN, math.ceil(total / servers)))
+    return min(AUTO_MAX, max(floor, math.ceil(total / (AUTO_PARTS * servers))))
 
 
 def resolve_block_size(block_size: int, tensors: Sequence[tuple[str, int, str, int]], servers: int) -> int:

@@ -26,9 +26,9 @@ def _persistent(model: nn.Module, name: str) -> bool:
     return leaf not in module._non_persistent_buffers_set
 
 
-def model_blocks(model: nn.Module, block_size: int, servers: int = 1) -> list[Block]:
+def model_blocks(model: nn.Module, block_size: int, servers: int = 0) -> list[Block]:
     """The model's tensors cut into blocks of at most `block_size` elements (0: the
-    size `auto_block_size` gives for `servers` servers)."""
+    size `auto_block_size` gives for `servers` servers, which must then be given)."""
     tensors = model_tensors(model)
     return make_blocks(tensors, resolve_block_size(block_size, tensors, servers))
 

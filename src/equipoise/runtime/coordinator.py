@@ -162,7 +162,9 @@ class Coordinator:
         if self.resume is not None:
             if [Block.from_list(r) for r in self.resume.blocks] != self.blocks:
                 raise CheckpointError("checkpoint blocks do not match this model and block_size: "
-                                      "resume with the configuration the checkpoint was written with")
+                                      "resume with the configuration the checkpoint was written with"
+                                      + (" (block_size = 0 sizes blocks by servers: the same servers too)"
+                                         if self.cfg.block_size == 0 else ""))
             values, optim = self.resume.values, self.resume.optim
             version, samples = self.resume.version, self.resume.samples
         self.servers.start(addresses, self.blocks, table, values, optim, version, samples, len(self.workers))

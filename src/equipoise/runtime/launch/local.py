@@ -24,6 +24,8 @@ import threading
 import time
 from pathlib import Path
 
+import zmq
+
 from ...config import Config
 from ...neighbour import Burner, start_burner
 from ...scenario import Scenario
@@ -32,6 +34,10 @@ from ..checkpoint import Checkpoint
 from ..pacings import make_coordinator
 from ..rpc import JobError, LaunchedPeers
 from .cgroup import CpuLimit
+
+# what a child's ipc socket adds to its temporary folder's path (wire/zmq_transport.py):
+# "/equipoise-<pid>-<8 characters>.sock", a pid of up to 7 digits
+IPC_NAME_LEN = len("/equipoise--12345678.sock") + 7
 
 MISSED_BEATS = 3  # heartbeats missed before a process counts as lost
 
@@ -92,20 +98,29 @@ class Children(LaunchedPeers):
         self.tolerated: set[str] = set()
         self.logs = run_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
+        self.env = dict(os.environ, OMP_NUM_THREADS=str(cfg.threads), MKL_NUM_THREADS=str(cfg.threads))
         # The children's temporary files (their ipc sockets) in a folder of the job's: a
         # process killed by a signal cannot remove its own; `stop` removes the folder.
-        self.tmp = tempfile.mkdtemp(prefix="equipoise-job-")
-        self.env = dict(os.environ, OMP_NUM_THREADS=str(cfg.threads), MKL_NUM_THREADS=str(cfg.threads),
-                        TMPDIR=self.tmp)
+        # Not where a socket's path in it would be too long for a Unix socket.
+        self.tmp: str | None = tempfile.mkdtemp(prefix="equipoise-job-")
+        if len(self.tmp) + IPC_NAME_LEN > zmq.IPC_PATH_MAX_LEN:
+            os.rmdir(self.tmp)
+            self.tmp = None
+        else:
+            self.env["TMPDIR"] = self.tmp
         self.limits: dict[int, CpuLimit] = {}
         self.stopped: set[str] = set()  # processes stopped on purpose (elastic servers)
         tag = f"equipoise-{os.getpid()}"
-        for rank, cpus in enumerate(cfg.cpu_limit):
-            self.limits[rank] = CpuLimit(f"{tag}-worker{rank}", cpus)
-        for rank in range(cfg.servers):
-            self.spawn("server", rank)
-        for rank in range(cfg.workers):
-            self.spawn("worker", rank)
+        try:
+            for rank, cpus in enumerate(cfg.cpu_limit):
+                self.limits[rank] = CpuLimit(f"{tag}-worker{rank}", cpus)
+            for rank in range(cfg.servers):
+                self.spawn("server", rank)
+            for rank in range(cfg.workers):
+                self.spawn("worker", rank)
+        except BaseException:
+            self._remove_tmp()
+            raise
 
     def spawn(self, role: str, rank: int) -> None:
         """Start `role` `rank` (again, if it was lost: its log is kept as NAME.lost.log)."""
@@ -165,21 +180,27 @@ class Children(LaunchedPeers):
         return (errors or lines or ["(no output)"])[-1][:300]
 
     def stop(self, grace: float) -> None:
-        deadline = time.monotonic() + grace
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.terminate()
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=3)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=3)
-        for limit in self.limits.values():
-            limit.remove()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        try:
+            deadline = time.monotonic() + grace
+            for proc in self.procs.values():
+                try:
+                    proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    proc.terminate()
+            for proc in self.procs.values():
+                try:
+                    proc.wait(timeout=3)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=3)
+            for limit in self.limits.values():
+                limit.remove()
+        finally:
+            self._remove_tmp()
+
+    def _remove_tmp(self) -> None:
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def _write_all(pipe, data: bytes, timeout: float) -> None:
