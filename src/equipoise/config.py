@@ -101,7 +101,7 @@ class Config:
     neighbours: tuple[dict, ...] = ()  # {worker, start, stop, share}: real CPU burners
     cpu_limit: tuple[float, ...] = ()  # CPUs per worker, enforced with a cgroup v1 quota
     membership: tuple[dict, ...] = ()  # {iteration, leave = rank} or {iteration, join = count}
-    block_size: int = 262144  # elements; 0: auto (policy/placement.py auto_block_size)
+    block_size: int = 262144  # elements; 0: auto (policy/block_size.py)
     placement: str = "greedy"  # round_robin | mxnet | byteps | greedy | psld | oracle
     server_slowdown: tuple[float, ...] = ()  # per server: extra time ∝ bytes, (f − 1)·bytes/server_rate
     server_trace: str = ""  # CSV of (time|iteration, server, factor)

@@ -11,17 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from equipoise.policy.block_size import AUTO_MAX, AUTO_MIN, AUTO_PARTS, auto_block_size
 from equipoise.policy.placement import (
-    AUTO_MAX,
-    AUTO_MIN,
-    AUTO_PARTS,
     BYTEPS_PARTITION_BYTES,
     MXNET_BIGARRAY_BOUND,
     ORACLE_EXACT_LIMIT,
     PLACEMENTS,
     Block,
     Move,
-    auto_block_size,
     byteps_server,
     djb2,
     exploit_moves,

@@ -33,6 +33,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Final, Iterable, Mapping, NamedTuple, Sequence
 
+from .block_size import resolve_block_size
+
 __all__ = [
     "Block", "make_blocks", "greedy_placement",
     "TensorSpec", "PlacementFn", "PLACEMENTS", "placement_blocks",
@@ -68,34 +70,6 @@ class Block:
     def from_list(cls, row: Sequence) -> "Block":
         key, name, start, stop, kind, itemsize = row
         return cls(int(key), str(name), int(start), int(stop), str(kind), int(itemsize))
-
-
-# block_size = 0: each server's share of the model in AUTO_PARTS blocks, within
-# [AUTO_MIN, AUTO_MAX] elements. An exchange that streams its blocks (backward_push,
-# forward_pull, eager_update) overlaps all but about two parts' link time (the first up,
-# the last down), 1/8 of a share in 16; a part also costs a fixed few tens of µs (its
-# messages, a server's step per block), under 10% of its link time from 64 KiB at
-# 1 Gbit/s (AUTO_MIN float32), and about 5% of 1 MiB at loopback's ~1 GB/s (AUTO_MAX,
-# the default block size: larger blocks only lengthen the pipeline's fill).
-AUTO_PARTS: Final = 16
-AUTO_MIN: Final = 16_384
-AUTO_MAX: Final = 262_144
-
-
-def auto_block_size(tensors: Sequence[tuple[str, int, str, int]], servers: int) -> int:
-    """The block size `block_size = 0` stands for: each of `servers` servers' share of
-    `tensors` in AUTO_PARTS blocks, clamped to [AUTO_MIN, AUTO_MAX] elements — the
-    floor lowered to a server's whole share where that is smaller (a small model on many
-    servers: every server still gets blocks)."""
-    _check_servers(servers)
-    total = sum(numel for _, numel, _, _ in tensors)
-    floor = max(1, min(AUTO_MIN, math.ceil(total / servers)))
-    return min(AUTO_MAX, max(floor, math.ceil(total / (AUTO_PARTS * servers))))
-
-
-def resolve_block_size(block_size: int, tensors: Sequence[tuple[str, int, str, int]], servers: int) -> int:
-    """`block_size` as configured: 0 (auto) becomes `auto_block_size`."""
-    return auto_block_size(tensors, servers) if block_size == 0 else block_size
 
 
 def make_blocks(tensors: Sequence[tuple[str, int, str, int]], block_size: int) -> list[Block]:

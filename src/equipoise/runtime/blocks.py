@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..policy.placement import Block, make_blocks, resolve_block_size
+from ..policy.block_size import resolve_block_size
+from ..policy.placement import Block, make_blocks
 
 
 def model_tensors(model: nn.Module) -> list[tuple[str, int, str, int]]:
