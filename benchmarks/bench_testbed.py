@@ -28,8 +28,9 @@ Presets:
   default blocks (1 MiB) and parts (256 KiB), to show what the block size does. Each equipoise run
   also records where its iterations' time goes (`split`, `wire`) and, per iteration, a
   floor no exchange can beat (`bound_s`: the last worker's first gradient byte, then its
-  whole gradient at the link's rate); `ceiling` is DDP's iteration over that floor, the
-  most any parameter server could reach against DDP on these links.
+  whole gradient at the link's rate); `ceiling` is DDP's iteration over each run's
+  floor, the most a parameter server could reach against DDP on these links with that
+  run's compute.
   A parameter server
   moves each gradient byte once each way per worker; ring all-reduce about 2(n−1)/n
   times. Goal ≥ 1.2×.
