@@ -244,6 +244,19 @@ def test_an_ipc_listener_removes_its_socket_file_when_closed():
     assert not paths[1].exists()  # closed with its transport
 
 
+def test_ipc_fits_the_longest_folder_a_socket_binds_in(tmp_path, monkeypatch):
+    import tempfile
+
+    from equipoise.wire.zmq_transport import IPC_NAME_LEN, ipc_fits
+
+    longest = tmp_path / ("x" * (zmq.IPC_PATH_MAX_LEN - IPC_NAME_LEN - len(str(tmp_path)) - 1))
+    longest.mkdir()
+    assert ipc_fits(str(longest)) and not ipc_fits(str(longest) + "y")
+    monkeypatch.setattr(tempfile, "tempdir", str(longest))
+    with ZmqTransport() as t:  # binds (a pid of 7 digits would fill the path exactly)
+        assert t.listen("ipc").address.startswith(f"ipc://{longest}/equipoise-")
+
+
 def test_zap_logs_a_refused_key_once(caplog):
     keys = generate_keys("curve")
     stranger = JobKeys("curve", "coordinator", generate_keys("curve")["worker"].client, keys["worker"].listener, {})

@@ -24,20 +24,15 @@ import threading
 import time
 from pathlib import Path
 
-import zmq
-
 from ...config import Config
 from ...neighbour import Burner, start_burner
 from ...scenario import Scenario
 from ...wire import JobKeys, Listener, Message, generate_keys, make_transport
+from ...wire.zmq_transport import ipc_fits
 from ..checkpoint import Checkpoint
 from ..pacings import make_coordinator
 from ..rpc import JobError, LaunchedPeers
 from .cgroup import CpuLimit
-
-# what a child's ipc socket adds to its temporary folder's path (wire/zmq_transport.py):
-# "/equipoise-<pid>-<8 characters>.sock", a pid of up to 7 digits
-IPC_NAME_LEN = len("/equipoise--12345678.sock") + 7
 
 MISSED_BEATS = 3  # heartbeats missed before a process counts as lost
 
@@ -103,7 +98,7 @@ class Children(LaunchedPeers):
         # process killed by a signal cannot remove its own; `stop` removes the folder.
         # Not where a socket's path in it would be too long for a Unix socket.
         self.tmp: str | None = tempfile.mkdtemp(prefix="equipoise-job-")
-        if len(self.tmp) + IPC_NAME_LEN > zmq.IPC_PATH_MAX_LEN:
+        if not ipc_fits(self.tmp):
             os.rmdir(self.tmp)
             self.tmp = None
         else:
