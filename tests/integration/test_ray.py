@@ -12,7 +12,6 @@ import threading
 from pathlib import Path
 
 import pytest
-import torch
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -76,25 +75,19 @@ def _train_and_meanwhile(cfg: dict, run_dir: Path, action):
     return result["summary"], done
 
 
-def _weights(run_dir: Path) -> dict:
-    return torch.load(run_dir / "model.pt", weights_only=True)
-
-
 def test_bsp_on_three_nodes_equals_the_local_launcher(cluster, tmp_path):
-    """Same job, both launchers: the same final weights. Both run the same main
+    """The job under Ray ends bit for bit where single-process SGD ends, as the same job
+    under the local launcher does (test_bsp_oracle): both run the same main
     (runtime.proc.host) with the same thread count and seeds and move weights as raw
-    bytes, so they are bit-equal (assert_equals_reference argues it); the issue's 1e-5 is
-    checked as well. The processes ran on all three nodes, each log reached the driver."""
+    bytes (assert_equals_reference argues it). The processes ran on all three nodes,
+    each log reached the driver."""
     ray_run = equipoise.train({**BASE, "launcher": "ray"}, out=tmp_path / "ray")
-    local_run = equipoise.train({**BASE, "launcher": "local"}, out=tmp_path / "local")
-    a, b = _weights(tmp_path / "ray"), _weights(tmp_path / "local")
-    assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-5
     assert_equals_reference({**BASE, "launcher": "ray"}, tmp_path / "ray")
     nodes = ray_run["nodes"]
     assert set(nodes) == {"server0", "server1", "worker0", "worker1", "worker2"}
     assert len({n["node"] for n in nodes.values()}) == NODES  # SPREAD over the three nodes
     assert json.loads((tmp_path / "ray" / "nodes.json").read_text()) == nodes
-    assert ray_run["launcher"]["kind"] == "ray" and local_run["launcher"]["kind"] == "local"
+    assert ray_run["launcher"]["kind"] == "ray"
     assert {p.name for p in (tmp_path / "ray" / "logs").iterdir()} == {f"{n}.log" for n in nodes}
     assert "listening on tcp://" in (tmp_path / "ray" / "logs" / "server0.log").read_text()
     assert _gone(ray_run)

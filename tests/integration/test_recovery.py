@@ -132,6 +132,7 @@ def test_a_killed_server_changes_nothing_but_the_time(tmp_path, monkeypatch, opt
     run = tmp_path / "run"
     summary = _run_killing(cfg, run, "server 1", at)
     assert len(folders) == 1 and folders[0] is not None and not Path(folders[0]).exists()
+    assert summary["launcher"]["kind"] == "local"
     assert summary["status"] == "completed" and summary["iterations"] == 60
     [lost] = summary["recovered"]
     assert (lost["role"], lost["rank"]) == ("server", 1) and "signal 9" in lost["reason"]

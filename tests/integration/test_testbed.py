@@ -13,7 +13,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from equipoise.testbed import Host, Testbed, available, down, ray_env, status
 
@@ -175,20 +174,18 @@ def drive(tb: Testbed, cfg: dict, run, action=None, at: int = 5) -> tuple[dict, 
 def test_bsp_under_ray_across_testbed_hosts_equals_the_local_launcher(cluster, tmp_path):
     """Servers on hosts 1 and 2, workers on 2 and 3, the driver on 0, each at its own
     address (summary.json's nodes); ray_data = "path" (each node loads the dataset for
-    its workers) and CURVE between the hosts. The weights are exactly those of the same
-    job under the local launcher."""
-    import equipoise
+    its workers) and CURVE between the hosts. The weights are exactly those of
+    single-process SGD on the run's splits, as under the local launcher (test_bsp_oracle)."""
+    from .helpers import assert_equals_reference
 
     tb, address = cluster
-    local = tmp_path / "local"
-    equipoise.train({**RAY_JOB, "launcher": "local"}, out=local)
     run = tmp_path / "ray"
-    summary, _ = drive(tb, {**RAY_JOB, "ray_address": address, "ray_data": "path"}, run)
+    cfg = {**RAY_JOB, "ray_address": address, "ray_data": "path"}
+    summary, _ = drive(tb, cfg, run)
     nodes = summary["nodes"]
     assert {n["ip"] for r, n in nodes.items() if r.startswith("server")} == {"10.77.0.2", "10.77.0.3"}
     assert {n["ip"] for r, n in nodes.items() if r.startswith("worker")} <= {"10.77.0.3", "10.77.0.4"}
-    got, ref = (torch.load(d / "model.pt", weights_only=True) for d in (run, local))
-    assert all(torch.equal(got[k], ref[k]) for k in ref)
+    assert_equals_reference(cfg, run)
 
 
 @needs_ray
