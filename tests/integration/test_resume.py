@@ -3,7 +3,9 @@ after an interrupt and after the coordinator itself was killed."""
 
 from __future__ import annotations
 
+import shutil
 import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -65,7 +67,10 @@ def test_a_killed_coordinator_takes_its_processes_along_and_the_run_resumes(tmp_
     try:
         wait_for(lambda: any(r.get("event") == "checkpoint" and r["iteration"] >= 40
                              for r in records(run, "event")), 120, "a checkpoint at iteration ≥ 40")
-        children = [p.pid for p in descendants(proc.pid)]
+        kids = descendants(proc.pid)
+        children = [p.pid for p in kids]
+        # the children's temporary folder: a launcher killed by a signal cannot remove it
+        folders = {p.environ().get("TMPDIR") for p in kids if "equipoise.runtime.proc" in " ".join(p.cmdline())}
         proc.kill()
         proc.communicate(timeout=30)
     finally:
@@ -73,6 +78,9 @@ def test_a_killed_coordinator_takes_its_processes_along_and_the_run_resumes(tmp_
     assert proc.returncode == -signal.SIGKILL
     assert len(children) >= JOB["workers"] + JOB["servers"]
     assert all_gone(children, timeout=Config.from_dict(JOB).timeout), "children outlived the coordinator"
+    [folder] = folders  # one job: one folder, which this test removes
+    assert folder and Path(folder).name.startswith("equipoise-job-")
+    shutil.rmtree(folder)
     done = max(r["iteration"] for r in records(run, "iteration"))
     assert done < JOB["iterations"] - 1, "the kill came too late to test anything"
 
