@@ -54,6 +54,7 @@ benchmarks/results/bench_testbed_<preset>.json.
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import subprocess
@@ -212,6 +213,7 @@ def wire_times(metrics: Path, warmup: int, link_s: float = 0.0) -> dict[str, flo
     return {k: statistics.median(v) for k, v in sorted(got.items()) if v}
 
 
+@functools.lru_cache(maxsize=None)
 def model_bytes(spec: Spec) -> int:
     """The bytes of a push of the spec's model: every tensor a block holds (parameters,
     floating point buffers)."""

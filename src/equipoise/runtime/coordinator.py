@@ -155,9 +155,6 @@ class Coordinator:
         torch.manual_seed(self.cfg.seed)
         model = self._new_model()
         self.blocks, table = self.servers.place(model_tensors(model))
-        if self.cfg.block_size == 0:
-            log.info("block_size = 0 (auto): %d blocks of at most %d elements", len(self.blocks),
-                     max((b.numel for b in self.blocks), default=0))
         values, optim, version, samples = read_values(model, self.blocks), {}, 0, 0
         if self.resume is not None:
             if [Block.from_list(r) for r in self.resume.blocks] != self.blocks:

@@ -94,7 +94,11 @@ class ServerManager:
         servers' throughputs: `server_speeds`, else 1/factor of the emulated slowdowns)."""
         s = self.settings
         rates = list(s.server_speeds) or [1.0 / f for f in (s.server_slowdown or [1.0] * s.servers)]
-        return placement_blocks(s.placement, tensors, s.servers, s.block_size, rates)
+        blocks, table = placement_blocks(s.placement, tensors, s.servers, s.block_size, rates)
+        if s.block_size == 0:
+            log.info("block_size = 0 (auto): %d blocks of at most %d elements", len(blocks),
+                     max((b.numel for b in blocks), default=0))
+        return blocks, table
 
     def start(self, addresses: list[str], blocks: list[Block], table: list[int], values: dict, optim: dict,
               version: int, samples: int, workers: int) -> None:
