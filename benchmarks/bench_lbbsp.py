@@ -89,6 +89,7 @@ class Spec:
         return base
 
 
+_EAGER = (("backward_push", True), ("forward_pull", True), ("eager_update", True))
 PRESETS = {
     "ci": Spec(dataset="digits", model="mlp", global_batch=64, iterations=30, warmup=5,
                standalone_iterations=20, reps=1),
@@ -99,6 +100,10 @@ PRESETS = {
     # What LB-BSP's batch-size hysteresis (default 0.05) costs against ASP.
     "hysteresis": Spec(iterations=90, systems=("lbbsp", "lbbsp-h0.01", "lbbsp-h0", "asp"), ideal=False,
                        variants=(("lbbsp-h0.01", (("hysteresis", 0.01),)), ("lbbsp-h0", (("hysteresis", 0.0),)))),
+    # What the exchange hidden behind the backward pass (backward_push, forward_pull,
+    # eager_update, blocks sized from the model) gives LB-BSP against ASP.
+    "overlap": Spec(iterations=90, systems=("lbbsp", "lbbsp-eager", "lbbsp-eager-auto", "asp"), ideal=False,
+                    variants=(("lbbsp-eager", _EAGER), ("lbbsp-eager-auto", (*_EAGER, ("block_size", 0), ("fragment_kb", 0))))),
 }
 
 
