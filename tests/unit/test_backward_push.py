@@ -163,6 +163,21 @@ def test_a_streamed_job_is_the_reference_bit_for_bit_and_shows_its_fragments(tmp
     if protocol == "bsp":  # the last layer's blocks came ahead of the versions, to a pull sent before the fragments
         early = [(e, events) for r in iters for events in r["timeline"] for e in events if e[0] == "early"]
         assert early and all(e[2] < min(f[2] for f in events if f[0] == "fragment") for e, events in early)
+        # each reply says when its server computed its blocks: placed after the pull was
+        # sent by the server's own time since the pull reached it, which comes out early by
+        # the pull's trip, so never after those blocks arrived; early blocks were computed
+        # after the pull (sent ahead of the fragments) reached the server
+        # (a record may hold the early parts of two pulls: its own step's, arriving during
+        # its forward, and the next step's)
+        for events in (events for r in iters for events in r["timeline"]):
+            applied = [a for a in events if a[0] == "applied"]
+            assert all(a[3] is None for a in applied)
+            for e in (e for e in events if e[0] == "early"):
+                assert any(a[1:2] + a[4:] == e[1:2] + e[4:] and e[2] <= a[2] <= e[3] for a in applied), e
+        blocks = {k for r in iters for events in r["timeline"] for e in events if e[0] in ("pull", "applied")
+                  for k in e[4]}
+        assert blocks == {k for r in iters for events in r["timeline"] for e in events if e[0] == "applied"
+                          for k in e[4]}
     for r in iters[1:]:
         for events in r["timeline"]:
             fragments = [e for e in events if e[0] == "fragment"]

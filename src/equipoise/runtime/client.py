@@ -13,6 +13,7 @@ tickets are kept until those are waited.
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -89,7 +90,7 @@ class PSClient:
         self._parts: dict[tuple[int, int], dict] = {}  # (ticket id, id(conn)) → the tensors of a reply's parts so far
         self._fresh: dict[int, dict[int, torch.Tensor]] = {}  # pulls in parts: ticket id → values not yet handed out
         self._early: dict[tuple[int, int], dict] = {}  # (ticket id, id(conn)) → blocks sent ahead, not yet confirmed
-        self._sent_at: dict[int, float] = {}  # pulls in parts: ticket id → when sent
+        self._sent_at: dict[int, float] = {}  # pulls: ticket id → when sent
         # Seconds of each exchange with each server since `take_server_s` (push: sent to
         # acked; pull: sent to arrived, less the time the server held it for a version):
         # what a slow link or a loaded host costs, which the server itself does not see.
@@ -202,9 +203,9 @@ class PSClient:
         parts = {"part_kb": int(part_kb), **({"early": True} if early else {})} if part_kb else {}
         msg = Message("pull", {"worker": self.worker, "min_version": int(min_version), "epoch": self.epoch, **parts})
         ticket = self._send("pull", lambda r, blocks: msg)
+        self._sent_at[ticket.id] = ticket.sent
         if part_kb:
             self._fresh[ticket.id] = {}  # its values are handed out as they come (`arrived`)
-            self._sent_at[ticket.id] = ticket.sent
         return ticket
 
     def wait(self, ticket: Ticket, timeout: float | None = None) -> Pulled | list[int]:
@@ -290,9 +291,10 @@ class PSClient:
     def take_timeline(self, origin: float) -> list[list]:
         """The wire's events since the last call, oldest first, each [kind, server, sent,
         arrived, blocks] in seconds from `origin` (a perf_counter time; arrived: null for
-        a fragment, which gets no reply): a push's fragments, the push (or the push that
-        ends them) and its ack, a pull and its weights; blocks: the keys the message
-        (a pull: its reply) carried."""
+        a fragment, which gets no reply, and for "applied"): a push's fragments, the push
+        (or the push that ends them) and its ack, a pull and its weights, blocks sent
+        ahead ("early"), when the server computed the blocks of each reply ("applied",
+        `_note_applied`); blocks: the keys the message (a pull: its reply) carried."""
         got, self.timeline = self.timeline, []
         return [[kind, r, round(sent - origin, 6), None if at is None else round(at - origin, 6), keys]
                 for kind, r, sent, at, keys in sorted(got, key=lambda e: e[2])]
@@ -348,6 +350,8 @@ class PSClient:
         if not owed:
             raise ClientError(f"{self.who}: unexpected {reply.type!r} from {conn.address}")
         ticket = owed[0]
+        if reply.type == "params":
+            self._note_applied(conn, ticket, reply)
         if reply.type == "params" and ticket in self._fresh:  # a pull in parts
             part = (ticket, id(conn))
             try:
@@ -356,8 +360,8 @@ class PSClient:
                 raise ClientError(f"{self.who}: {conn.address} sent malformed params ({exc})") from None
             if reply.fields.get("early") is True:  # computed ahead: not used before the version is published
                 self._early.setdefault(part, {}).update(reply.tensors)
-                r = next((r for r, c in self.conns.items() if c is conn), -1)
-                self.timeline.append(("early", r, self._sent_at.get(ticket, 0.0), time.perf_counter(), sorted(values)))
+                self.timeline.append(("early", self._rank_of(conn), self._sent_at.get(ticket, 0.0), time.perf_counter(),
+                                      sorted(values)))
                 return
             earlier = self._parts.pop(part, {})
             ahead = self._early.pop(part, None)
@@ -372,6 +376,25 @@ class PSClient:
         owed.popleft()
         self._got[ticket][id(conn)] = reply
         self._arrived.setdefault(ticket, {})[id(conn)] = time.perf_counter()
+
+    def _rank_of(self, conn: Connection) -> int:
+        return next((r for r, c in self.conns.items() if c is conn), -1)
+
+    def _note_applied(self, conn: Connection, ticket: int, reply: Message) -> None:
+        """An "applied" event for the blocks of a pull's reply (or part of it) whose server
+        said when it last computed them (`applied_s`, seconds after the pull reached it):
+        placed that long after the pull was sent, which is early by the pull's own trip
+        to the server, so never after the weights' arrival."""
+        applied = reply.fields.get("applied_s")
+        if applied is None or ticket not in self._sent_at:
+            return
+        if isinstance(applied, bool) or not isinstance(applied, (int, float)) or not math.isfinite(applied):
+            raise ClientError(f"{self.who}: {conn.address} sent malformed params (applied_s = {applied!r})")
+        try:
+            keys = sorted(values_of(reply.tensors))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ClientError(f"{self.who}: {conn.address} sent malformed params ({exc})") from None
+        self.timeline.append(("applied", self._rank_of(conn), self._sent_at[ticket] + applied, None, keys))
 
     def _sigmas(self, conn: Connection, ack: Message) -> list[int]:
         sigmas = ack.fields.get("staleness", [])

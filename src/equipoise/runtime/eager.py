@@ -70,6 +70,7 @@ class EagerUpdates:
                        and all(k in p.tensors for p in group))
         if ready:
             store.speculate(group, ready)
+            self.early_at.update(dict.fromkeys(ready, self.clock.now()))
         return bool(ready)
 
     def _send_early(self, h) -> None:
@@ -84,8 +85,8 @@ class EagerUpdates:
         t0 = self.clock.now()
         for part in split(new, h.part_bytes):
             self._charge(_nbytes(part.values()), t0)
-            msg = Message("params", {"version": h.min_version, "held_s": 0.0, "early": True, "last": False},
-                          pack(part))
+            msg = Message("params", {"version": h.min_version, "held_s": 0.0, "early": True, "last": False,
+                                     **self._applied_s(h, part, self.early_at)}, pack(part))
             store.lend(list(part.values()), self.listener.send(h.peer, msg))
             h.early.update(part)
             t0 = self.clock.now()

@@ -77,6 +77,10 @@ class Server(BlockMoves, EagerUpdates, FragmentHandling):
         self.steps = [0, 0.0, 0.0, 0.0]  # async_scaling: updates, Σ delay τ̄, Σ momentum, Σ lr factor
         self.compensated = 0  # delay compensation: gradients corrected with the weights they read
         self.block_grads: dict[int, int] = {}  # gradients applied to each block held, in all (they move with it)
+        # When each block's value was last computed (clock.now(); eager_update: the update
+        # computed ahead, when it was): a pull's replies say it as `applied_s`.
+        self.applied_at: dict[int, float] = {}
+        self.early_at: dict[int, float] = {}
         self.handover = Forwarding(rank, transport)  # no barrier: blocks handed over, late gradients sent on
         self.fragments = Fragments()  # backward_push: the parts of each worker's push in progress
         self.replication: Replication | None = None  # replication = 1: backup duties both ways
@@ -175,6 +179,7 @@ class Server(BlockMoves, EagerUpdates, FragmentHandling):
         self.store, self.sync = store, ServerSync(policy, workers, version=store.version, ranks=ranks)
         self.eager = f.get("eager_update") is True
         self.pushes, self.held, self.reads = {}, [], {}
+        self.applied_at, self.early_at = {}, {}
         self.block_grads = {b.key: counts.get(b.key, 0) for b in blocks}
         self.handover.reset()
         self.fragments.clear()
@@ -340,6 +345,10 @@ class Server(BlockMoves, EagerUpdates, FragmentHandling):
         before = store.compensated
         group = [self.pushes.pop(t) for t in update.tokens]
         store.apply(group, list(update.sigmas))
+        now = self.clock.now()
+        for k in {k for p in group for k in p.tensors if k in store.blocks}:
+            self.applied_at[k] = self.early_at[k] if k in store.committed and k in self.early_at else now
+        self.early_at = {}
         self._count(group)
         self.compensated += store.compensated - before
         if store.last_step is not None:
@@ -427,7 +436,8 @@ class Server(BlockMoves, EagerUpdates, FragmentHandling):
             # `read` stamps the weights: the worker echoes it with the gradient computed on
             # them, and the server measures that gradient's delay in samples applied since.
             moved = {"moved": sorted(self.handover.moved)} if self.handover.moved else {}
-            fields = {"version": self.sync.published(), "held_s": t0 - h.since, "read": store.samples, **moved}
+            fields = {"version": self.sync.published(), "held_s": t0 - h.since, "read": store.samples, **moved,
+                      **self._applied_s(h, values)}
             if self.sync.policy.delay_compensation != "none" and h.worker >= 0:
                 self._remember_read(h.worker, store.samples, values)
             if h.part_bytes:
@@ -453,11 +463,20 @@ class Server(BlockMoves, EagerUpdates, FragmentHandling):
             if fields["kept"]:
                 values = {k: v for k, v in values.items() if k not in h.early}
         parts = split(values, h.part_bytes)
+        fields.pop("applied_s", None)
         for i, part in enumerate(parts):
             self._charge(_nbytes(part.values()), t0)
-            msg = Message("params", {**fields, "last": i == len(parts) - 1}, pack(part))
+            msg = Message("params", {**fields, "last": i == len(parts) - 1, **self._applied_s(h, part)}, pack(part))
             self.store.lend(list(part.values()), self.listener.send(h.peer, msg))
             t0 = self.clock.now()
+
+    def _applied_s(self, h: _Held, keys, at: dict[int, float] | None = None) -> dict:
+        """A reply's `applied_s`: when the last of the blocks `keys` it carries was
+        computed, in seconds after the pull `h` arrived (negative if before); {} if
+        none of them has been updated yet."""
+        at = self.applied_at if at is None else at
+        times = [at[k] for k in keys if k in at]
+        return {"applied_s": round(max(times) - h.since, 6)} if times else {}
 
     def _remember_read(self, worker: int, stamp: int, values: dict) -> None:
         """Delay compensation needs w_then: the weights each worker read, kept for its
