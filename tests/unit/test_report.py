@@ -129,3 +129,28 @@ def test_importing_report_does_not_import_matplotlib():
     code = "import sys, equipoise, equipoise.report; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_report_draws_a_steady_steps_traffic_per_block(tmp_path):
+    """Records with wire events (`timeline`) add wire.png: by default the middle record of
+    those that have them (away from the cold start), or the iteration asked for; an
+    iteration without them draws a figure that says so."""
+    from equipoise.report import plot_wire
+    from equipoise.report.wire import wire_record
+
+    def events(t):  # one worker's step: report→plan, fragments, the update, weights early and last
+        return [["plan", -1, -0.004, -0.001, []], ["pull", 0, -0.003, 0.002, [0, 1, 2]],
+                ["fragment", 0, 0.02, None, [2]], ["applied", 0, 0.025, None, [2]],
+                ["early", 0, 0.01, 0.03, [2]], ["push", 0, 0.04, 0.05, [0, 1]],
+                ["applied", 0, 0.045 + t / 1000, None, [0, 1]]]
+
+    records = [_iteration(0, [0, 1], [32, 32], 0.1)]  # no timeline: the first record
+    records += [_iteration(t, [0, 1], [32, 32], 0.1 * (t + 1), timeline=[events(t), events(t)]) for t in (1, 2, 3)]
+    d = _write_run(tmp_path / "run", records, {"status": "completed", "protocol": "bsp"})
+    run = load_run(d)
+    assert wire_record(run)["iteration"] == 2 and wire_record(run, 3)["iteration"] == 3
+    assert wire_record(run, 0) is None
+    paths = report(d)
+    assert paths[-1].name == "wire.png"
+    _assert_png(paths[-1])
+    _assert_png(plot_wire(run, tmp_path / "none.png", iteration=0))

@@ -11,6 +11,7 @@ their own `matplotlib.figure.Figure` objects (the Agg renderer, no pyplot, no gl
 from .html import html_report
 from .plots import (Run, ReportError, load_run, plot_accuracy, plot_batch_sizes, plot_throughput,
                     plot_time_split, plot_timeline, report)
+from .wire import plot_wire
 
 __all__ = ["Run", "ReportError", "html_report", "load_run", "plot_accuracy", "plot_batch_sizes",
-           "plot_throughput", "plot_time_split", "plot_timeline", "report"]
+           "plot_throughput", "plot_time_split", "plot_timeline", "plot_wire", "report"]

@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from ..telemetry.metrics import read_metrics
+from .figure import HEIGHT, WIDTH, _figure, _no_data, _save
+from .wire import plot_wire, wire_record
 
 __all__ = ["Run", "ReportError", "load_run", "plot_accuracy", "plot_batch_sizes", "plot_throughput",
            "plot_time_split", "plot_timeline", "report"]
 
-DPI = 100
-WIDTH, HEIGHT = 8.0, 4.5  # inches: 800 x 450 pixels at DPI
 MEMBERSHIP = ("worker_left", "worker_joined")
 _MARKER_STYLE = {  # event kind -> (legend label, colour, line style)
     "worker_left": ("worker left", "tab:red", "--"),
@@ -212,18 +212,6 @@ def _int(v: Any) -> int | None:
 
 # -- drawing helpers ------------------------------------------------------------------------
 
-def _figure(width: float = WIDTH, height: float = HEIGHT):
-    from matplotlib.figure import Figure  # Agg-rendered, no pyplot, no global backend switch
-    return Figure(figsize=(width, height), dpi=DPI, layout="constrained")
-
-
-def _save(fig, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI, format=None if path.suffix else "png")
-    return path
-
-
 def _colour(rank: int, n: int):
     from matplotlib import colormaps
     if n <= 10:
@@ -231,10 +219,6 @@ def _colour(rank: int, n: int):
     if n <= 20:
         return colormaps["tab20"](rank % 20)
     return colormaps["viridis"](rank / max(n - 1, 1))
-
-
-def _no_data(ax, text: str) -> None:
-    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=12, color="0.4")
 
 
 def _slowdown_note(run: Run) -> str:
@@ -522,8 +506,8 @@ def plot_servers(run_dir: str | Path, path: str | Path) -> Path:
 def report(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
     """Write batch_sizes.png, time_split.png, timeline.png and accuracy.png for a run into
     out_dir (default run_dir/report), metrics.png when it evaluated metrics other than
-    accuracy and loss (the user's) or no accuracy, and servers.png when the servers were measured; return their
-    paths."""
+    accuracy and loss (the user's) or no accuracy, servers.png when the servers were measured, and
+    wire.png (report/wire.py) when the workers recorded their traffic; return their paths."""
     run = load_run(run_dir)
     out = Path(out_dir) if out_dir is not None else run.path / "report"
     out.mkdir(parents=True, exist_ok=True)
@@ -537,6 +521,8 @@ def report(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]
         paths.append(plot_metrics(run, out / "metrics.png"))
     if any('"type":"servers"' in line for line in (run.path / "metrics.jsonl").open()):
         paths.append(plot_servers(run.path, out / "servers.png"))
+    if wire_record(run) is not None:
+        paths.append(plot_wire(run, out / "wire.png"))
     return paths
 
 
