@@ -257,11 +257,13 @@ class ParameterStore:
             b = self.blocks[k]
             w = plan.weights if b.kind == "param" else plan.by_samples
             g = self._combine(k, [p.tensors[k] for p in plan.group], w)
-            value = g.clone() if b.kind == "buffer" else self.values[k].clone()  # buffers: the average itself
             state: dict = {}
-            if b.kind == "param" and self._plain_sgd:
-                value.add_(g, alpha=-plan.lr)
-            elif b.kind == "param":
+            if b.kind == "buffer":
+                value = g.clone()  # buffers: the average itself
+            elif self._plain_sgd:  # apply's w −= lr·g, the same kernel, into new memory in one pass
+                value = torch.add(self.values[k], g, alpha=-plan.lr)
+            else:
+                value = self.values[k].clone()
                 side = torch.nn.Parameter(value, requires_grad=False)
                 optimizer = _make_optimizer(self.spec, [side])
                 kept = {n: t.clone() if isinstance(t, torch.Tensor) else t
