@@ -8,6 +8,12 @@ For each payload (float32 tensors of 1M and 10M elements, i.e. 4 MB and 40 MB):
   this process (playing the coordinator) with one block of that size under ASP; the
   client does what a worker does each iteration: push a gradient and wait for the ack,
   then pull and receive the parameters. That also moves the payload there and back.
+* streamed: the same bytes in `parts` blocks, sent as a worker with backward_push,
+  forward_pull and eager_update sends them (BSP, one worker): the next version's pull,
+  each block's gradient but the last as a fragment, the push with the last; the server
+  updates each block as its gradient comes and sends it down at once. What each extra
+  part costs shows against the one-block path (a worker streams to overlap its backward
+  and forward, which this exchange alone cannot show).
 
 Repetitions are interleaved (raw, equipoise, raw, equipoise, ...) after a warm-up; the
 report is the median (min–max) of each, the ratio equipoise/raw of the medians (target
@@ -65,6 +71,7 @@ class WirePreset:
     reps: int
     warmup: int
     profile_reps: int
+    parts: int = 4  # the streamed system's blocks
 
 
 PRESETS: dict[str, WirePreset] = {
@@ -83,6 +90,8 @@ class WireResult:
     equipoise_ms: list[float] = field(default_factory=list)
     push_ms: list[float] = field(default_factory=list)   # push + ack
     pull_ms: list[float] = field(default_factory=list)   # pull + params
+    parts: int = 0  # the streamed system's blocks (0: not run)
+    streamed_ms: list[float] = field(default_factory=list)
 
     @property
     def raw_median(self) -> float:
@@ -107,37 +116,42 @@ class WireResult:
                 "push_median_ms": median(self.push_ms), "pull_median_ms": median(self.pull_ms),
                 "raw": summary(self.raw_ms), "equipoise": summary(self.equipoise_ms),
                 "round_ratio": summary(self.round_ratios),
+                **({"streamed": summary(self.streamed_ms),
+                    "streamed_ratio": ratio(median(self.streamed_ms), self.raw_median)} if self.streamed_ms else {}),
                 "ratio": self.ratio, "target": TARGET_RATIO,
                 "meets_target": bool(self.ratio <= TARGET_RATIO)}
 
 
 # -- the measurement -------------------------------------------------------------------------
 
-def measure_wire(numels: Sequence[int] = DEFAULT_NUMELS, reps: int = 5, warmup: int = 2) -> list[WireResult]:
-    """Interleaved raw / equipoise repetitions for each payload size (float32 elements)."""
+def measure_wire(numels: Sequence[int] = DEFAULT_NUMELS, reps: int = 5, warmup: int = 2,
+                 parts: int = 0) -> list[WireResult]:
+    """Interleaved raw / equipoise (/ streamed in `parts` blocks, if > 1) repetitions for
+    each payload size (float32 elements)."""
     results = []
     for numel in numels:
         grad = torch.randn(numel) * 1e-3
         payload = memoryview(grad.numpy()).cast("B")
-        result = WireResult(numel, payload.nbytes)
+        result = WireResult(numel, payload.nbytes, parts=parts if parts > 1 else 0)
+        clients: list[EquipoiseClient] = []
         raw = RawEcho()
         try:
             eq = EquipoiseClient(numel)
-            try:
-                def run_raw() -> float:
-                    return raw.round_trip(payload) * 1e3
-
-                def run_eq() -> tuple[float, float]:
-                    push, pull = eq.push_pull(grad)
-                    return push * 1e3, pull * 1e3
-
-                runs: dict[str, list[Any]] = interleave({"raw": run_raw, "equipoise": run_eq},
-                                                        reps, warmup=warmup)
-            finally:
-                eq.close()
+            clients.append(eq)
+            systems: dict[str, Any] = {
+                "raw": lambda: raw.round_trip(payload) * 1e3,
+                "equipoise": lambda: tuple(x * 1e3 for x in eq.push_pull(grad))}
+            if parts > 1:
+                streamed = EquipoiseClient(numel, parts=parts)
+                clients.append(streamed)
+                systems["streamed"] = lambda: sum(streamed.push_pull_streamed(grad)) * 1e3
+            runs: dict[str, list[Any]] = interleave(systems, reps, warmup=warmup)
         finally:
+            for c in clients:
+                c.close()
             raw.close()
         result.raw_ms = runs["raw"]
+        result.streamed_ms = runs.get("streamed", [])
         result.push_ms = [push for push, _ in runs["equipoise"]]
         result.pull_ms = [pull for _, pull in runs["equipoise"]]
         result.equipoise_ms = [push + pull for push, pull in runs["equipoise"]]
@@ -198,11 +212,15 @@ def run_auth(preset: str, results_path: str | Path | None = None) -> dict[str, A
 def results_table(results: Sequence[WireResult]) -> str:
     rows = [[f"{r.nbytes / MB:g} MB", len(r.raw_ms), fmt_range(summary(r.raw_ms)),
              fmt_range(summary(r.equipoise_ms)), median(r.push_ms), median(r.pull_ms), r.ratio,
-             fmt_range(summary(r.round_ratios)), "yes" if r.ratio <= TARGET_RATIO else "NO"]
+             fmt_range(summary(r.round_ratios)), "yes" if r.ratio <= TARGET_RATIO else "NO",
+             fmt_range(summary(r.streamed_ms)) if r.streamed_ms else "–",
+             ratio(median(r.streamed_ms), r.raw_median) if r.streamed_ms else "–"]
             for r in results]
+    parts = max((r.parts for r in results), default=0)
     return markdown_table(["payload", "reps", "raw ms median (min–max)", "equipoise ms median (min–max)",
                            "eq to ack ms", "eq then to params ms", "ratio of medians",
-                           "ratio per round median (min–max)", f"≤ {TARGET_RATIO}?"], rows)
+                           "ratio per round median (min–max)", f"≤ {TARGET_RATIO}?",
+                           f"streamed in {parts} blocks ms", "streamed / raw"], rows)
 
 
 def profile_table(profiles: dict[int, dict[str, float]]) -> str:
@@ -218,7 +236,7 @@ def run(preset: str, *, profile: bool | None = None, results_path: str | Path | 
     p = PRESETS[preset]
     sizes = tuple(numels) if numels else p.numels
     load_at_start, git_at_start = load_average(), git_state()
-    results = measure_wire(sizes, reps=p.reps, warmup=p.warmup)
+    results = measure_wire(sizes, reps=p.reps, warmup=p.warmup, parts=p.parts)
     print(f"## push+pull: equipoise server vs raw pyzmq echo (preset {preset}, "
           f"medians of {p.reps} interleaved reps)\n")
     print(results_table(results))

@@ -161,7 +161,7 @@ class EquipoiseClient:
     holding the server's, this process the coordinator's (init, stop) and the worker's
     (push, pull)."""
 
-    def __init__(self, numel: int, *, instrument: bool = False, auth: str = "off") -> None:
+    def __init__(self, numel: int, *, instrument: bool = False, auth: str = "off", parts: int = 1) -> None:
         from equipoise.policy.placement import make_blocks
         from equipoise.runtime.store import OptimizerSpec
         from equipoise.wire import Message, ZmqTransport, generate_keys
@@ -183,14 +183,19 @@ class EquipoiseClient:
         hello = self._hello()
         self.control = self.transport.connect(hello.fields["address"])
         self.conn = self.worker.connect(hello.fields["address"])
-        blocks = make_blocks([("w", numel, "param", 4)], block_size=numel)
+        self.parts = parts
+        blocks = make_blocks([("w", numel, "param", 4)], block_size=-(-numel // parts))
+        self.sizes = [b.numel for b in blocks]
         spec = OptimizerSpec("sgd", lr=1e-6, momentum=0.0, weight_decay=0.0, schedule="constant",
                              total=1, step_size=100, gamma=0.1, global_batch=1)
+        streamed = {"protocol": "bsp", "eager_update": True} if parts > 1 else {"protocol": "asp"}
         self.control.send(Message("init", {
             "blocks": [b.to_list() for b in blocks], "optimizer": spec.to_dict(), "version": 0,
-            "samples": 0, "protocol": "asp", "workers": 1}, {"b0": torch.zeros(numel)}))
+            "samples": 0, "workers": 1, **streamed},
+            {f"b{b.key}": torch.zeros(b.numel) for b in blocks}))
         self._expect("ready", self.control)
         self.version = 0
+        self.seq = 0
 
     def _hello(self) -> Any:
         deadline = time.monotonic() + REPLY_TIMEOUT
@@ -224,6 +229,44 @@ class EquipoiseClient:
         self.version = int(ack.fields["version"])
         if params.tensors["b0"].numel() != grad.numel():
             raise RuntimeError("equipoise server returned the wrong parameters")
+        return t1 - t0, t2 - t1
+
+    def push_pull_streamed(self, grad: torch.Tensor) -> tuple[float, float]:
+        """The same traffic as a worker with backward_push, forward_pull and eager_update
+        sends it (BSP, one worker, the block cut in `parts` blocks): the next version's pull
+        first (parts of one block, early parts taken), then each block's gradient as a
+        fragment but the last, which the push carries. The server updates each block as
+        its fragment comes and sends it down at once (early), and with the version
+        published says they stand (`kept`). Returns (seconds to the ack, then seconds to
+        the last part of the weights)."""
+        Message = self.Message
+        grads = list(torch.split(grad, self.sizes))
+        part_kb = -(-max(self.sizes) * 4 // 1024)
+        t0 = time.perf_counter()
+        self.conn.send(Message("pull", {"worker": 0, "min_version": self.version + 1, "part_kb": part_kb,
+                                        "early": True}))
+        for k, g in enumerate(grads[:-1]):
+            self.conn.send(Message("fragment", {"worker": 0, "seq": self.seq, "samples": 1, "start": 0},
+                                   {f"g{k}": g}))
+        self.conn.send(Message("push", {"worker": 0, "version": self.version, "samples": 1, "start": 0,
+                                        "seq": self.seq, "fragments": len(grads) - 1},
+                               {f"g{len(grads) - 1}": grads[-1]}))
+        self.seq += 1
+        got, t1, last, kept = 0, None, False, False
+        while t1 is None or not last:
+            reply = self.conn.recv(timeout=REPLY_TIMEOUT)
+            if reply.type == "ack":
+                t1 = time.perf_counter()
+                self.version = int(reply.fields["version"])
+            elif reply.type == "params":
+                got += sum(t.numel() for t in reply.tensors.values())
+                last = reply.fields.get("last") is True
+                kept = kept or reply.fields.get("kept") is True
+            else:
+                raise RuntimeError(f"equipoise server sent {reply.type!r} ({reply.fields})")
+        t2 = time.perf_counter()
+        if got != grad.numel() or not kept:
+            raise RuntimeError(f"equipoise server returned {got} of {grad.numel()} parameters (kept: {kept})")
         return t1 - t0, t2 - t1
 
     def close(self) -> None:

@@ -15,10 +15,10 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def test_wire_core_runs_on_a_tiny_payload(tmp_path):
-    results = bench_wire.measure_wire([16_384], reps=2, warmup=1)  # 64 KB
+    results = bench_wire.measure_wire([16_384], reps=2, warmup=1, parts=4)  # 64 KB; streamed in 4 blocks
     (r,) = results
-    assert r.nbytes == 65_536
-    assert len(r.raw_ms) == len(r.equipoise_ms) == 2
+    assert r.nbytes == 65_536 and r.parts == 4
+    assert len(r.raw_ms) == len(r.equipoise_ms) == len(r.streamed_ms) == 2
     assert all(t > 0 for t in r.raw_ms + r.equipoise_ms + r.push_ms + r.pull_ms)
     assert r.ratio > 0
     table = bench_wire.results_table(results)
@@ -27,6 +27,7 @@ def test_wire_core_runs_on_a_tiny_payload(tmp_path):
     doc = json.loads(path.read_text())
     assert doc["benchmark"] == "bench_wire"
     assert doc["results"][0]["raw_median_ms"] > 0 and doc["results"][0]["equipoise_median_ms"] > 0
+    assert doc["results"][0]["streamed"]["n"] == 2 and doc["results"][0]["streamed_ratio"] > 0
     assert doc["machine"]["cpus"] >= 1
 
 
