@@ -255,6 +255,12 @@ def run(preset: str, *, profile: bool | None = None, results_path: str | Path | 
               f"(1 torch thread, medians of {p.profile_reps})\n")
         print(profile_table(local))
         print(f"\nraw 8-byte ZeroMQ round trip (floor of one extra request/reply): {small:.3f} ms")
+        if p.parts > 1:
+            streamed = {n: profile_server_process(n, p.profile_reps, parts=p.parts) for n in sizes}
+            print(f"\n## the same, streamed in {p.parts} blocks (eager_update; per-fragment steps: "
+                  f"medians over every fragment)\n")
+            print(profile_table(streamed))
+            payload["profile_streamed_server_process_ms"] = {str(n): v for n, v in streamed.items()}
         payload["profile_server_process_ms"] = {str(n): v for n, v in real.items()}
         payload["profile_in_process_ms"] = {str(n): v for n, v in local.items()}
         payload["small_round_trip_ms"] = small

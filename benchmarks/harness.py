@@ -92,6 +92,10 @@ def _instrument_server() -> dict[str, list[float]]:
     zmq_transport.decode = timer(zmq_transport.decode, lambda a, o: f"server: decode {o.type}")
     L = zmq_transport._ZmqListener
     L.send = timer(L.send, lambda a, o: f"server: encode+send {a[2].type}")
+    # a streamed exchange (EquipoiseClient(parts > 1)): per fragment
+    S._on_fragment = timer(S._on_fragment, lambda a, o: "server: _on_fragment total (check+keep+ahead+early)")
+    S._speculate = timer(S._speculate, lambda a, o: "server: a fragment's block updated ahead (speculate)")
+    S._send_early = timer(S._send_early, lambda a, o: "server: _send_early (encode+send the block early)")
     return record
 
 

@@ -110,22 +110,25 @@ def profile_server(numel: int, reps: int = 5) -> dict[str, float]:
         torch.set_num_threads(threads)
 
 
-def profile_server_process(numel: int, reps: int = 5) -> dict[str, float]:
+def profile_server_process(numel: int, reps: int = 5, parts: int = 1) -> dict[str, float]:
     """Median milliseconds of each step inside a real (instrumented) server process over
-    `reps` push+pulls, plus what the client saw, for one payload size."""
-    client = EquipoiseClient(numel, instrument=True)
+    `reps` push+pulls, plus what the client saw, for one payload size; with `parts` > 1
+    the exchange is streamed in that many blocks (`EquipoiseClient.push_pull_streamed`),
+    and a step done per part (a fragment's) is the median over every part."""
+    client = EquipoiseClient(numel, instrument=True, parts=parts)
     grad = torch.randn(numel) * 1e-3
     seen: dict[str, list[float]] = {"client: push+pull sent, to ack": [], "client: then to params": []}
+    exchange = client.push_pull_streamed if parts > 1 else client.push_pull
     try:
         for _ in range(reps):
-            push, pull = client.push_pull(grad)
+            push, pull = exchange(grad)
             seen["client: push+pull sent, to ack"].append(push * 1e3)
             seen["client: then to params"].append(pull * 1e3)
     finally:
         client.close()
     skip = ("server: decode init", "server: encode+send ready", "server: decode stop")
     # Every list starts with the reps' entries (the stop's ack comes last).
-    steps = {k: median(v[:reps]) for k, v in sorted(client.server_ms.items()) if k not in skip}
+    steps = {k: median(v[:reps * max(1, parts)]) for k, v in sorted(client.server_ms.items()) if k not in skip}
     return {**{k: median(v) for k, v in seen.items()}, **steps}
 
 

@@ -43,6 +43,11 @@ def test_wire_profile_times_every_server_step():
     assert profile["server: store.check (finite check)"] > 0
     assert profile["server: handle(push) total"] > 0
     assert profile["server: handle(pull) total"] > 0
+    # a real server process, the exchange streamed in 4 blocks: each fragment's steps timed
+    streamed = wire_profile.profile_server_process(4096, reps=2, parts=4)
+    assert streamed["server: _on_fragment total (check+keep+ahead+early)"] > 0
+    assert streamed["server: a fragment's block updated ahead (speculate)"] > 0
+    assert streamed["server: _send_early (encode+send the block early)"] > 0
 
 
 def _single_process_loss(spec: bench_ddp.Spec) -> float:
