@@ -120,6 +120,28 @@ def test_replies_out_of_protocol_are_refused(net, reply, match):
         client.wait(ticket)
 
 
+@pytest.mark.parametrize("applied", [0.002, -0.001, float("nan"), "soon", True])
+def test_a_reply_saying_when_its_blocks_were_computed_is_placed_after_the_pull_or_refused(net, applied):
+    """`applied_s` (seconds from the pull's arrival to the blocks' update, by the server's
+    clock) becomes an "applied" event at the pull's sending plus that much, with the
+    reply's blocks; anything but a finite number is a malformed reply, named."""
+    _, servers, client = net
+    ticket = client.pull(3)
+    for r, server in enumerate(servers):
+        peer, _ = take(server, "pull")
+        reply = params([r, r + 2], version=3)
+        reply.fields["applied_s"] = applied
+        server.send(peer, reply)
+    if not isinstance(applied, float) or applied != applied:
+        with pytest.raises(ClientError, match=f"sent malformed params \\(applied_s = {applied!r}\\)"):
+            client.wait(ticket)
+        return
+    client.wait(ticket)
+    events = client.take_timeline(origin=ticket.sent)
+    assert sorted((e[1], e[2], e[3], e[4]) for e in events if e[0] == "applied") == [
+        (0, round(applied, 6), None, [0, 2]), (1, round(applied, 6), None, [1, 3])]
+
+
 def test_params_missing_a_block_are_refused(net):
     _, servers, client = net
     ticket = client.pull(0)
