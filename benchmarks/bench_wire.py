@@ -13,7 +13,8 @@ For each payload (float32 tensors of 1M and 10M elements, i.e. 4 MB and 40 MB):
   each block's gradient but the last as a fragment, the push with the last; the server
   updates each block as its gradient comes and sends it down at once. What each extra
   part costs shows against the one-block path (a worker streams to overlap its backward
-  and forward, which this exchange alone cannot show).
+  and forward, which this exchange alone cannot show); its own baseline is the raw echo
+  of the same bytes in as many messages sent back to back ("raw streamed").
 
 Repetitions are interleaved (raw, equipoise, raw, equipoise, ...) after a warm-up; the
 report is the median (min–max) of each, the ratio equipoise/raw of the medians (target
@@ -92,6 +93,7 @@ class WireResult:
     pull_ms: list[float] = field(default_factory=list)   # pull + params
     parts: int = 0  # the streamed system's blocks (0: not run)
     streamed_ms: list[float] = field(default_factory=list)
+    raw_streamed_ms: list[float] = field(default_factory=list)  # the raw echo in as many messages
 
     @property
     def raw_median(self) -> float:
@@ -116,8 +118,12 @@ class WireResult:
                 "push_median_ms": median(self.push_ms), "pull_median_ms": median(self.pull_ms),
                 "raw": summary(self.raw_ms), "equipoise": summary(self.equipoise_ms),
                 "round_ratio": summary(self.round_ratios),
-                **({"streamed": summary(self.streamed_ms),
-                    "streamed_ratio": ratio(median(self.streamed_ms), self.raw_median)} if self.streamed_ms else {}),
+                **({"streamed": summary(self.streamed_ms), "raw_streamed": summary(self.raw_streamed_ms),
+                    "streamed_ratio": ratio(median(self.streamed_ms), self.raw_median),
+                    "streamed_to_raw_streamed": ratio(median(self.streamed_ms), median(self.raw_streamed_ms)),
+                    "streamed_round_ratio": summary([ratio(e, r) for e, r in
+                                                     zip(self.streamed_ms, self.raw_streamed_ms)])}
+                   if self.streamed_ms else {}),
                 "ratio": self.ratio, "target": TARGET_RATIO,
                 "meets_target": bool(self.ratio <= TARGET_RATIO)}
 
@@ -144,6 +150,7 @@ def measure_wire(numels: Sequence[int] = DEFAULT_NUMELS, reps: int = 5, warmup: 
             if parts > 1:
                 streamed = EquipoiseClient(numel, parts=parts)
                 clients.append(streamed)
+                systems["raw streamed"] = lambda: raw.round_trip_parts(payload, parts) * 1e3
                 systems["streamed"] = lambda: sum(streamed.push_pull_streamed(grad)) * 1e3
             runs: dict[str, list[Any]] = interleave(systems, reps, warmup=warmup)
         finally:
@@ -152,6 +159,7 @@ def measure_wire(numels: Sequence[int] = DEFAULT_NUMELS, reps: int = 5, warmup: 
             raw.close()
         result.raw_ms = runs["raw"]
         result.streamed_ms = runs.get("streamed", [])
+        result.raw_streamed_ms = runs.get("raw streamed", [])
         result.push_ms = [push for push, _ in runs["equipoise"]]
         result.pull_ms = [pull for _, pull in runs["equipoise"]]
         result.equipoise_ms = [push + pull for push, pull in runs["equipoise"]]
@@ -212,15 +220,17 @@ def run_auth(preset: str, results_path: str | Path | None = None) -> dict[str, A
 def results_table(results: Sequence[WireResult]) -> str:
     rows = [[f"{r.nbytes / MB:g} MB", len(r.raw_ms), fmt_range(summary(r.raw_ms)),
              fmt_range(summary(r.equipoise_ms)), median(r.push_ms), median(r.pull_ms), r.ratio,
-             fmt_range(summary(r.round_ratios)), "yes" if r.ratio <= TARGET_RATIO else "NO",
-             fmt_range(summary(r.streamed_ms)) if r.streamed_ms else "–",
-             ratio(median(r.streamed_ms), r.raw_median) if r.streamed_ms else "–"]
+             fmt_range(summary(r.round_ratios)), "yes" if r.ratio <= TARGET_RATIO else "NO"]
+            + ([fmt_range(summary(r.raw_streamed_ms)), fmt_range(summary(r.streamed_ms)),
+                ratio(median(r.streamed_ms), r.raw_median),
+                ratio(median(r.streamed_ms), median(r.raw_streamed_ms))] if r.streamed_ms else [])
             for r in results]
     parts = max((r.parts for r in results), default=0)
+    streamed = [f"raw in {parts} messages ms", f"equipoise streamed in {parts} blocks ms", "streamed / raw",
+                "streamed / raw in as many"] if parts else []
     return markdown_table(["payload", "reps", "raw ms median (min–max)", "equipoise ms median (min–max)",
                            "eq to ack ms", "eq then to params ms", "ratio of medians",
-                           "ratio per round median (min–max)", f"≤ {TARGET_RATIO}?",
-                           f"streamed in {parts} blocks ms", "streamed / raw"], rows)
+                           "ratio per round median (min–max)", f"≤ {TARGET_RATIO}?", *streamed], rows)
 
 
 def profile_table(profiles: dict[int, dict[str, float]]) -> str:

@@ -94,8 +94,8 @@ def _instrument_server() -> dict[str, list[float]]:
     L.send = timer(L.send, lambda a, o: f"server: encode+send {a[2].type}")
     # a streamed exchange (EquipoiseClient(parts > 1)): per fragment
     S._on_fragment = timer(S._on_fragment, lambda a, o: "server: _on_fragment total (check+keep+ahead+early)")
-    S._speculate = timer(S._speculate, lambda a, o: "server: a fragment's block updated ahead (speculate)")
-    S._send_early = timer(S._send_early, lambda a, o: "server: _send_early (encode+send the block early)")
+    S._speculate = timer(S._speculate, lambda a, o: "server: a block updated ahead (speculate)" if o
+                         else "server: _speculate with nothing ready")
     return record
 
 
@@ -145,6 +145,21 @@ class RawEcho:
         frames = self._recv()
         dt = time.perf_counter() - t0
         if len(frames) != 1 or len(frames[0]) != payload.nbytes:
+            raise RuntimeError("raw echo returned the wrong bytes")
+        return dt
+
+    def round_trip_parts(self, payload: memoryview, parts: int) -> float:
+        """Seconds to send `payload` as `parts` messages back to back (zero-copy) and
+        receive every echo: the echo of the first travels back while the rest still
+        go out, as a streamed exchange's parts do."""
+        size = -(-payload.nbytes // parts)
+        pieces = [payload[i:i + size] for i in range(0, payload.nbytes, size)]
+        t0 = time.perf_counter()
+        for piece in pieces:
+            self.sock.send(piece, copy=False)
+        got = sum(len(self._recv()[0]) for _ in pieces)
+        dt = time.perf_counter() - t0
+        if got != payload.nbytes:
             raise RuntimeError("raw echo returned the wrong bytes")
         return dt
 

@@ -18,7 +18,7 @@ def test_wire_core_runs_on_a_tiny_payload(tmp_path):
     results = bench_wire.measure_wire([16_384], reps=2, warmup=1, parts=4)  # 64 KB; streamed in 4 blocks
     (r,) = results
     assert r.nbytes == 65_536 and r.parts == 4
-    assert len(r.raw_ms) == len(r.equipoise_ms) == len(r.streamed_ms) == 2
+    assert len(r.raw_ms) == len(r.equipoise_ms) == len(r.streamed_ms) == len(r.raw_streamed_ms) == 2
     assert all(t > 0 for t in r.raw_ms + r.equipoise_ms + r.push_ms + r.pull_ms)
     assert r.ratio > 0
     table = bench_wire.results_table(results)
@@ -45,9 +45,8 @@ def test_wire_profile_times_every_server_step():
     assert profile["server: handle(pull) total"] > 0
     # a real server process, the exchange streamed in 4 blocks: each fragment's steps timed
     streamed = wire_profile.profile_server_process(4096, reps=2, parts=4)
-    assert streamed["server: _on_fragment total (check+keep+ahead+early)"] > 0
-    assert streamed["server: a fragment's block updated ahead (speculate)"] > 0
-    assert streamed["server: _send_early (encode+send the block early)"] > 0
+    assert {"server: _on_fragment total (check+keep+ahead+early)", "server: decode fragment",
+            "server: a block updated ahead (speculate)"} <= streamed.keys()
 
 
 def _single_process_loss(spec: bench_ddp.Spec) -> float:

@@ -507,7 +507,8 @@ def report(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]
     """Write batch_sizes.png, time_split.png, timeline.png and accuracy.png for a run into
     out_dir (default run_dir/report), metrics.png when it evaluated metrics other than
     accuracy and loss (the user's) or no accuracy, servers.png when the servers were measured, and
-    wire.png (report/wire.py) when the workers recorded their traffic; return their paths."""
+    wire.png (report/wire.py) when iteration records hold wire events (a job's always do; a
+    simulated one's not); return their paths."""
     run = load_run(run_dir)
     out = Path(out_dir) if out_dir is not None else run.path / "report"
     out.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,8 @@ _STYLE = {
     "push": (2, "^", "tab:blue", "gradient sent"),
     "applied": (2, "o", "tab:orange", "updated by its server"),
     "early": (3, "v", "tab:green", "weights arrived"),
-    "pull": (3, "v", "tab:green", "weights arrived"),
+    "part": (3, "v", "tab:green", "weights arrived"),
+    "pull": (3, "v", "tab:green", "weights arrived"),  # unless it came in parts: those are drawn
 }
 
 
@@ -36,8 +37,9 @@ def plot_wire(run: Any, path: str | Path, iteration: int | None = None) -> Path:
     """Each of (up to four) workers' wire events of one iteration against milliseconds
     from the start of its forward, one row per block: a gradient leaving (a fragment
     during backward, or the push), its server's update of the block, the weights
-    arriving (a pull's last part, or a part sent early); the report and the next plan
-    as a grey span. Weights that arrive before 0 are the ones this forward used."""
+    arriving (the pull's reply, or each of its parts and the parts sent early as they
+    came); the report and the next plan as a grey span. Weights that arrive before 0
+    are the ones this forward used; an event of a kind it does not know is left out."""
     rec = wire_record(run, iteration)
     workers = list(rec.get("workers") or [])[:MAX_PANELS] if rec else []
     fig = _figure(WIDTH, 2.2 + 1.6 * max(1, len(workers)))
@@ -49,10 +51,13 @@ def plot_wire(run: Any, path: str | Path, iteration: int | None = None) -> Path:
     seen: dict[str, object] = {}
     for ax, (i, worker) in zip(axes, enumerate(workers)):
         events = (rec.get("timeline") or [])[i] or []
-        for kind, _server, sent, arrived, blocks in events:
+        parted = {(e[1], e[2]) for e in events if e[0] in ("part", "early")}  # pulls answered in parts
+        for kind, server, sent, arrived, blocks in events:
             if kind == "plan":
                 handle = ax.axvspan(sent * 1e3, arrived * 1e3, color="0.85", zorder=0)
                 seen.setdefault("report → plan", handle)
+                continue
+            if kind not in _STYLE or (kind == "pull" and (server, sent) in parted):
                 continue
             which, marker, colour, label = _STYLE[kind]
             at = (sent, arrived)[which - 2]

@@ -292,8 +292,9 @@ class PSClient:
         """The wire's events since the last call, oldest first, each [kind, server, sent,
         arrived, blocks] in seconds from `origin` (a perf_counter time; arrived: null for
         a fragment, which gets no reply, and for "applied"): a push's fragments, the push
-        (or the push that ends them) and its ack, a pull and its weights, blocks sent
-        ahead ("early"), when the server computed the blocks of each reply ("applied",
+        (or the push that ends them) and its ack, a pull and its weights (its last part),
+        each part of a pull answered in parts ("part") and blocks sent ahead ("early") as
+        they came, when the server computed the blocks of each reply ("applied",
         `_note_applied`); blocks: the keys the message (a pull: its reply) carried."""
         got, self.timeline = self.timeline, []
         return [[kind, r, round(sent - origin, 6), None if at is None else round(at - origin, 6), keys]
@@ -363,6 +364,8 @@ class PSClient:
                 self.timeline.append(("early", self._rank_of(conn), self._sent_at.get(ticket, 0.0), time.perf_counter(),
                                       sorted(values)))
                 return
+            self.timeline.append(("part", self._rank_of(conn), self._sent_at.get(ticket, 0.0), time.perf_counter(),
+                                  sorted(values)))
             earlier = self._parts.pop(part, {})
             ahead = self._early.pop(part, None)
             if ahead is not None and reply.fields.get("kept") is True:  # they stand: the first of the final parts
@@ -378,13 +381,15 @@ class PSClient:
         self._arrived.setdefault(ticket, {})[id(conn)] = time.perf_counter()
 
     def _rank_of(self, conn: Connection) -> int:
-        return next((r for r, c in self.conns.items() if c is conn), -1)
+        """The server at the other end of `conn` (also one removed with replies owed)."""
+        return next((r for r, c in (*self.conns.items(), *self._leaving.items()) if c is conn), -1)
 
     def _note_applied(self, conn: Connection, ticket: int, reply: Message) -> None:
         """An "applied" event for the blocks of a pull's reply (or part of it) whose server
-        said when it last computed them (`applied_s`, seconds after the pull reached it):
-        placed that long after the pull was sent, which is early by the pull's own trip
-        to the server, so never after the weights' arrival."""
+        said when it last computed them (`applied_s`, seconds after the pull reached it,
+        for the latest of them): placed that long after the pull was sent, which is early
+        by the pull's own trip to the server, so never after the weights' arrival (and
+        never after now, should the two machines' clocks run at different rates)."""
         applied = reply.fields.get("applied_s")
         if applied is None or ticket not in self._sent_at:
             return
@@ -394,7 +399,8 @@ class PSClient:
             keys = sorted(values_of(reply.tensors))
         except (KeyError, TypeError, ValueError) as exc:
             raise ClientError(f"{self.who}: {conn.address} sent malformed params ({exc})") from None
-        self.timeline.append(("applied", self._rank_of(conn), self._sent_at[ticket] + applied, None, keys))
+        at = min(self._sent_at[ticket] + applied, time.perf_counter())
+        self.timeline.append(("applied", self._rank_of(conn), at, None, keys))
 
     def _sigmas(self, conn: Connection, ack: Message) -> list[int]:
         sigmas = ack.fields.get("staleness", [])

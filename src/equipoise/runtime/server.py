@@ -472,8 +472,9 @@ class Server(BlockMoves, EagerUpdates, FragmentHandling):
 
     def _applied_s(self, h: _Held, keys, at: dict[int, float] | None = None) -> dict:
         """A reply's `applied_s`: when the last of the blocks `keys` it carries was
-        computed, in seconds after the pull `h` arrived (negative if before); {} if
-        none of them has been updated yet."""
+        computed here, in seconds after the pull `h` arrived (negative if before); {}
+        if none of them has been updated here yet (a block adopted since: its first
+        update here)."""
         at = self.applied_at if at is None else at
         times = [at[k] for k in keys if k in at]
         return {"applied_s": round(max(times) - h.since, 6)} if times else {}

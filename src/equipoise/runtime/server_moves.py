@@ -65,6 +65,7 @@ class BlockMoves:
         self._rebuild([b for k, b in store.blocks.items() if k not in moved], {}, {})
         for k in keys:
             self.block_grads.pop(k, None)
+            self.applied_at.pop(k, None)  # its next owner knows when it next updates it
             if not self.sync.policy.barrier():
                 self.handover.handed(k, str(msg.fields["to"]), tensors[value_name(k)])
         self._release()  # pulls held here no longer wait for the blocks that left
@@ -159,6 +160,7 @@ class BlockMoves:
         if push.tensors:
             store.apply([push], [0], forwarded=True)
             self._count([push])
+            self.applied_at.update(dict.fromkeys(push.tensors, self.clock.now()))
         if away:
             self._forward(push, away, step)
         self.sync.forwarded(push.worker, step)

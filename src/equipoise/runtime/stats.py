@@ -11,7 +11,7 @@ from ..config import Config
 REPORT_KEYS = ("iteration", "samples", "loss", "compute_s", "wait_s", "comm_s")
 
 
-TIMELINE_KINDS = ("fragment", "push", "pull", "early", "applied", "plan")  # a report's wire events (runtime/client.py)
+TIMELINE_KINDS = ("fragment", "push", "pull", "part", "early", "applied", "plan")  # a report's wire events (runtime/client.py)
 
 
 def check_report(worker: int, report: dict) -> list | None:
