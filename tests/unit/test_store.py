@@ -156,6 +156,29 @@ def test_a_block_updated_ahead_is_bit_equal_to_the_whole_update(optimizer, kw):
             assert torch.equal(t, ahead.optim_state()[name]), (v, name)
 
 
+def test_an_update_computed_ahead_reuses_a_replaced_tensor_only_once_nothing_reads_it():
+    """A block's tensor replaced by a committed speculation is kept and computed into by
+    a later one, but not while a reply still reads it (`lend`); the values are those of
+    fresh memory."""
+    s, fresh = store(momentum=0.0), store(momentum=0.0)
+    first, one, two = s.values[0], push(0, 4, 1.0), push(0, 4, 2.0)
+    s.speculate([one], [0])
+    s.apply([one])
+    assert s.committed == {0} and s.values[0] is not first
+    reading = [True]
+    s.lend([first], lambda: not reading[0])
+    s.speculate([two], [0])
+    assert s.early[0].value is not first  # still read: fresh memory
+    s.early = {}
+    reading[0] = False
+    s.speculate([two], [0])
+    assert s.early[0].value is first  # read no more: reused
+    s.apply([two])
+    for p in (push(0, 4, 1.0), push(0, 4, 2.0)):
+        fresh.apply([p])
+    assert s.committed == {0} and torch.equal(s.values[0], fresh.values[0])
+
+
 def test_a_speculation_of_another_group_or_version_is_not_taken():
     s = store()
     a, b = push(0, 4, 1.0), push(1, 4, 2.0)

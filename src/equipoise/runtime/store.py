@@ -27,6 +27,8 @@ from ..policy.schedule import learning_rate
 from ..policy.staleness import Step, bsp_step, dc_compensate, mean_delay
 from ..policy.sync import SyncPolicy
 
+RETIRED_KEPT = 2  # replaced tensors kept per block for reuse (`_retire`)
+
 
 @dataclass(frozen=True)
 class OptimizerSpec:
@@ -147,12 +149,33 @@ class ParameterStore:
         self._loans = [loan for loan in self._loans if not loan[1]()]
         self._loans.append((tensors, done))
 
+    def _busy(self) -> set[int]:
+        """The ids of the tensors still lent (`lend`)."""
+        self._loans = [loan for loan in self._loans if not loan[1]()]
+        return {id(t) for tensors, _ in self._loans for t in tensors}
+
+    def _buffer(self, key: int) -> torch.Tensor | None:
+        """A retired tensor of block `key` that nothing reads any more, taken to compute
+        into (touched memory: a fresh one costs page faults on large blocks); None if
+        there is none."""
+        retired = self._retired.get(key)
+        if not retired:
+            return None
+        busy = self._busy()
+        free = next((i for i, t in enumerate(retired) if id(t) not in busy), None)
+        return None if free is None else retired.pop(free)  # by position: remove would compare elementwise
+
+    def _retire(self, key: int, tensor: torch.Tensor) -> None:
+        """Keep a block's replaced tensor for reuse (at most RETIRED_KEPT per block)."""
+        retired = self._retired.setdefault(key, [])
+        retired.append(tensor)
+        del retired[:-RETIRED_KEPT]
+
     def _copy_on_write(self) -> None:
         """Before an update: move every block whose tensor is still lent to another buffer."""
-        self._loans = [loan for loan in self._loans if not loan[1]()]
-        if not self._loans:
+        busy = self._busy()
+        if not busy:
             return
-        busy = {id(t) for tensors, _ in self._loans for t in tensors}
         params = self._param_of
         for key, value in self.values.items():
             if id(value) not in busy:
@@ -230,6 +253,7 @@ class ParameterStore:
             self.optimizer.step()  # a parameter without a gradient (None) is not stepped
         params = self._param_of
         for k, e in early.items():  # the updates computed ahead: their values and optimizer state
+            self._retire(k, self.values[k])
             self.values[k] = e.value
             if k in params:
                 params[k].data = e.value
@@ -258,12 +282,13 @@ class ParameterStore:
             w = plan.weights if b.kind == "param" else plan.by_samples
             g = self._combine(k, [p.tensors[k] for p in plan.group], w)
             state: dict = {}
-            if b.kind == "buffer":
-                value = g.clone()  # buffers: the average itself
-            elif self._plain_sgd:  # apply's w −= lr·g, the same kernel, into new memory in one pass
-                value = torch.add(self.values[k], g, alpha=-plan.lr)
+            out = self._buffer(k)
+            if b.kind == "buffer":  # buffers: the average itself
+                value = g.clone() if out is None else out.copy_(g)
+            elif self._plain_sgd:  # apply's w −= lr·g, the same kernel, into other memory in one pass
+                value = torch.add(self.values[k], g, alpha=-plan.lr, out=out)
             else:
-                value = self.values[k].clone()
+                value = self.values[k].clone() if out is None else out.copy_(self.values[k])
                 side = torch.nn.Parameter(value, requires_grad=False)
                 optimizer = _make_optimizer(self.spec, [side])
                 kept = {n: t.clone() if isinstance(t, torch.Tensor) else t
