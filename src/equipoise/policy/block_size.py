@@ -4,10 +4,11 @@ that a resumed job cuts the same blocks.
 
 An exchange that streams its blocks (backward_push, forward_pull, eager_update)
 overlaps all but about two parts' link time (the first up, the last down): 1/8 of a
-server's share cut in AUTO_PARTS = 16. A part also costs a fixed few tens of µs (its
-messages, a server's step per block): under 10% of its link time from 64 KiB at
-1 Gbit/s (AUTO_MIN float32), and about 5% of 1 MiB at loopback's ~1 GB/s (AUTO_MAX,
-the default block size: larger blocks only lengthen the pipeline's fill).
+server's share cut in AUTO_PARTS = 16. A part also costs the server a fixed quarter of
+a millisecond or so besides checking and updating its bytes (bench_wire's streamed
+profile): about 5% of a 64 KiB part's link time at 100 Mbit/s (AUTO_MIN float32), but
+half of it at 1 Gbit/s, so these sizes are for slow links. AUTO_MAX is the default
+block size: larger blocks only lengthen the pipeline's fill.
 """
 
 from __future__ import annotations

@@ -14,10 +14,11 @@ before it, so that the server takes them all as one push (runtime/fragments.py):
 same update, bit for bit, as a push sent whole. A fragment's bytes travel, and are
 checked by the server, while the worker computes the earlier layers' gradients.
 
-Why a least size and not a fragment per block: each message costs the wire and the
-server a fixed few tens of µs (framing, a syscall, a dispatch) whatever it carries, so a
-fragment must carry enough for that to be small beside its transfer: at 1 GB/s, 256 KiB
-take about 260 µs, against ~20 µs of fixed cost (docs/benchmarks.md, the wire section).
+Why a least size and not a fragment per block: each part costs the server a fixed
+quarter of a millisecond or so (decoding, keeping, the dispatch; bench_wire's streamed
+profile, docs/benchmarks.md §2) whatever it carries, so a fragment must carry enough for
+that to be small beside its transfer: 256 KiB take about 2 ms at 1 Gbit/s and 21 ms at
+100 Mbit/s.
 """
 
 from __future__ import annotations
