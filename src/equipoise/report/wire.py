@@ -7,7 +7,6 @@ drawn (docs/run-directory.md, `timeline`).
 from __future__ import annotations
 
 from pathlib import Path
-
 from typing import Any
 
 from .figure import WIDTH, _figure, _no_data, _save
@@ -25,8 +24,9 @@ _STYLE = {
 
 
 def wire_record(run: Any, iteration: int | None = None) -> dict | None:
-    """Of a `Run` (report/plots.py), the iteration record drawn: `iteration`'s, or by default the middle one of those
-    with wire events (away from the cold start); None if no record has any."""
+    """Of a `Run` (report/plots.py), the iteration record drawn: `iteration`'s, or by
+    default the middle one of those with wire events (away from the cold start); None if
+    no record has any."""
     recs = [r for r in run.iterations if any(r.get("timeline") or [])]
     if iteration is not None:
         return next((r for r in recs if r.get("iteration") == iteration), None)
