@@ -192,3 +192,29 @@ def test_a_speculation_of_another_group_or_version_is_not_taken():
     s.generation += 1  # an update in between
     s.apply([a, b])
     assert s.committed == set()
+
+
+@pytest.mark.parametrize("momentum,decay", [(0.0, 0.0), (0.9, 0.0), (0.9, 5e-4), (0.0, 1e-3)])
+def test_the_stores_sgd_steps_as_torch_optim_sgd_bit_for_bit(momentum, decay):
+    """store.SGD against torch.optim.SGD over five steps: lr and momentum changed between
+    steps as the store's policies change them (a step at momentum 0 leaves the buffer
+    untouched), and a parameter without a gradient in one step is not stepped."""
+    from equipoise.runtime.store import SGD
+
+    gen = torch.Generator().manual_seed(1)
+    ours = [torch.nn.Parameter(torch.randn(257, generator=gen), requires_grad=False) for _ in range(2)]
+    theirs = [torch.nn.Parameter(p.detach().clone(), requires_grad=False) for p in ours]
+    a, b = SGD(ours, lr=0.1, momentum=momentum, weight_decay=decay), \
+        torch.optim.SGD(theirs, lr=0.1, momentum=momentum, weight_decay=decay)
+    for step, (lr, mu) in enumerate([(0.1, momentum), (0.05, momentum), (0.05, 0.0), (0.2, momentum), (0.1, momentum)]):
+        for opt in (a, b):
+            opt.param_groups[0]["lr"], opt.param_groups[0]["momentum"] = lr, mu
+        for p, q in zip(ours, theirs):
+            g = torch.randn(257, generator=gen)
+            p.grad, q.grad = (None, None) if step == 1 and p is ours[1] else (g.clone(), g.clone())
+        a.step()
+        b.step()
+        for p, q in zip(ours, theirs):
+            assert torch.equal(p, q), step
+            mine, torch_s = a.state.get(p, {}).get("momentum_buffer"), b.state.get(q, {}).get("momentum_buffer")
+            assert (mine is None) == (torch_s is None) and (mine is None or torch.equal(mine, torch_s)), step

@@ -101,7 +101,7 @@ def host(role: str, rank: int, coordinator: str, job: dict, *, data=None, addres
         import torch  # noqa: F401
         if role == "server":
             from .server import _warm_up
-            _warm_up()
+            _warm_up(cfg.optimizer)  # so that a server added while training runs joins without a long pause
         if job.get("beats") and cfg.heartbeat_s > 0:
             threading.Thread(target=_beat, args=(transport, job["beats"], role, rank, cfg.heartbeat_s,
                                                  cfg.timeout), name="heartbeat", daemon=True).start()

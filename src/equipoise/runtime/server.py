@@ -96,7 +96,6 @@ class Server(BlockMoves, EagerUpdates, FragmentHandling):
     def serve(self) -> None:
         """Register with the coordinator, then handle messages until `stop`. Raises
         TimeoutError if nobody talks to this server for `timeout` seconds."""
-        _warm_up()  # so that a server added while training runs joins without a long pause
         log.info("server %d listening on %s", self.rank, self.listener.address)
         # Kept open while serving: closing at once (linger 0) could drop the hello unsent.
         conn = self.transport.connect(self.coordinator)
@@ -497,11 +496,14 @@ def _positive(name: str, x, zero_ok: bool = False) -> float:
     return float(x)
 
 
-def _warm_up() -> None:
-    """Build and step each optimizer once: their first use imports a lot of torch."""
+def _warm_up(optimizer: str) -> None:
+    """Build and step the job's optimizer once, if it is torch.optim's (Adam): the first
+    built in a process imports about 1.5 s of torch. SGD is the store's own (store.SGD)
+    and needs nothing."""
+    if optimizer == "sgd":
+        return
     import torch
 
     p = torch.nn.Parameter(torch.zeros(1))
     p.grad = torch.zeros(1)
-    for opt in (torch.optim.SGD([p], lr=0.1, momentum=0.9), torch.optim.Adam([p])):
-        opt.step()
+    torch.optim.Adam([p]).step()

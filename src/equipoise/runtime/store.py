@@ -335,7 +335,7 @@ class ParameterStore:
         return (self.generation, plan.lr, plan.momentum,
                 tuple((p.worker, p.start, x, id(p.tensors.get(key))) for p, x in zip(plan.group, w)))
 
-    def _set_hyper(self, optimizer: torch.optim.Optimizer, lr: float, momentum: float) -> None:
+    def _set_hyper(self, optimizer: "SGD | torch.optim.Optimizer", lr: float, momentum: float) -> None:
         for g in optimizer.param_groups:
             g["lr"] = lr
             if "momentum" in g:
@@ -407,12 +407,45 @@ def _weighted_sum(tensors: list[torch.Tensor], weights: list[float], out: torch.
     return out
 
 
-def _make_optimizer(spec: OptimizerSpec, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+class SGD:
+    """`torch.optim.SGD`'s arithmetic on CPU tensors, step for step (its single-tensor path,
+    dampening 0, not Nesterov: w −= lr·(g + wd·w), through the momentum buffer
+    buf = μ·buf + g when μ ≠ 0, the first buffer a copy of g), with the `param_groups` and
+    `state` (param → {"momentum_buffer": buf}) the store reads and writes. Not
+    torch.optim's: building the first torch.optim optimizer of a process imports about
+    1.5 s of torch, which every server would pay at start, and its step has a per-call
+    overhead the update does not need."""
+
+    def __init__(self, params: list[torch.nn.Parameter], lr: float, momentum: float = 0.0,
+                 weight_decay: float = 0.0):
+        self.param_groups = [{"params": list(params), "lr": lr, "momentum": momentum,
+                              "weight_decay": weight_decay}]
+        self.state: dict[torch.nn.Parameter, dict] = {}
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for group in self.param_groups:
+            lr, momentum, decay = float(group["lr"]), group["momentum"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                grad = p.grad if decay == 0 else p.grad.add(p, alpha=decay)
+                if momentum != 0:
+                    state = self.state.setdefault(p, {})
+                    buf = state.get("momentum_buffer")
+                    if buf is None:
+                        buf = state["momentum_buffer"] = grad.detach().clone()
+                    else:
+                        buf.mul_(momentum).add_(grad, alpha=1)
+                    grad = buf
+                p.add_(grad, alpha=-lr)
+
+
+def _make_optimizer(spec: OptimizerSpec, params: list[torch.nn.Parameter]) -> "SGD | torch.optim.Optimizer":
     if not params:  # a server may hold only buffers; optimizers refuse an empty list
         params = [torch.nn.Parameter(torch.zeros(0))]
     if spec.name == "sgd":
-        return torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum,
-                               weight_decay=spec.weight_decay)
+        return SGD(params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay)
     if spec.name == "adam":
         return torch.optim.Adam(params, lr=spec.lr, weight_decay=spec.weight_decay)
     raise ValueError(f"optimizer = {spec.name!r} is not one of sgd, adam")
