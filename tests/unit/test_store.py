@@ -218,3 +218,13 @@ def test_the_stores_sgd_steps_as_torch_optim_sgd_bit_for_bit(momentum, decay):
             assert torch.equal(p, q), step
             mine, torch_s = a.state.get(p, {}).get("momentum_buffer"), b.state.get(q, {}).get("momentum_buffer")
             assert (mine is None) == (torch_s is None) and (mine is None or torch.equal(mine, torch_s)), step
+
+
+@pytest.mark.parametrize("field,value", [("lr", -0.1), ("lr", float("nan")), ("momentum", True), ("weight_decay", "x")])
+def test_the_stores_sgd_refuses_settings_torch_would_not_step_with(field, value):
+    """An init whose optimizer settings are not finite numbers ≥ 0 is refused (a server
+    never re-initialises from a corrupt message), naming the setting."""
+    from equipoise.runtime.store import SGD
+
+    with pytest.raises(ValueError, match=f"optimizer sgd: {field} = "):
+        SGD([torch.nn.Parameter(torch.zeros(2))], **{"lr": 0.1, field: value})

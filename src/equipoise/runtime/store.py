@@ -418,6 +418,9 @@ class SGD:
 
     def __init__(self, params: list[torch.nn.Parameter], lr: float, momentum: float = 0.0,
                  weight_decay: float = 0.0):
+        for name, x in (("lr", lr), ("momentum", momentum), ("weight_decay", weight_decay)):
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not (math.isfinite(x) and x >= 0):
+                raise ValueError(f"optimizer sgd: {name} = {x!r} must be a finite number ≥ 0")
         self.param_groups = [{"params": list(params), "lr": lr, "momentum": momentum,
                               "weight_decay": weight_decay}]
         self.state: dict[torch.nn.Parameter, dict] = {}
