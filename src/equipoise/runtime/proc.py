@@ -82,6 +82,19 @@ def read_job(fd: int, timeout: float = STDIN_TIMEOUT) -> dict:
     return job
 
 
+def _warm_up(optimizer: str) -> None:
+    """Build and step the job's optimizer once, if it is torch.optim's (Adam): the first
+    built in a process imports about 1.5 s of torch. SGD is the store's own (store.SGD)
+    and needs nothing."""
+    if optimizer == "sgd":
+        return
+    import torch
+
+    p = torch.nn.Parameter(torch.zeros(1))
+    p.grad = torch.zeros(1)
+    torch.optim.Adam([p]).step()
+
+
 def host(role: str, rank: int, coordinator: str, job: dict, *, data=None, address: str | None = None,
          machine_factor: float = 1.0) -> None:
     """Run `role` `rank` of the job described by `job` (the document above) until it ends:
@@ -100,7 +113,6 @@ def host(role: str, rank: int, coordinator: str, job: dict, *, data=None, addres
         # enough to look frozen: done before the heartbeat starts.
         import torch  # noqa: F401
         if role == "server":
-            from .server import _warm_up
             _warm_up(cfg.optimizer)  # so that a server added while training runs joins without a long pause
         if job.get("beats") and cfg.heartbeat_s > 0:
             threading.Thread(target=_beat, args=(transport, job["beats"], role, rank, cfg.heartbeat_s,

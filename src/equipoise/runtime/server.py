@@ -494,16 +494,3 @@ def _positive(name: str, x, zero_ok: bool = False) -> float:
     if type(x) not in (int, float) or not math.isfinite(x) or x < 0 or (x == 0 and not zero_ok):
         raise ValueError(f"straggler {name} = {x!r} must be a finite number {'≥' if zero_ok else '>'} 0")
     return float(x)
-
-
-def _warm_up(optimizer: str) -> None:
-    """Build and step the job's optimizer once, if it is torch.optim's (Adam): the first
-    built in a process imports about 1.5 s of torch. SGD is the store's own (store.SGD)
-    and needs nothing."""
-    if optimizer == "sgd":
-        return
-    import torch
-
-    p = torch.nn.Parameter(torch.zeros(1))
-    p.grad = torch.zeros(1)
-    torch.optim.Adam([p]).step()
