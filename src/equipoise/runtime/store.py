@@ -243,13 +243,7 @@ class ParameterStore:
             for param in self._params:
                 if param.grad is not None:
                     self.optimizer.state.get(param, {}).pop("momentum_buffer", None)
-        if self._params and self._plain_sgd:
-            # Exactly SGD.step's arithmetic without momentum and weight decay (w −= lr·g), less
-            # its per-call overhead (profiler scope, grad mode, argument checks).
-            for param in self._params:
-                if param.grad is not None:
-                    param.add_(param.grad, alpha=-plan.lr)
-        elif self._params:
+        if self._params:
             self.optimizer.step()  # a parameter without a gradient (None) is not stepped
         params = self._param_of
         for k, e in early.items():  # the updates computed ahead: their values and optimizer state
