@@ -202,7 +202,6 @@ class EquipoiseClient:
         hello = self._hello()
         self.control = self.transport.connect(hello.fields["address"])
         self.conn = self.worker.connect(hello.fields["address"])
-        self.parts = parts
         blocks = make_blocks([("w", numel, "param", 4)], block_size=-(-numel // parts))
         self.sizes = [b.numel for b in blocks]
         spec = OptimizerSpec("sgd", lr=1e-6, momentum=0.0, weight_decay=0.0, schedule="constant",

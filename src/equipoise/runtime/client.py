@@ -359,13 +359,12 @@ class PSClient:
                 values = values_of(reply.tensors)
             except (KeyError, TypeError, ValueError) as exc:
                 raise ClientError(f"{self.who}: {conn.address} sent malformed params ({exc})") from None
-            if reply.fields.get("early") is True:  # computed ahead: not used before the version is published
+            early = reply.fields.get("early") is True
+            self.timeline.append(("early" if early else "part", self._rank_of(conn), self._sent_at.get(ticket, 0.0),
+                                  time.perf_counter(), sorted(values)))
+            if early:  # computed ahead: not used before the version is published
                 self._early.setdefault(part, {}).update(reply.tensors)
-                self.timeline.append(("early", self._rank_of(conn), self._sent_at.get(ticket, 0.0), time.perf_counter(),
-                                      sorted(values)))
                 return
-            self.timeline.append(("part", self._rank_of(conn), self._sent_at.get(ticket, 0.0), time.perf_counter(),
-                                  sorted(values)))
             earlier = self._parts.pop(part, {})
             ahead = self._early.pop(part, None)
             if ahead is not None and reply.fields.get("kept") is True:  # they stand: the first of the final parts

@@ -435,13 +435,12 @@ class Server(BlockMoves, EagerUpdates, FragmentHandling):
             # `read` stamps the weights: the worker echoes it with the gradient computed on
             # them, and the server measures that gradient's delay in samples applied since.
             moved = {"moved": sorted(self.handover.moved)} if self.handover.moved else {}
-            fields = {"version": self.sync.published(), "held_s": t0 - h.since, "read": store.samples, **moved,
-                      **self._applied_s(h, values)}
+            fields = {"version": self.sync.published(), "held_s": t0 - h.since, "read": store.samples, **moved}
             if self.sync.policy.delay_compensation != "none" and h.worker >= 0:
                 self._remember_read(h.worker, store.samples, values)
             if h.part_bytes:
                 return self._reply_in_parts(h, fields, values, t0)
-            msg = Message("params", fields, pack(values))
+            msg = Message("params", {**fields, **self._applied_s(h, values)}, pack(values))
             self._charge(_nbytes(values.values()), t0)
         else:
             msg = Message("state", {"version": store.version, "samples": store.samples,
@@ -462,7 +461,6 @@ class Server(BlockMoves, EagerUpdates, FragmentHandling):
             if fields["kept"]:
                 values = {k: v for k, v in values.items() if k not in h.early}
         parts = split(values, h.part_bytes)
-        fields.pop("applied_s", None)
         for i, part in enumerate(parts):
             self._charge(_nbytes(part.values()), t0)
             msg = Message("params", {**fields, "last": i == len(parts) - 1, **self._applied_s(h, part)}, pack(part))

@@ -154,14 +154,14 @@ class ParameterStore:
         self._loans = [loan for loan in self._loans if not loan[1]()]
         return {id(t) for tensors, _ in self._loans for t in tensors}
 
-    def _buffer(self, key: int) -> torch.Tensor | None:
-        """A retired tensor of block `key` that nothing reads any more, taken to compute
-        into (touched memory: a fresh one costs page faults on large blocks); None if
-        there is none."""
+    def _buffer(self, key: int, busy: set[int] | None = None) -> torch.Tensor | None:
+        """A retired tensor of block `key` that nothing reads any more (`busy`: the lent
+        tensors' ids, if known), taken to compute into (touched memory: a fresh one costs
+        page faults on large blocks); None if there is none."""
         retired = self._retired.get(key)
         if not retired:
             return None
-        busy = self._busy()
+        busy = self._busy() if busy is None else busy
         free = next((i for i, t in enumerate(retired) if id(t) not in busy), None)
         return None if free is None else retired.pop(free)  # by position: remove would compare elementwise
 
@@ -180,14 +180,9 @@ class ParameterStore:
         for key, value in self.values.items():
             if id(value) not in busy:
                 continue
-            retired = self._retired.setdefault(key, [])
-            free = next((i for i, t in enumerate(retired) if id(t) not in busy), None)
-            if free is None:
-                spare = value.clone()
-            else:  # by position: list.remove would compare tensors with ==, elementwise
-                spare = retired.pop(free)
-                spare.copy_(value)
-            retired.append(value)
+            spare = self._buffer(key, busy)
+            spare = value.clone() if spare is None else spare.copy_(value)
+            self._retire(key, value)
             self.values[key] = spare
             if key in params:
                 params[key].data = spare  # the optimizer's state stays keyed by the same Parameter
