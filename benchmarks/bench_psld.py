@@ -94,9 +94,124 @@ PRESETS = {
     "ssp": Spec(cases=("greedy",), policies=("greedy", "psld", "oracle"), protocol="ssp", **LINK_BOUND),
     "ssp-ci": Spec(dataset="digits", model="mlp", iterations=30, block_size=4000, bandwidth=20.0, settled=10,
                    cases=("greedy",), policies=("greedy", "psld"), reps=1, protocol="ssp"),
+    # a case no rule was tuned on: 2 workers, the slow server holding as its whole share the
+    # one large block (the CNN's first fully connected layer, kept whole), 200 MB/s links
+    "single-block": Spec(workers=2, iterations=100, settled=30, block_size=1 << 19, cases=("greedy",),
+                         policies=("greedy", "psld", "oracle"), every_default=False),
+    "single-block-ssp": Spec(workers=2, iterations=100, settled=30, block_size=1 << 19, cases=("greedy",),
+                             policies=("greedy", "psld", "oracle"), every_default=False, protocol="ssp"),
     "dynamic": Spec(**DYNAMIC),
+    # seeded random cases (random_cases): 2 workers, 60 iterations each, settled = last 20
+    "unseen": Spec(workers=2, iterations=60, settled=20, reps=1, scenario="random", seed=39),
     "dynamic-mlp": Spec(**DYNAMIC, **MLP),
 }
+
+
+# Seeded random cases nobody tuned the rule on (preset "unseen"): block-size spreads
+# (the CNN's first layer whole: one dominant block; the CNN cut in 32k blocks: many equal
+# ones; mlp-deep's three large layers whole; the small mlp in 4k blocks: a long tail), the
+# slow server where greedy puts the largest block, a middle share or only small blocks,
+# links of 50-1,000 MB/s (log-uniform), slowdowns of 2-6x, 2-8 servers, a third of the
+# cases with the slowdown moving to another server half-way, a third under SSP.
+SHAPES = (("cnn", 1 << 20, "one dominant block"), ("cnn", 32768, "many equal blocks"),
+          ("mlp-deep", 1 << 20, "three large layers"), ("mlp", 4096, "a long tail"))
+WHERE = ("largest", "middle", "smallest")
+
+
+def random_cases(seed: int, n: int) -> list[dict[str, Any]]:
+    """`n` cases drawn from `random.Random(seed)`: each a dict of Spec fields (model,
+    block_size, servers, bandwidth, factor, protocol, scenario) and `where` the slow
+    server sits in greedy's placement (`slow_rank` turns it into a rank)."""
+    import random
+
+    rng = random.Random(seed)
+    cases = []
+    for i in range(n):
+        model, block_size, shape = SHAPES[rng.randrange(len(SHAPES))]
+        cases.append({"case": i, "model": model, "block_size": block_size, "shape": shape,
+                      "servers": rng.randint(2, 8), "bandwidth": round(50 * 20 ** rng.random(), 1),
+                      "factor": round(rng.uniform(2, 6), 2), "where": WHERE[rng.randrange(3)],
+                      "scenario": "dynamic" if rng.random() < 1 / 3 else "static",
+                      "protocol": "ssp" if rng.random() < 1 / 3 else "bsp", "switch_draw": rng.random()})
+    return cases
+
+
+def slow_rank(spec: Spec, where: str) -> int:
+    """The server greedy gives the most bytes ("largest"), the fewest ("smallest", lowest
+    rank on ties) or the median share ("middle"), for the spec's model."""
+    loads, _ = server_loads(spec, "greedy")
+    order = sorted(range(spec.servers), key=lambda j: (-loads[j], j))
+    return {"largest": order[0], "middle": order[len(order) // 2], "smallest": order[-1]}[where]
+
+
+def case_spec(base: Spec, case: dict[str, Any]) -> tuple[Spec, int]:
+    """The Spec of a random case, and its slow server; a dynamic case's slowdown moves at
+    half the run to another server (drawn), so a placement right for the first half is
+    wrong for the second."""
+    spec = replace(base, model=case["model"], block_size=case["block_size"], servers=case["servers"],
+                   bandwidth=case["bandwidth"], factor=case["factor"], protocol=case["protocol"],
+                   scenario=case["scenario"], switch=base.iterations // 2)
+    slow = slow_rank(spec, case["where"])
+    others = [r for r in range(spec.servers) if r != slow]
+    spec = replace(spec, switch_to=others[int(case["switch_draw"] * len(others))])
+    return spec, slow
+
+
+def run_unseen(preset: str, results_path: str | None = None, reps: int | None = None,
+               cases: int | None = None) -> dict[str, Any]:
+    """Every random case under greedy, PSLD and the oracle (the best static placement for
+    the speeds in force at the end), interleaved: round r runs case 0's three, then case
+    1's, ... Ratios per case and round: PSLD's whole-run speed-up over greedy, and its
+    whole-run and settled iteration time over the oracle's."""
+    base = PRESETS[preset]
+    n = cases if cases is not None else UNSEEN_CASES
+    reps = base.reps if reps is None else reps
+    drawn = random_cases(base.seed, n)
+    specs = [case_spec(base, c) for c in drawn]
+    result: dict[str, Any] = {"preset": preset, "spec": asdict(base), "cases_drawn": n,
+                              "loadavg_at_start": load_average(), "cases": []}
+    with tempfile.TemporaryDirectory(prefix="bench-psld-") as name:
+        tmp = Path(name)
+        systems = {f"{i}/{label}": (lambda spec=spec, slow=slow, label=label: run_one(spec, label, slow, tmp))
+                   for i, (spec, slow) in enumerate(specs) for label in ("greedy", "psld", "oracle")}
+        runs = interleave(systems, reps)
+    for i, (case, (spec, slow)) in enumerate(zip(drawn, specs)):
+        mine = {label: runs[f"{i}/{label}"] for label in ("greedy", "psld", "oracle")}
+        for rs in mine.values():
+            for r in rs:
+                r.pop("run_dir")
+        ratios = {
+            "psld speed-up × greedy": summary([g["iteration_s"] / p["iteration_s"]
+                                               for g, p in zip(mine["greedy"], mine["psld"])]),
+            "psld × oracle": summary([p["iteration_s"] / o["iteration_s"] for p, o in zip(mine["psld"], mine["oracle"])]),
+            "psld settled × oracle": summary([p["settled_iteration_s"] / o["settled_iteration_s"]
+                                              for p, o in zip(mine["psld"], mine["oracle"])])}
+        result["cases"].append({**case, "slow": slow, "switch_to": spec.switch_to if spec.scenario == "dynamic" else None,
+                                "runs": mine, "ratios": ratios})
+    speedups = [c["ratios"]["psld speed-up × greedy"]["median"] for c in result["cases"]]
+    to_oracle = [c["ratios"]["psld × oracle"]["median"] for c in result["cases"]]
+    worst = min(result["cases"], key=lambda c: c["ratios"]["psld speed-up × greedy"]["median"])
+    result["overall"] = {"psld speed-up × greedy, per case": summary(speedups),
+                         "psld × oracle (whole run), per case": summary(to_oracle),
+                         "cases psld ≥ 1.0× greedy": sum(x >= 1.0 for x in speedups),
+                         "worst case": worst["case"]}
+    rows = [[c["case"], c["shape"], c["servers"], fmt(c["bandwidth"]), fmt(c["factor"]),
+             f"{c['slow']} ({c['where']})", c["protocol"],
+             c["scenario"] + (f" → {c['switch_to']}" if c["switch_to"] is not None else ""),
+             fmt_range(c["ratios"]["psld speed-up × greedy"]), fmt_range(c["ratios"]["psld × oracle"]),
+             fmt_range(c["ratios"]["psld settled × oracle"]), fmt(c["runs"]["psld"][0]["moves"])]
+            for c in result["cases"]]
+    print(f"## PSLD on {n} seeded random cases (seed {base.seed}), {base.workers} workers, {base.iterations} "
+          f"iterations, {reps} interleaved round(s); median (min–max) over rounds\n")
+    print(markdown_table(["case", "blocks", "servers", "link MB/s", "slowdown", "slow server", "protocol",
+                          "scenario", "psld × greedy (speed-up)", "psld × oracle", "settled × oracle",
+                          "moves (round 1)"], rows))
+    o = result["overall"]
+    print(f"\nPSLD ≥ 1.0× greedy in {o['cases psld ≥ 1.0× greedy']} of {n} cases; speed-up over greedy "
+          f"{fmt_range(o['psld speed-up × greedy, per case'])}; whole run × oracle "
+          f"{fmt_range(o['psld × oracle (whole run), per case'])}; worst case {o['worst case']}")
+    print(f"\nwrote {write_results(f'{NAME}_{preset}', result, results_path)}")
+    return result
 
 
 def server_loads(spec: Spec, policy: str) -> tuple[list[int], int]:
@@ -239,8 +354,13 @@ def ratio_table(cases: list[dict]) -> str:
     return markdown_table(["slow server"] + names, rows)
 
 
+UNSEEN_CASES = 20
+
+
 def run(preset: str, results_path: str | None = None, plots: str | None = None,
         reps: int | None = None) -> dict[str, Any]:
+    if PRESETS[preset].scenario == "random":
+        return run_unseen(preset, results_path, reps)
     spec = PRESETS[preset] if reps is None else replace(PRESETS[preset], reps=reps)
     slow = slow_servers(spec)
     result: dict[str, Any] = {"preset": preset, "spec": asdict(spec), "loadavg_at_start": load_average(),

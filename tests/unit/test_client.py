@@ -292,3 +292,89 @@ def test_a_pull_sent_ahead_takes_its_early_parts_after_the_older_pull_s_reply(ne
         server.send(peer, final)
     assert {k: v[0].item() for k, v in client.wait(now).values.items()} == {0: 50.0, 1: 51.0, 2: 52.0, 3: 53.0}
     assert {k: v[0].item() for k, v in client.wait(ahead).values.items()} == {0: 60.0, 1: 61.0, 2: 62.0, 3: 63.0}
+
+
+@pytest.fixture
+def zmq_net():
+    """Two servers, a coordinator and a client over ZeroMQ (connections polled together)."""
+    from equipoise.wire import ZmqTransport
+
+    with ZmqTransport() as transport:
+        servers = [transport.listen(), transport.listen()]
+        coordinator = transport.listen()
+        client = PSClient(transport, worker=7, blocks=BLOCKS, timeout=5.0)
+        client.set_table([0, 1, 0, 1], [s.address for s in servers])
+        coord = transport.connect(coordinator.address)
+        try:
+            yield servers, coordinator, coord, client
+        finally:
+            coord.close()
+            client.close()
+
+
+def _once_read(client, ticket, then, seen):
+    """A thread that calls `then()` as soon as the client has read a reply to `ticket`
+    (`seen` set), or after 5 s without (`seen` left clear)."""
+    import threading
+
+    def run():
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and not client._arrived.get(ticket.id):
+            time.sleep(0.005)
+        if client._arrived.get(ticket.id):
+            seen.set()
+        then()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_a_reply_is_read_when_it_comes_while_the_worker_waits_for_another_server(zmq_net):
+    """A server's exchange time must not hold the time the worker spent waiting for
+    another server: server 0 answers a pull at once, and server 1 acks a push only once
+    the client has read that reply, which it must do while it waits for the ack. Read
+    only when the worker came to the pull, server 0's reply would be charged the wait
+    for server 1 (one cause of PSLD keeping the CNN's first layer on a 4x-slower server:
+    every light server looked as slow as the slow one)."""
+    import threading
+
+    servers, _, _, client = zmq_net
+    pull = client.pull(0)
+    push = client.push({k: torch.zeros(3) for k in (1, 3)}, {1: 0}, 8, only=[1])
+    peer0, _ = take(servers[0], "pull")
+    peer1, _ = take(servers[1], "pull")
+    take(servers[1], "push")
+    seen = threading.Event()
+    ack = _once_read(client, pull, lambda: servers[1].send(peer1, Message("ack", {"version": 0, "staleness": []})),
+                     seen)
+    servers[0].send(peer0, params([0, 2], version=0))
+    client.wait(push)
+    ack.join()
+    assert seen.is_set()  # read during the wait for the ack, which came after it
+    servers[1].send(peer1, params([1, 3], version=0))
+    client.wait(pull)
+    got = client.take_server_s()
+    assert got[0] <= got[1], got  # server 1's reply came after server 0's, to a pull sent after
+
+
+def test_a_reply_is_read_when_it_comes_while_the_worker_waits_for_the_coordinator(zmq_net):
+    """The same while the worker waits for its next plan (under a barrier: for the
+    slowest worker): the coordinator answers only once server 0's reply has been read."""
+    import threading
+
+    servers, coordinator, coord, client = zmq_net
+    coord.send(Message("ping", {}))  # stands for the plan request
+    coord_peer, _ = coordinator.recv(timeout=2.0)
+    pull = client.pull(0)
+    peers = [take(server, "pull")[0] for server in servers]
+    seen = threading.Event()
+    plan = _once_read(client, pull, lambda: coordinator.send(coord_peer, Message("pong", {})), seen)
+    servers[0].send(peers[0], params([0, 2], version=0))
+    while not client.wait_beside(coord, 2.0):
+        pass
+    assert coord.recv(timeout=1.0).type == "pong"
+    plan.join()
+    assert seen.is_set()
+    servers[1].send(peers[1], params([1, 3], version=0))
+    assert isinstance(client.wait(pull), Pulled)

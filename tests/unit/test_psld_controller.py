@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from equipoise.policy.psld import AddServer, MoveBlock, Psld, RemoveServer, parse_control
+from equipoise.policy.psld import AddServer, MoveBlock, Psld, RemoveServer, parse_control, server_rates
 
 SIZES = [400, 400, 100, 100, 100, 100]
 TABLE, LIVE = [0, 1, 2, 3, 0, 1], [0, 1, 2, 3]
@@ -157,14 +157,66 @@ def test_a_servers_time_is_the_larger_of_its_busy_time_and_the_workers_exchanges
     stats = {r: Message("stats", {"busy_s": 0.01, "bytes": 1_000_000, "load_bytes": 400, "blocks": 1})
              for r in (0, 1)}
     manager.settings = SimpleNamespace(psld_interval=5)
-    manager.pool = SimpleNamespace(broadcast=lambda msg, kind: stats, version=1)
+    # a stats request's round trip of 1 ms: 10 exchanges an interval, 0.01 s no byte caused
+    manager.pool = SimpleNamespace(broadcast=lambda msg, kind: stats, version=1, round_trip_s=0.001)
     manager._barrier_at, manager.workers, manager._exchange_s = {0: 0.0, 5: 5.0}, 2, {}
     manager._record, manager._elapsed = records.append, lambda: 5.0
     manager.observe_exchange({0: 0.02, 1: 0.5})  # worker 0's report
     manager.observe_exchange({0: 0.02, 1: 0.5})  # worker 1's
     throughput, iteration_s = manager._measure(5)
     assert iteration_s == 1.0
-    assert throughput == {0: 1_000_000 / 0.02, 1: 1_000_000 / 0.5}  # mean exchange: 0.02 s and 0.5 s
+    # mean exchange: 0.02 s and 0.5 s, less the fixed cost
+    assert throughput == {0: 1_000_000 / 0.01, 1: 1_000_000 / 0.49}
     assert records[0]["exchange_s"] == [0.02, 0.5] and manager._exchange_s == {}
+    assert records[0]["fixed_s"] == 0.01
     manager.observe_exchange({0: 0.001, 1: 0.001})  # faster than their busy time: busy decides
-    assert manager._measure(5)[0] == {0: 1_000_000 / 0.01, 1: 1_000_000 / 0.01}
+    # (less at most half of it)
+    assert manager._measure(5)[0] == {0: 1_000_000 / 0.005, 1: 1_000_000 / 0.005}
+
+
+# Issue 39's case, measured: the CNN's first fully connected layer (1,605,632 bytes) alone
+# on server 0, 4x slower behind a 200 MB/s link; servers 1-3 hold the rest. Bytes and
+# seconds over one interval of 5 iterations, 2 workers (seconds: the larger of busy and
+# exchange time).
+CASE_SIZES = [1_605_632, 73_728, 5_120, 2_088]
+CASE_BYTES = {0: 32_112_640, 1: 1_474_560, 2: 102_400, 3: 41_760}
+CASE_SECONDS = {0: 0.552, 1: 0.027, 2: 0.026, 3: 0.025}
+
+
+def test_a_slow_servers_only_block_moves_once_the_fixed_cost_of_an_exchange_is_taken_off():
+    """Counted as bytes, the few milliseconds every exchange costs made server 1 look as
+    slow as the 4x-slower server (54.6 against 58.2 MB/s), so moving the layer there
+    predicted a loss and PSLD never tried it; with the fixed cost taken off (a round trip
+    of 1 ms, 10 exchanges an interval) it predicts the move that takes the layer off
+    server 0."""
+    from equipoise.policy.placement import exploit_moves
+
+    naive = server_rates(CASE_BYTES, CASE_SECONDS)
+    assert naive == {r: CASE_BYTES[r] / CASE_SECONDS[r] for r in range(4)}
+    assert exploit_moves(CASE_SIZES, [0, 1, 2, 3], [naive[r] for r in range(4)])[0] == []
+    rates = server_rates(CASE_BYTES, CASE_SECONDS, fixed_s=0.01)
+    assert rates == {r: CASE_BYTES[r] / (CASE_SECONDS[r] - 0.01) for r in range(4)}
+    actions = Psld(CASE_SIZES, epsilon=0.0).decide([0, 1, 2, 3], [0, 1, 2, 3], rates, iteration_s=0.11)
+    assert actions[0] == MoveBlock(0, 0, 1)  # the layer leaves server 0 (what comes back is small)
+    assert all(a.block != 0 or a.dst != 0 for a in actions)
+
+
+@pytest.mark.parametrize("nbytes, seconds, fixed, expected", [
+    ({0: 100, 1: 300}, {0: 1.0, 1: 2.0}, 0.5, {0: 200.0, 1: 200.0}),
+    ({0: 100, 1: 300}, {0: 1.0, 1: 2.0}, 0.0, {0: 100.0, 1: 150.0}),
+    ({0: 100, 1: 300}, {0: 1.0, 1: 2.0}, 1.5, {0: 200.0, 1: 300.0}),  # at most half a server's time
+    ({0: 100, 1: 0}, {0: 1.0, 1: 2.0}, 0.5, {0: 200.0}),  # handled nothing: no rate
+    ({0: 100, 1: 50}, {0: 1.0, 1: 0.0}, 0.5, {0: 200.0}),  # took no time: no rate
+    ({0: 100}, {0: 1.0}, float("nan"), {0: 100.0}),  # no fixed cost measured
+    ({}, {}, 0.5, {}),
+])
+def test_server_rates_take_the_fixed_cost_off_every_servers_time(nbytes, seconds, fixed, expected):
+    assert server_rates(nbytes, seconds, fixed) == expected
+
+
+def test_equal_servers_stay_equal_after_the_fixed_cost_is_taken_off():
+    """The correction is the same for every server: equally fast servers with equal
+    loads keep equal rates (no move predicted where none helps)."""
+    rates = server_rates({0: 4e6, 1: 4e6, 2: 4e6}, {0: 0.2, 1: 0.2, 2: 0.2}, 0.05)
+    assert len(set(rates.values())) == 1
+    assert Psld([100] * 6, epsilon=0.0).decide([0, 0, 1, 1, 2, 2], [0, 1, 2], rates, 0.1) == []

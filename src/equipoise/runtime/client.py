@@ -39,7 +39,8 @@ class Ticket:
     kind: str
     id: int
     parts: list[tuple[int, Connection, list[int]]]
-    sent: float = 0.0  # time.perf_counter() when the requests were sent
+    sent: float = 0.0  # time.perf_counter() when the first request was sent
+    sent_to: dict[int, float] = field(default_factory=dict)  # server rank → when its request was sent
     carried: dict[int, list[int]] = field(default_factory=dict)  # server rank → the block keys its message carried
 
 
@@ -260,7 +261,12 @@ class PSClient:
         left = deadline - time.monotonic()
         if left <= 0:
             raise ClientError(f"{self.who}: no reply from {pending[0].address} within {limit:g}s")
-        ready = wait_readable(pending, min(left, 0.2))
+        # Every connection that owes a reply is watched, not only this ticket's: a reply
+        # left unread while we wait on another server would be timed when that server
+        # answered, charging its exchange time to a server that answered long before
+        # (this ticket's first, so a transport without polling blocks on one of them).
+        owing = [c for c in self._owing() if c not in pending]
+        ready = wait_readable(pending + owing, min(left, 0.2))
         if not ready:
             self.interrupt()
         for conn in ready:  # each read as it is ready, so that its reply is timed as it came
@@ -276,10 +282,12 @@ class PSClient:
         return fresh
 
     def _time(self, ticket: Ticket, arrived: dict[int, float], held: dict[int, float]) -> None:
-        """Add each server's part of `ticket` to `server_s`: from sending to its reply's
-        arrival, less the time the server held it (`held`, by id of the connection)."""
+        """Add each server's part of `ticket` to `server_s`: from sending its request (not
+        the ticket's first, which another server's larger message may have delayed) to its
+        reply's arrival, less the time the server held it (`held`, by id of the connection)."""
         for r, conn, _ in ticket.parts:
-            seconds = arrived.get(id(conn), ticket.sent) - ticket.sent - held.get(id(conn), 0.0)
+            sent = ticket.sent_to.get(r, ticket.sent)
+            seconds = arrived.get(id(conn), sent) - sent - held.get(id(conn), 0.0)
             self.server_s[r] = self.server_s.get(r, 0.0) + max(0.0, seconds)
             self.timeline.append((ticket.kind, r, ticket.sent, arrived.get(id(conn)), ticket.carried.get(r, [])))
 
@@ -327,6 +335,7 @@ class PSClient:
             conn = self.conns[r]
             msg = make(r, self.by_server[r])
             conn.send(msg)
+            ticket.sent_to[r] = time.perf_counter()
             ticket.carried[r] = ([b.key for b in self.by_server[r]] if kind == "pull" else
                                  sorted(int(name[1:]) for name in msg.tensors))
             self._owed.setdefault(id(conn), {}).setdefault(_REPLY[kind], deque()).append(ticket.id)
@@ -378,6 +387,25 @@ class PSClient:
         owed.popleft()
         self._got[ticket][id(conn)] = reply
         self._arrived.setdefault(ticket, {})[id(conn)] = time.perf_counter()
+
+    def wait_beside(self, other: Connection, timeout: float) -> bool:
+        """Wait at most `timeout` s for `other` (a connection not to a server: the
+        coordinator's) to have a message, reading meanwhile each server reply owed as it
+        comes, so that it is timed when it came and not when the wait for `other` ended
+        (a worker blocked on the barrier would charge the barrier's time to every server
+        whose reply came during it). True if `other` may be read: it has a message, or the
+        transport cannot poll (then `other.recv` blocks as before)."""
+        owing = self._owing()
+        ready = wait_readable([other, *owing], timeout)
+        for conn in ready:
+            if conn is not other:
+                self._receive(conn, time.monotonic() + self.timeout, self.timeout)
+        return any(conn is other for conn in ready)
+
+    def _owing(self) -> list[Connection]:
+        """The connections (live or leaving) that owe a reply to some ticket."""
+        return [c for c in (*self.conns.values(), *self._leaving.values())
+                if any(self._owed.get(id(c), {}).values())]
 
     def _rank_of(self, conn: Connection) -> int:
         """The server at the other end of `conn` (also one removed with replies owed)."""

@@ -19,7 +19,7 @@ import time
 from typing import Callable
 
 from ..policy.placement import Block, rehome
-from ..wire import Connection, Message
+from ..wire import Connection, Message, wait_readable
 
 
 class ServerPool:
@@ -34,6 +34,7 @@ class ServerPool:
         self.table = list(table)
         self.blocks = blocks
         self.version = 0
+        self.round_trip_s = float("inf")  # the least seen by `broadcast`
         self.leaving: dict[int, int] = {}  # emptied, still forwarding: rank -> table version it left at
 
     # -- plumbing ---------------------------------------------------------------------
@@ -52,10 +53,21 @@ class ServerPool:
         return self._expect(self.conns[rank], kind, f"server {rank}")
 
     def broadcast(self, msg: Message, kind: str) -> dict[int, Message]:
+        """Send `msg` to every live server and take each one's `kind` reply. The least
+        time from the sending to a reply's reading is kept (`round_trip_s`): what a
+        message that carries no bytes costs, every exchange's fixed cost."""
         ranks = self.live()
+        sent = time.perf_counter()
         for r in ranks:
             self.conns[r].send(msg)
-        return {r: self._expect(self.conns[r], kind, f"server {r}") for r in ranks}
+        replies: dict[int, Message] = {}
+        while len(replies) < len(ranks):  # in the order they come (the first: the least round trip)
+            pending = [r for r in ranks if r not in replies]
+            ready = wait_readable([self.conns[r] for r in pending], 1.0)
+            r = next((r for r in pending if any(c is self.conns[r] for c in ready)), pending[0])
+            replies[r] = self._expect(self.conns[r], kind, f"server {r}")
+            self.round_trip_s = min(self.round_trip_s, time.perf_counter() - sent)
+        return {r: replies[r] for r in ranks}
 
     def close(self) -> None:
         for c in self.conns:

@@ -14,13 +14,14 @@ replies and hellos, the slice of the configuration it reads and the scenario.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from ..policy.placement import Block, placement_blocks
-from ..policy.psld import AddServer, MoveBlock, Psld, RemoveServer, ServerAction, parse_control
+from ..policy.psld import AddServer, MoveBlock, Psld, RemoveServer, ServerAction, parse_control, server_rates
 from ..scenario import BlockMove, Scenario, ServerRemove
 from ..wire import Message, PeerTimeout, Transport, names
 from .pool import ServerPool
@@ -395,8 +396,11 @@ class ServerManager:
         exchange = {r: self._exchange_s.get(r, 0.0) / max(1, self.workers) for r in stats}
         self._exchange_s = {}
         seconds = {r: max(m.fields["busy_s"], exchange[r]) for r, m in stats.items()}
-        throughput = {r: m.fields["bytes"] / seconds[r] for r, m in stats.items()
-                      if seconds[r] > 0 and m.fields["bytes"] > 0}
+        # What no byte causes: the least round trip of the stats requests so far, once for
+        # each of the interval's exchanges with a server (a push and a pull an iteration)
+        round_trip = self.pool.round_trip_s if math.isfinite(self.pool.round_trip_s) else 0.0
+        fixed_s = 2 * interval * round_trip
+        throughput = server_rates({r: m.fields["bytes"] for r, m in stats.items()}, seconds, fixed_s)
         self._rates = throughput
         ranks = sorted(stats)
         self._record({
@@ -408,7 +412,7 @@ class ServerManager:
             "busy_share": [stats[r].fields["busy_s"] / (interval * iteration_s) if iteration_s else None
                            for r in ranks],
             "bytes": [stats[r].fields["bytes"] for r in ranks],
-            "throughput_mbps": [throughput.get(r, 0.0) / 1e6 for r in ranks],
+            "throughput_mbps": [throughput.get(r, 0.0) / 1e6 for r in ranks], "fixed_s": fixed_s,
             "iteration_s": iteration_s, "table_version": self.pool.version})
         return throughput, iteration_s
 

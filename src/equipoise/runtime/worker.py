@@ -82,6 +82,7 @@ class Worker:
         self.memory_cap: int | None = None  # the batch this worker's device memory holds (its probe)
         self.fixed_s: float | None = None  # LB-BSP: a step's cost that does not grow with its batch (its probe)
         self._inbox: deque[Message] = deque()  # coordinator messages read while waiting for servers
+        self.client: PSClient | None = None  # the servers' client, from the coordinator's welcome on
         self.early: BackwardPush | None = None  # backward_push: the hooks that stream a step's gradients
         self.lazy: ForwardPull | None = None  # forward_pull: the hooks that take a pull's weights as they come
         self._tags: dict = {}  # backward_push: the tags of the push being streamed
@@ -515,6 +516,10 @@ class Worker:
                 msg = self._inbox.popleft()
             else:
                 try:
+                    left = deadline - time.monotonic()
+                    # server replies that come meanwhile are read (and timed) as they come
+                    if left > 0 and self.client is not None and not self.client.wait_beside(self.coord, min(left, 0.2)):
+                        continue
                     msg = self.coord.recv(timeout=max(0.001, deadline - time.monotonic()))
                 except PeerTimeout:
                     raise WorkerError(f"worker {self.rank}: no {expect!r} from the coordinator within "

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..config import Config
 from ..policy.placement import placement_blocks
+from ..policy.psld import server_rates
 from ..policy.sync import ServerSync
 from ..scenario import Scenario
 from .cost import CostModel, state_copies
@@ -104,6 +105,7 @@ class Servers:
         self.total = float(self.sizes.sum())
         self.busy: Counter[int] = Counter()
         self.bytes: Counter[int] = Counter()
+        self.exchanges: Counter[int] = Counter()  # one worker's pushes and pulls with each server
         self.version = 0  # the block table's
         self.update(0.0, 0)
 
@@ -126,10 +128,11 @@ class Servers:
         ranks = np.array([r for r in self.live if loads[r] > 0])
         return ranks, loads[ranks], np.array([self.per_byte[r] for r in ranks])
 
-    def charge(self, ranks: np.ndarray, busy: np.ndarray, nbytes: np.ndarray) -> None:
+    def charge(self, ranks: np.ndarray, busy: np.ndarray, nbytes: np.ndarray, exchanges: int = 2) -> None:
         for r, s, b in zip(ranks.tolist(), busy.tolist(), nbytes.tolist()):
             self.busy[r] += s
             self.bytes[r] += b
+            self.exchanges[r] += exchanges
 
     def move(self, block: int, dst: int) -> tuple[int, float]:
         """Move one block; (bytes moved with its optimizer state, seconds it took)."""
@@ -143,14 +146,20 @@ class Servers:
         ranks = sorted(self.live)
         loads = np.bincount(self.owner, weights=self.sizes, minlength=max(ranks) + 1)
         blocks = np.bincount(self.owner, minlength=max(ranks) + 1)
-        thr = {r: self.bytes[r] / self.busy[r] for r in ranks if self.busy[r] > 0 and self.bytes[r] > 0}
+        # A server's time as the runtime measures it: its busy time plus each exchange's
+        # round trip, a cost no byte causes (policy.psld.server_rates)
+        seconds = {r: self.busy[r] + self.exchanges[r] * 2 * self.cost.latency for r in ranks}
+        fixed_s = max(self.exchanges.values(), default=0) * 2 * self.cost.latency
+        thr = server_rates({r: self.bytes[r] for r in ranks}, seconds, fixed_s)
         rec = {"type": "servers", "iteration": t, "elapsed": elapsed, "servers": ranks,
                "load_bytes": [int(loads[r]) for r in ranks], "blocks": [int(blocks[r]) for r in ranks],
                "busy_s": [self.busy[r] for r in ranks], "bytes": [int(self.bytes[r]) for r in ranks],
-               "throughput_mbps": [thr.get(r, 0.0) / 1e6 for r in ranks], "iteration_s": iteration_s,
+               "throughput_mbps": [thr.get(r, 0.0) / 1e6 for r in ranks], "fixed_s": fixed_s,
+               "iteration_s": iteration_s,
                "table_version": self.version}
         self.busy.clear()
         self.bytes.clear()
+        self.exchanges.clear()
         return rec, thr
 
 
