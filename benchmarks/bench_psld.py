@@ -103,6 +103,8 @@ PRESETS = {
     "dynamic": Spec(**DYNAMIC),
     # seeded random cases (random_cases): 2 workers, 60 iterations each, settled = last 20
     "unseen": Spec(workers=2, iterations=60, settled=20, reps=1, scenario="random", seed=39),
+    # the same draw in the simulator, 200 cases (pre-screen: the real runs decide)
+    "unseen-sim": Spec(workers=2, iterations=60, settled=20, reps=1, scenario="random-sim", seed=39),
     "dynamic-mlp": Spec(**DYNAMIC, **MLP),
 }
 
@@ -210,6 +212,49 @@ def run_unseen(preset: str, results_path: str | None = None, reps: int | None = 
     print(f"\nPSLD ≥ 1.0× greedy in {o['cases psld ≥ 1.0× greedy']} of {n} cases; speed-up over greedy "
           f"{fmt_range(o['psld speed-up × greedy, per case'])}; whole run × oracle "
           f"{fmt_range(o['psld × oracle (whole run), per case'])}; worst case {o['worst case']}")
+    print(f"\nwrote {write_results(f'{NAME}_{preset}', result, results_path)}")
+    return result
+
+
+def simulated(spec: Spec, label: str, slow: int, tmp: Path) -> float:
+    """Seconds per iteration of one run of `label` in the simulator (same policies, same
+    config; PSLD is simulated at barriers only, so a case drawn under SSP runs as BSP;
+    a 1 ms one-way latency, so that an exchange's fixed cost is there to mislead)."""
+    from equipoise.sim.run import simulate
+
+    cfg = {**job(replace(spec, protocol="bsp"), label, slow, tmp), "sim_latency_s": 0.001}
+    return simulate(cfg, write=False)["train_s"] / spec.iterations
+
+
+def prescreen(base: Spec, n: int, tmp: Path) -> list[dict[str, Any]]:
+    """The first `n` random cases of `base.seed` in the simulator: each case's seconds
+    per iteration under greedy, PSLD and the oracle."""
+    out = []
+    for case in random_cases(base.seed, n):
+        spec, slow = case_spec(base, case)
+        out.append({**case, "slow": slow,
+                    **{label: simulated(spec, label, slow, tmp) for label in ("greedy", "psld", "oracle")}})
+    return out
+
+
+def run_prescreen(preset: str, results_path: str | None = None, cases: int = 200) -> dict[str, Any]:
+    base = PRESETS[preset]
+    with tempfile.TemporaryDirectory(prefix="bench-psld-") as name:
+        rows = prescreen(base, cases, Path(name))
+    speedups = [r["greedy"] / r["psld"] for r in rows]
+    to_oracle = [r["psld"] / r["oracle"] for r in rows]
+    worst = min(range(len(rows)), key=lambda i: speedups[i])
+    result = {"preset": preset, "spec": asdict(base), "cases_drawn": cases, "simulated": True, "cases": rows,
+              "overall": {"psld speed-up × greedy, per case": summary(speedups),
+                          "psld × oracle (whole run), per case": summary(to_oracle),
+                          "cases psld ≥ 1.0× greedy": sum(x >= 1.0 for x in speedups), "worst case": worst}}
+    o = result["overall"]
+    print(f"## PSLD on {cases} seeded random cases (seed {base.seed}) in the simulator (all at barriers)\n\n"
+          f"PSLD ≥ 1.0× greedy in {o['cases psld ≥ 1.0× greedy']} of {cases} cases; speed-up over greedy "
+          f"{fmt_range(o['psld speed-up × greedy, per case'])}; whole run × oracle "
+          f"{fmt_range(o['psld × oracle (whole run), per case'])}; worst case {worst}: {rows[worst]['shape']}, "
+          f"{rows[worst]['servers']} servers, {rows[worst]['bandwidth']} MB/s, slow server {rows[worst]['slow']} "
+          f"({rows[worst]['where']}), {rows[worst]['scenario']}")
     print(f"\nwrote {write_results(f'{NAME}_{preset}', result, results_path)}")
     return result
 
@@ -361,6 +406,8 @@ def run(preset: str, results_path: str | None = None, plots: str | None = None,
         reps: int | None = None) -> dict[str, Any]:
     if PRESETS[preset].scenario == "random":
         return run_unseen(preset, results_path, reps)
+    if PRESETS[preset].scenario == "random-sim":
+        return run_prescreen(preset, results_path)
     spec = PRESETS[preset] if reps is None else replace(PRESETS[preset], reps=reps)
     slow = slow_servers(spec)
     result: dict[str, Any] = {"preset": preset, "spec": asdict(spec), "loadavg_at_start": load_average(),

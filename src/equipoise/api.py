@@ -155,7 +155,7 @@ def check_workload(cfg: Config) -> Workload:
             n = min(2, len(work))
             batch = work.fetch(work.train, torch.arange(n))
             torch.manual_seed(cfg.seed)
-            model = build_model(cfg.model, work.input_shape, work.num_classes)
+            model = build_model(cfg.model, work.input_shape, work.num_classes, cfg.model_args)
             model.train()
             step = _user_call(work, "loss", lambda: work.loss_of(model, batch, n))
             if not step.objective.requires_grad:

@@ -22,7 +22,7 @@ PROTOCOLS = ("bsp", "asp", "lbbsp", "softsync", "ssp")
 LR_MODULATIONS = ("none", "per_gradient", "mean")
 ASYNC_SCALINGS = ("bsp", "none")  # as policy/staleness.py (config imports no torch)
 DELAY_COMPENSATIONS = ("none", "dc", "dc_adaptive")
-OPTIMIZERS = ("sgd", "adam")
+OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "step", "cosine")
 BUILTIN_MODELS = ("mlp", "mlp-deep", "cnn", "resnet20")
 DATASETS = ("fashion-mnist", "mnist", "digits", "cifar10", "synthetic")
@@ -36,6 +36,7 @@ LAUNCHERS = ("local", "ray")
 RAY_STRATEGIES = ("SPREAD", "PACK", "STRICT_SPREAD", "STRICT_PACK")  # Ray's placement group strategies
 RAY_DATA = ("ship", "path")
 RESOURCE_KEYS = ("worker_resources", "server_resources")
+ARGS_KEYS = {"model_args": "model", "data_args": "dataset", "loss_args": "loss"}  # settings -> the spec they go to
 DEVICE_RE = re.compile(r"^(cpu|auto|cuda(:\d+)?)$")  # a worker's device: runtime/device.py
 PRECISIONS = ("32", "bf16-mixed")
 T = TypeVar("T")
@@ -75,18 +76,24 @@ class Config:
     lr_schedule: str = "constant"
     lr_step_size: int = 100
     lr_gamma: float = 0.1
+    warmup_iterations: int = 0  # linear warm-up: lr × (t + 1)/(W + 1) for iteration t < W, then the schedule
+    lr_min: float = 0.0  # the cosine schedule's floor (CosineAnnealingLR's eta_min)
     model: str = "cnn"
     dataset: str = "fashion-mnist"  # a built-in name, or a provider: "file.py:fn" | "pkg.mod:fn"
     data_dir: str = ""
     loss: str = ""  # the step: "file.py:fn", fn(model, batch) -> mean | (sum, count); "": cross-entropy
     metrics: str = ""  # "file.py:fn", fn(model, batch) -> {name: number | (sum, count)}; "": loss (+ accuracy)
     collate: str = ""  # "file.py:fn" turning a list of items into a batch; "": torch's default_collate
+    model_args: dict = field(default_factory=dict)  # keywords for the model spec's function
+    data_args: dict = field(default_factory=dict)  # keywords for the dataset provider
+    loss_args: dict = field(default_factory=dict)  # keywords for the loss function, after (model, batch)
     loader_workers: int = 0  # threads reading the next slice's samples while this one computes
     target: dict = field(default_factory=dict)  # {metric = "test_loss", below = 1.6} or {..., above = x}
     stop_at_target: bool = False  # end the job once the target is met
     seed: int = 0
     eval_every: int = 100
     eval_samples: int = 0  # periodic evaluations use the first N test samples (0: all)
+    eval_batch: int = 1000  # samples an evaluation feeds the model at once (its outputs: one batch's at a time)
     checkpoint_every: int = 200
     batch_split: tuple[int, ...] = ()
     batch_policy: str = "proportional"
@@ -165,6 +172,7 @@ class Config:
                 raise ConfigError(f"unknown config key {key!r} (known keys: {', '.join(known)})")
             kwargs[key] = (_coerce_resources(key, value) if key in RESOURCE_KEYS
                            else _coerce_target(value) if key == "target"
+                           else _coerce_args(key, value) if key in ARGS_KEYS
                            else _coerce(key, value, known[key].default))
         cfg = cls(**kwargs)
         cfg.validate()
@@ -206,10 +214,19 @@ class Config:
     def validate(self) -> None:
         _choice("protocol", self.protocol, PROTOCOLS)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
-        _choice("lr_schedule", self.lr_schedule, SCHEDULES)
+        if ":" not in self.lr_schedule:
+            _choice("lr_schedule", self.lr_schedule, SCHEDULES + ("a spec 'file.py:function'",))
+        elif self.warmup_iterations:
+            raise ConfigError(f"warmup_iterations = {self.warmup_iterations} with lr_schedule = "
+                              f"{self.lr_schedule!r}: a user schedule gives the whole factor (warm-up included)")
         if self.dataset not in DATASETS and ":" not in self.dataset:
             raise ConfigError(f"dataset = {self.dataset!r} is neither one of {', '.join(DATASETS)} nor a "
                               "provider spec 'file.py:function' or 'package.module:function'")
+        for key, target in ARGS_KEYS.items():
+            spec = getattr(self, target)
+            if getattr(self, key) and ":" not in spec:
+                raise ConfigError(f"{key} is for a {target} of the user's own ('file.py:function'); "
+                                  f"{target} = {spec or '(default)'!r} is built in")
         for key in ("loss", "metrics", "collate"):
             if getattr(self, key) and ":" not in getattr(self, key):
                 raise ConfigError(f"{key} = {getattr(self, key)!r} is not a 'file.py:function' or "
@@ -245,20 +262,23 @@ class Config:
         for key in ("workers", "servers", "global_batch", "threads", "min_batch", "max_message_mb"):
             _at_least(key, getattr(self, key), 1)
         for key in ("block_size", "fragment_kb", "iterations", "seed", "eval_every", "eval_samples",
-                    "checkpoint_every", "lr_step_size",
+                    "checkpoint_every", "lr_step_size", "warmup_iterations",
                     "max_batch", "worker_batch", "reference_batch", "softsync_n", "staleness_bound",
                     "psld_max_servers", "worker_restarts", "snapshot_every", "loader_workers"):
             _at_least(key, getattr(self, key), 0)
         _at_least("heartbeat_s", self.heartbeat_s, 0.0)
         _at_least("psld_interval", self.psld_interval, 1)
+        _at_least("eval_batch", self.eval_batch, 1)
         if not 0.0 <= self.psld_epsilon <= 1.0:
             raise ConfigError(f"psld_epsilon = {self.psld_epsilon!r} must be in [0, 1]")
         for key in ("lr", "epochs", "timeout", "server_rate"):
             _positive(key, getattr(self, key))
         if not 0.0 <= self.hysteresis < 1.0:
             raise ConfigError(f"hysteresis = {self.hysteresis!r} must be in [0, 1)")
-        for key in ("momentum", "weight_decay", "lr_gamma"):
+        for key in ("momentum", "weight_decay", "lr_gamma", "lr_min"):
             _at_least(key, getattr(self, key), 0.0)
+        if self.lr_min > self.lr:
+            raise ConfigError(f"lr_min = {self.lr_min!r} is above lr = {self.lr!r}")
         if self.workers > self.global_batch:
             raise ConfigError(
                 f"workers = {self.workers} is more than global_batch = {self.global_batch}: "
@@ -495,6 +515,28 @@ def _derive_global_batch(values: Mapping[str, Any]) -> Mapping[str, Any]:
         raise ConfigError(f"global_batch = {given!r} disagrees with worker_batch = {mu} × workers = "
                           f"{workers} = {derived}: set one of them")
     return {**values, "global_batch": derived}
+
+
+def _coerce_args(key: str, value: Any) -> dict:
+    """Keywords for a user's function: a table of identifiers to values a config file can
+    hold (numbers, strings, booleans, lists and tables of them), as recorded in config.toml."""
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{key} = {value!r} should be a table of keywords, e.g. {key} = {{dropout = 0.2}}")
+
+    def plain(v: Any, where: str) -> Any:
+        if isinstance(v, (bool, int, str)) or (isinstance(v, float) and math.isfinite(v)):
+            return v
+        if isinstance(v, (list, tuple)):
+            return [plain(x, where) for x in v]
+        if isinstance(v, Mapping) and all(isinstance(k, str) for k in v):
+            return {k: plain(x, f"{where}.{k}") for k, x in v.items()}
+        raise ConfigError(f"{where} = {v!r} is not a number, string, boolean, list or table "
+                          "(what config.toml can record)")
+
+    for name in value:
+        if not (isinstance(name, str) and name.isidentifier()):
+            raise ConfigError(f"{key}: {name!r} is not a keyword name")
+    return {name: plain(v, f"{key}.{name}") for name, v in value.items()}
 
 
 def _coerce(key: str, value: Any, default: Any) -> Any:

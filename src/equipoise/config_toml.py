@@ -46,7 +46,7 @@ def to_toml(values: Mapping[str, Any]) -> str:
 TABLES: dict[str, dict[str, str]] = {
     "data": {"name": "dataset", "dataset": "dataset", "dir": "data_dir", "loss": "loss", "metrics": "metrics",
              "collate": "collate", "loader_workers": "loader_workers", "model": "model"},
-    "eval": {"every": "eval_every", "samples": "eval_samples", "target": "target",
+    "eval": {"every": "eval_every", "samples": "eval_samples", "batch": "eval_batch", "target": "target",
              "stop_at_target": "stop_at_target", "checkpoint_every": "checkpoint_every"},
     "servers": {"count": "servers", "slowdown": "server_slowdown", "trace": "server_trace",
                 "rate": "server_rate", "speeds": "server_speeds", "bandwidth": "server_bandwidth", "events": "server_events",
@@ -59,7 +59,7 @@ TABLES: dict[str, dict[str, str]] = {
 }
 
 
-USER_CODE = ("model", "dataset", "loss", "metrics", "collate")
+USER_CODE = ("model", "dataset", "loss", "metrics", "collate", "lr_schedule")
 
 
 def absolute_specs(values: Mapping[str, Any]) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from .policy.batching import equal_split
 from .policy.schedule import learning_rate
 from .policy.sync import SyncPolicy
 from .runtime.blocks import model_blocks, read_pushes, read_values, write_values
+from .runtime.store import user_schedule
 from .telemetry.metrics import read_metrics
 from .workload import as_workload
 
@@ -63,7 +64,7 @@ def train_reference(cfg: Config, iterations: int | None = None, data=None,
         raise ValueError(f"splits covers {len(splits)} iterations, {steps} are needed")
     X = cfg.global_batch
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model, data.input_shape, data.num_classes)
+    model = build_model(cfg.model, data.input_shape, data.num_classes, cfg.model_args)
     model.train()
     blocks = model_blocks(model, cfg.block_size, cfg.servers)
     values = {k: v.detach().clone().contiguous() for k, v in read_values(model, blocks).items()}
@@ -71,8 +72,11 @@ def train_reference(cfg: Config, iterations: int | None = None, data=None,
     if cfg.optimizer == "sgd":
         opt = torch.optim.SGD(params.values(), lr=cfg.lr, momentum=cfg.momentum,
                               weight_decay=cfg.weight_decay)
+    elif cfg.optimizer == "adamw":
+        opt = torch.optim.AdamW(params.values(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     else:
         opt = torch.optim.Adam(params.values(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    user = user_schedule(cfg.lr_schedule)
     sampler = SliceSampler(len(data), X, cfg.seed)
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)  # a GEMM's reduction order may depend on it
@@ -103,7 +107,8 @@ def train_reference(cfg: Config, iterations: int | None = None, data=None,
                     values[b.key].copy_(combined)
             for g in opt.param_groups:  # a server's progress: samples applied (t·X) / X
                 g["lr"] = learning_rate(cfg.lr, cfg.lr_schedule, t * X / X, total=total,
-                                        step_size=cfg.lr_step_size, gamma=cfg.lr_gamma)
+                                        step_size=cfg.lr_step_size, gamma=cfg.lr_gamma,
+                                        warmup=cfg.warmup_iterations, floor=cfg.lr_min, user=user)
             opt.step()
     finally:
         torch.set_num_threads(threads)

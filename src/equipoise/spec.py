@@ -56,6 +56,10 @@ def import_file(path: str) -> object:
         return sys.modules[name]
     if not file.is_file():
         raise FileNotFoundError(f"no such file {str(file)!r}")
+    # As Python runs a script: its folder first on sys.path, so that it imports its
+    # neighbours (`import data`, `from model import RNNModel`) from any working directory.
+    if str(file.parent) not in sys.path:
+        sys.path.insert(0, str(file.parent))
     module_spec = importlib.util.spec_from_file_location(name, file)
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[name] = module
@@ -107,7 +111,30 @@ def callable_spec(value: Any, what: str, error: type[Exception] = ValueError) ->
         if not getattr(main, "__file__", None):
             raise error(f"{what} = {value!r} is defined interactively; put it in a file")
         return f"{Path(main.__file__).resolve()}:{qualname}"
+    file = _unreachable_file(module)
+    if file is not None:  # the children could not import it by name: by its file, which they can
+        return f"{file}:{qualname}"
     return f"{module}:{qualname}"
+
+
+def _unreachable_file(module: str) -> str | None:
+    """The file of `module` if a child process (started with this working directory and
+    PYTHONPATH, not this process's sys.path) could not import it by name: a module next
+    to the running script, found through the script's folder on sys.path. None if it
+    can, or has no file of its own (a single module, not a package's)."""
+    import os
+    import sysconfig
+
+    mod = sys.modules.get(module)
+    path = getattr(mod, "__file__", None)
+    if not path or "." in module:
+        return None  # a package's module: its root is found as the package is; left by name
+    folder = Path(path).resolve().parent
+    reachable = {Path.cwd().resolve()}
+    reachable |= {Path(p).resolve() for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+    reachable |= {Path(p).resolve() for p in sysconfig.get_paths().values() if p}
+    reachable |= {Path(p).resolve() for p in sys.path if p and ("site-packages" in p or "dist-packages" in p)}
+    return None if folder in reachable else str(Path(path).resolve())
 
 
 __all__ = ["absolute_spec", "accepted_kwargs", "callable_spec", "import_file", "is_spec", "one_line", "resolve"]

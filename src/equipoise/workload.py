@@ -32,6 +32,7 @@ replaying the job in one process and the evaluation of a snapshot all go through
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from dataclasses import dataclass
@@ -242,7 +243,8 @@ def provide(cfg) -> tuple[Any, Any]:
     try:
         with torch.random.fork_rng(devices=[]):  # the same dataset in every process, whatever ran before
             torch.manual_seed(cfg.seed)
-            out = fn(**accepted_kwargs(fn, {"seed": cfg.seed, "data_dir": cfg.data_dir or None}))
+            out = fn(**accepted_kwargs(fn, {"seed": cfg.seed, "data_dir": cfg.data_dir or None}),
+                     **(getattr(cfg, "data_args", None) or {}))
     except DataError:
         raise
     except Exception as exc:
@@ -281,6 +283,9 @@ def load_workload(cfg, shared=None) -> Workload:
     for key in ("loss", "metrics", "collate"):
         spec = _spec(cfg, key)
         fns[key] = resolve(spec, key, StepError) if spec else None
+    loss_args = getattr(cfg, "loss_args", None) or {}
+    if loss_args and fns["loss"] is not None:  # the recipe's settings, after (model, batch)
+        fns["loss"] = functools.partial(fns["loss"], **loss_args)
     names = {"dataset": cfg.dataset, **{k: _spec(cfg, k) or f"(default {k})" for k in fns}}
     return Workload(train, evl, **fns, names=names)
 

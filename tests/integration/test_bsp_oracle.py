@@ -28,3 +28,22 @@ def test_bsp_adam_cosine_equals_single_process(small, tmp_path):
                workers=3, servers=3, block_size=3000)
     equipoise.train(cfg, out=tmp_path / "run")
     assert_equals_reference(cfg, tmp_path / "run")
+
+
+def test_bsp_adamw_warm_up_cosine_equals_single_process(small, tmp_path):
+    """nanoGPT's recipe on the servers (AdamW, decoupled weight decay, linear warm-up,
+    cosine to a floor) equals torch.optim.AdamW stepped on one process with the same rates."""
+    cfg = dict(small, iterations=16, seed=2, optimizer="adamw", lr=0.01, weight_decay=0.1,
+               lr_schedule="cosine", warmup_iterations=4, lr_min=0.001, workers=3, servers=2, block_size=3000)
+    equipoise.train(cfg, out=tmp_path / "run")
+    assert_equals_reference(cfg, tmp_path / "run")
+
+
+def test_bsp_with_a_user_schedule_equals_single_process(small, tmp_path):
+    """A schedule of the user's own, by spec, imported by every server."""
+    from pathlib import Path
+
+    spec = f"{Path(__file__).parent / 'user_schedule.py'}:halving"
+    cfg = dict(small, iterations=12, seed=4, momentum=0.9, lr_schedule=spec, block_size=5000)
+    equipoise.train(cfg, out=tmp_path / "run")
+    assert_equals_reference(cfg, tmp_path / "run")

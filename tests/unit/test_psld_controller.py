@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from equipoise.policy.psld import AddServer, MoveBlock, Psld, RemoveServer, parse_control, server_rates
+from equipoise.policy.psld import AddServer, MoveBlock, Psld, RemoveServer, fixed_cost, parse_control, server_rates
 
 SIZES = [400, 400, 100, 100, 100, 100]
 TABLE, LIVE = [0, 1, 2, 3, 0, 1], [0, 1, 2, 3]
@@ -157,7 +157,8 @@ def test_a_servers_time_is_the_larger_of_its_busy_time_and_the_workers_exchanges
     stats = {r: Message("stats", {"busy_s": 0.01, "bytes": 1_000_000, "load_bytes": 400, "blocks": 1})
              for r in (0, 1)}
     manager.settings = SimpleNamespace(psld_interval=5)
-    # a stats request's round trip of 1 ms: 10 exchanges an interval, 0.01 s no byte caused
+    # no server's exchanges are small (1 MB over 2 workers × 10): the fixed cost is a stats
+    # request's round trip of 1 ms, 10 exchanges an interval: 0.01 s no byte caused
     manager.pool = SimpleNamespace(broadcast=lambda msg, kind: stats, version=1, round_trip_s=0.001)
     manager._barrier_at, manager.workers, manager._exchange_s = {0: 0.0, 5: 5.0}, 2, {}
     manager._record, manager._elapsed = records.append, lambda: 5.0
@@ -168,7 +169,7 @@ def test_a_servers_time_is_the_larger_of_its_busy_time_and_the_workers_exchanges
     # mean exchange: 0.02 s and 0.5 s, less the fixed cost
     assert throughput == {0: 1_000_000 / 0.01, 1: 1_000_000 / 0.49}
     assert records[0]["exchange_s"] == [0.02, 0.5] and manager._exchange_s == {}
-    assert records[0]["fixed_s"] == 0.01
+    assert records[0]["fixed_s"] == 0.01 and records[0]["share"] == 0.1  # 0.5 s of 5 × 1 s
     manager.observe_exchange({0: 0.001, 1: 0.001})  # faster than their busy time: busy decides
     # (less at most half of it)
     assert manager._measure(5)[0] == {0: 1_000_000 / 0.005, 1: 1_000_000 / 0.005}
@@ -186,19 +187,42 @@ CASE_SECONDS = {0: 0.552, 1: 0.027, 2: 0.026, 3: 0.025}
 def test_a_slow_servers_only_block_moves_once_the_fixed_cost_of_an_exchange_is_taken_off():
     """Counted as bytes, the few milliseconds every exchange costs made server 1 look as
     slow as the 4x-slower server (54.6 against 58.2 MB/s), so moving the layer there
-    predicted a loss and PSLD never tried it; with the fixed cost taken off (a round trip
-    of 1 ms, 10 exchanges an interval) it predicts the move that takes the layer off
-    server 0."""
+    predicted a loss and PSLD never tried it. Servers 2 and 3 exchange almost nothing
+    (5 KB and 2 KB a message): their time is the fixed cost, 2.5 ms an exchange; taken
+    off (at most half of each server's time), the move that takes the layer off server 0
+    is predicted, by far more than the threshold."""
     from equipoise.policy.placement import exploit_moves
 
     naive = server_rates(CASE_BYTES, CASE_SECONDS)
     assert naive == {r: CASE_BYTES[r] / CASE_SECONDS[r] for r in range(4)}
     assert exploit_moves(CASE_SIZES, [0, 1, 2, 3], [naive[r] for r in range(4)])[0] == []
-    rates = server_rates(CASE_BYTES, CASE_SECONDS, fixed_s=0.01)
-    assert rates == {r: CASE_BYTES[r] / (CASE_SECONDS[r] - 0.01) for r in range(4)}
-    actions = Psld(CASE_SIZES, epsilon=0.0).decide([0, 1, 2, 3], [0, 1, 2, 3], rates, iteration_s=0.11)
+    fixed = fixed_cost(CASE_BYTES, CASE_SECONDS, exchanges=10, workers=2, round_trip=0.0005)
+    assert fixed == pytest.approx(0.025)  # server 3's: 0.025 s over 10 exchanges of 2 KB
+    rates = server_rates(CASE_BYTES, CASE_SECONDS, fixed)
+    assert rates[0] == CASE_BYTES[0] / (0.552 - 0.025) and rates[1] == CASE_BYTES[1] / (0.027 / 2)
+    actions = Psld(CASE_SIZES, epsilon=0.0).decide([0, 1, 2, 3], [0, 1, 2, 3], rates, iteration_s=0.11,
+                                                   share=0.552 / 0.55)
     assert actions[0] == MoveBlock(0, 0, 1)  # the layer leaves server 0 (what comes back is small)
     assert all(a.block != 0 or a.dst != 0 for a in actions)
+
+
+@pytest.mark.parametrize("seconds, nbytes, expected", [
+    ({0: 0.5, 1: 0.03}, {0: 8e6, 1: 2e5}, 0.03),  # server 1: 10 KB a message, all fixed cost
+    ({0: 0.5, 1: 0.03}, {0: 8e6, 1: 8e6}, 0.01),  # no small exchanges: the round trip, 10 times
+    ({0: 0.5, 1: 0.0}, {0: 8e6, 1: 0}, 0.01),  # a server that took no time is no measurement
+])
+def test_the_fixed_cost_is_what_exchanges_carrying_almost_nothing_take(seconds, nbytes, expected):
+    assert fixed_cost(nbytes, seconds, exchanges=10, workers=2, round_trip=0.001) == pytest.approx(expected)
+
+
+def test_a_cut_is_weighed_by_the_part_of_the_iteration_the_slowest_server_takes():
+    """Where the workers' compute decides the iteration time (the slowest server busy a
+    twentieth of it), a third cut off the servers' time is 1.7% of the iteration: below
+    the 3% threshold, so no trial (its moves would cost pauses and gain nothing
+    measurable); where the servers decide, the same cut is a trial."""
+    args = ([0, 0, 0, 1], [0, 1], {0: 100.0, 1: 100.0}, 1.0)
+    assert Psld([100] * 4, epsilon=0.0).decide(*args, share=1.0) == [MoveBlock(0, 0, 1)]
+    assert Psld([100] * 4, epsilon=0.0).decide(*args, share=0.05) == []
 
 
 @pytest.mark.parametrize("nbytes, seconds, fixed, expected", [
@@ -220,3 +244,14 @@ def test_equal_servers_stay_equal_after_the_fixed_cost_is_taken_off():
     rates = server_rates({0: 4e6, 1: 4e6, 2: 4e6}, {0: 0.2, 1: 0.2, 2: 0.2}, 0.05)
     assert len(set(rates.values())) == 1
     assert Psld([100] * 6, epsilon=0.0).decide([0, 0, 1, 1, 2, 2], [0, 1, 2], rates, 0.1) == []
+
+
+def test_psld_empties_a_slow_server_when_its_only_block_is_better_elsewhere():
+    """PSLD's own scale-in: the slow server's only block leaves and nothing comes back
+    (every other block would finish later there than where it is)."""
+    psld = Psld([100, 10, 10], epsilon=0.0)
+    actions = psld.decide([0, 1, 2], [0, 1, 2], {0: 1.0, 1: 100.0, 2: 100.0}, iteration_s=1.0)
+    then = [0, 1, 2]
+    for a in actions:
+        then[a.block] = a.dst
+    assert actions[0] == MoveBlock(0, 0, 1) and 0 not in then

@@ -278,3 +278,93 @@ def test_the_provider_sees_the_same_rng_in_every_process(user, tmp_path):
     b = load_workload(cfg).train.tensors[0]
     torch.manual_seed(1)
     assert torch.equal(a, b) and torch.equal(torch.rand(1), after)
+
+
+def test_an_evaluation_materialises_one_eval_batch_of_outputs_at_a_time(tmp_path):
+    """A language model's evaluation: log-probabilities of batch × sequence × vocabulary.
+    The metrics are reduced batch by batch, so the largest output any step of it builds
+    is one `eval_batch` of them, whatever the evaluation set's size (the config's
+    eval_batch reaching the snapshot's evaluation: below)."""
+    seq, vocab, n = 7, 50, 45
+    sizes: list[int] = []
+
+    def metrics(model, batch):
+        logp = torch.log_softmax(model(batch.float()).unsqueeze(1).expand(-1, seq, -1), dim=-1)
+        sizes.append(logp.numel())
+        return {"nll": (-logp.mean() * len(batch), len(batch))}
+
+    model = torch.nn.Linear(3, vocab)
+    work = Workload([torch.ones(3)] * 8, [torch.ones(3)] * n, metrics=metrics)
+    whole = work.evaluate(model, batch_size=n)["nll"]
+    sizes.clear()
+    batched = work.evaluate(model, batch_size=10)["nll"]
+    assert max(sizes) == 10 * seq * vocab and len(sizes) == 5  # 10, 10, 10, 10, 5
+    assert batched == pytest.approx(whole, rel=1e-6)  # the same mean, reduced over (sum, count)
+
+
+def test_eval_batch_reaches_the_snapshots_evaluation(tmp_path):
+    from equipoise.config import Config
+    from equipoise.runtime.snapshots import SnapshotSettings
+
+    assert Config.from_dict({"eval_batch": 64}).slice(SnapshotSettings).eval_batch == 64
+    with pytest.raises(Exception, match="eval_batch = 0 must be ≥ 1"):
+        Config.from_dict({"eval_batch": 0})
+
+
+SETTINGS = '''
+import torch
+from torch import nn
+
+class Squares(torch.utils.data.Dataset):
+    def __init__(self, n, scale):
+        self.n, self.scale = n, scale
+    def __len__(self):
+        return self.n
+    def __getitem__(self, i):
+        return {"x": torch.full((3,), float(i)), "y": torch.tensor(self.scale * float(i * i))}
+
+def provider(size, scale=1.0, seed=0):
+    return Squares(size, scale), Squares(4, scale)
+
+def model(hidden, depth=1):
+    layers = [nn.Linear(3, hidden)] + [nn.Linear(hidden, hidden) for _ in range(depth - 1)]
+    return nn.Sequential(*layers, nn.Linear(hidden, 1))
+
+def loss(model, batch, weight):
+    return weight * ((model(batch["x"]).squeeze(1) - batch["y"]) ** 2).mean()
+'''
+
+
+def test_settings_reach_the_users_model_dataset_and_loss(tmp_path):
+    """model_args, data_args and loss_args: keywords of the spec's function, as a recipe's
+    flags are (one function, not one per variant), recorded in the run's config."""
+    from equipoise.models import build_model
+
+    path = tmp_path / "recipe.py"
+    path.write_text(SETTINGS)
+    cfg = Config.from_dict(dict(dataset=f"{path}:provider", model=f"{path}:model", loss=f"{path}:loss",
+                                workers=2, global_batch=8, data_args={"size": 12, "scale": 2.0},
+                                model_args={"hidden": 5, "depth": 2}, loss_args={"weight": 0.5}))
+    work = load_workload(cfg)
+    assert len(work.train) == 12 and float(work.train[3]["y"]) == 18.0
+    model = build_model(cfg.model, None, None, cfg.model_args)
+    assert [m.out_features for m in model if isinstance(m, torch.nn.Linear)] == [5, 5, 1]
+    batch = work.fetch(work.train, torch.arange(4))
+    full = work.loss_of(model, batch, 4).value
+    mse = ((model(batch["x"]).squeeze(1) - batch["y"]) ** 2).mean().item()
+    assert full == pytest.approx(0.5 * mse, rel=1e-6)
+    from equipoise.config import to_toml
+    assert 'model_args = {hidden = 5, depth = 2}' in to_toml(cfg.to_dict())
+
+
+@pytest.mark.parametrize("keys, match", [
+    (dict(model_args={"hidden": 5}), "model_args is for a model of the user's own"),
+    (dict(data_args={"n": 5}), "data_args is for a dataset of the user's own"),
+    (dict(loss_args={"w": 1}), "loss_args is for a loss of the user's own"),
+    (dict(model="m.py:f", model_args={"1x": 5}), "model_args: '1x' is not a keyword name"),
+    (dict(model="m.py:f", model_args=[5]), "model_args = \\[5\\] should be a table of keywords"),
+    (dict(model="m.py:f", model_args={"x": float("nan")}), "model_args.x = nan is not a number"),
+])
+def test_settings_for_built_in_code_or_of_other_shapes_are_refused(keys, match):
+    with pytest.raises(ConfigError, match=match):
+        Config.from_dict(keys)

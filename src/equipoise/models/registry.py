@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from torch import nn
 
@@ -46,14 +47,16 @@ def _resolve(spec: str) -> Callable[..., object]:
     return resolve(spec, "model", ModelError)
 
 
-def model_from_spec(spec: str, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+def model_from_spec(spec: str, input_shape: tuple[int, int, int], num_classes: int,
+                    args: Mapping[str, Any] | None = None) -> nn.Module:
     """Import ``package.module`` from ``spec`` = ``"package.module:function"`` and
     call ``function``, passing ``input_shape=`` and ``num_classes=`` only as far as
-    its signature accepts them. The result must be an ``nn.Module``; any failure
-    (import, lookup, the call raising, a non-module result) is a ModelError."""
+    its signature accepts them, and every keyword of ``args`` (the config's
+    ``model_args``). The result must be an ``nn.Module``; any failure (import, lookup,
+    the call raising, a non-module result) is a ModelError."""
     function = _resolve(spec)
     offered = {"input_shape": None if input_shape is None else tuple(input_shape), "num_classes": num_classes}
-    kwargs = accepted_kwargs(function, {k: v for k, v in offered.items() if v is not None})
+    kwargs = {**accepted_kwargs(function, {k: v for k, v in offered.items() if v is not None}), **(args or {})}
     try:
         model = function(**kwargs)
     except Exception as exc:
@@ -63,7 +66,8 @@ def model_from_spec(spec: str, input_shape: tuple[int, int, int], num_classes: i
     return model
 
 
-def build_model(name: str, input_shape: tuple[int, int, int] | None, num_classes: int | None) -> nn.Module:
+def build_model(name: str, input_shape: tuple[int, int, int] | None, num_classes: int | None,
+                args: Mapping[str, Any] | None = None) -> nn.Module:
     """A freshly initialised model: one of MODELS, or a ``package.module:function``
     spec (see ``model_from_spec``). Parameters get PyTorch's default
     initialisation from the global RNG, so seed torch first for reproducibility.
@@ -75,7 +79,9 @@ def build_model(name: str, input_shape: tuple[int, int, int] | None, num_classes
         if input_shape is not None and num_classes is not None:
             input_shape = _check_shape(name, input_shape, num_classes)
             num_classes = operator.index(num_classes)
-        return model_from_spec(name, input_shape, num_classes)
+        return model_from_spec(name, input_shape, num_classes, args)
+    if args:
+        raise ModelError(f"model_args {sorted(args)} are for a model spec; {name!r} is built in")
     builder = BUILDERS.get(name)
     if builder is None:
         raise ModelError(

@@ -43,7 +43,8 @@ from dataclasses import dataclass
 
 from .placement import exploit_moves, predicted_time, server_loads
 
-__all__ = ["MoveBlock", "AddServer", "RemoveServer", "ServerAction", "Psld", "parse_control", "server_rates"]
+__all__ = ["MoveBlock", "AddServer", "RemoveServer", "ServerAction", "Psld", "fixed_cost", "parse_control",
+           "server_rates"]
 
 
 @dataclass(frozen=True)
@@ -98,11 +99,15 @@ class Psld:
 
     def decide(self, table: Sequence[int], live: Sequence[int],
                throughput: Mapping[int, float], iteration_s: float,
-               added: Set[int] = frozenset()) -> list[ServerAction]:
+               added: Set[int] = frozenset(), share: float = 1.0) -> list[ServerAction]:
         """The actions to carry out now. ``table[k]`` is the server rank of block k,
         ``live`` the ranks running, ``throughput`` their measured bytes/s (missing for a
         server that handled nothing), ``iteration_s`` the mean iteration time since the
-        last decision, ``added`` the servers PSLD started."""
+        last decision, ``added`` the servers PSLD started, ``share`` the part of the
+        iteration time the slowest server took (1: all of it): a cut of the predicted
+        server time is worth a trial only if that much of it, times ``share``, exceeds
+        ``threshold`` of the iteration time (where the workers' compute decides, moves
+        only cost pauses)."""
         if self.trial is not None and self.trial.settle > 0:
             self.trial.settle -= 1  # the interval the moves were made in
             return []
@@ -132,7 +137,8 @@ class Psld:
         now = predicted_time(server_loads(self.sizes, owner, len(live)), speeds)
         then = predicted_time(server_loads(self.sizes, new_owner, len(live)), speeds)
         plan = tuple(MoveBlock(m.block, live[m.src], live[m.dst]) for m in moves)
-        if plan and then < now * (1 - self.threshold) and plan not in self.tabu:
+        share = min(1.0, share) if math.isfinite(share) and share > 0 else 1.0
+        if plan and (now - then) * share > now * self.threshold and plan not in self.tabu:
             return self._start(list(plan), iteration_s)
         return []  # nothing worth a trial (or the best plan was just undone): keep the placement
 
@@ -172,24 +178,42 @@ class Psld:
         return {r: self.known.get(r, fallback) for r in live}
 
 
+# An exchange carrying at most this many bytes is timed as its fixed cost: 16 KB take
+# 0.33 ms on a 50 MB/s link, 1.3 ms on a 100 Mbit/s one, against the 2-4 ms an exchange
+# costs on one machine (a round trip, two processes' handling and scheduling).
+SMALL_EXCHANGE_BYTES = 16 * 1024
+
+
+def fixed_cost(nbytes: Mapping[int, float], seconds: Mapping[int, float], exchanges: int, workers: int,
+               round_trip: float) -> float:
+    """The seconds of one interval that no byte causes, the same for every server: each
+    of a worker's ``exchanges`` with a server costs at least what an exchange carrying
+    almost nothing costs. Measured on the servers whose exchanges carry at most
+    SMALL_EXCHANGE_BYTES (``nbytes[j]`` over ``workers`` × ``exchanges``; ``seconds[j]``
+    a worker's time with server j over the interval), the least of them; without such a
+    server, ``round_trip`` (the least round trip of a message without bytes, which misses
+    a worker's own handling: a lower bound)."""
+    n = max(1, int(exchanges))
+    small = [float(seconds[r]) / n for r, b in nbytes.items()
+             if r in seconds and seconds[r] > 0 and b <= SMALL_EXCHANGE_BYTES * n * max(1, workers)]
+    each = min(small) if small else (round_trip if math.isfinite(round_trip) else 0.0)
+    return n * max(0.0, each)
+
+
 def server_rates(nbytes: Mapping[int, float], seconds: Mapping[int, float],
                  fixed_s: float = 0.0) -> dict[int, float]:
     """Each server's throughput r_j for PSLD: ``nbytes[j]`` bytes handled in
     ``seconds[j]`` (its busy time or the workers' exchange time with it, the larger) over
-    one interval, less ``fixed_s``, the part of that time no byte causes, but never more
-    than half of it.
+    one interval, less ``fixed_s`` (``fixed_cost``), the part of that time no byte
+    causes, but never more than half of it.
 
-    Every exchange pays a cost that no byte causes (the message's round trip, its
-    handling), the same on a server that holds one small block as on one that holds the
-    largest layer. Counted as bytes, it makes a lightly loaded server look slow: with the
+    Counted as bytes, the fixed cost makes a lightly loaded server look slow: with the
     CNN's first layer alone on a 4x-slower server (58 MB/s measured), a server holding
     73 KB measured 45-68 MB/s, 5.5 ms per iteration of which its bytes explained about
     one, so moving the layer there never looked worth a trial (it ran at 260 MB/s once
-    it did). ``fixed_s`` is measured apart (the runtime: the least round trip of a
-    message without bytes, times the interval's exchanges), so it may be off; taking at
-    most half of a server's time keeps such an error from making a server look more than
-    twice as fast as its time says. Servers that handled nothing, or took no time, get
-    no rate."""
+    it did). Taking at most half of a server's time keeps an error in ``fixed_s`` from
+    making a server look more than twice as fast as its time says. Servers that handled
+    nothing, or took no time, get no rate."""
     timed = {r: float(s) for r, s in seconds.items() if s > 0 and nbytes.get(r, 0) > 0}
     fixed = max(0.0, float(fixed_s)) if math.isfinite(fixed_s) else 0.0
     return {r: nbytes[r] / (s - min(fixed, s / 2)) for r, s in timed.items()}

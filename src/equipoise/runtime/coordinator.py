@@ -26,7 +26,7 @@ from typing import Callable
 
 import torch
 
-from ..config import Config
+from ..config import Config, ConfigError
 from ..models import build_model
 from ..policy.placement import Block
 from ..scenario import Scenario
@@ -44,7 +44,7 @@ from .rpc import JobError, PeerLost, Peers, Rpc
 from .servers import ServerManager, ServerSettings
 from .snapshots import SnapshotSettings, Snapshots, State
 from .stats import RunStats, check_report
-from .store import OptimizerSpec
+from .store import OptimizerSpec, user_schedule
 
 log = logging.getLogger("equipoise.coordinator")
 
@@ -79,7 +79,12 @@ class Coordinator:
         self.snapshots = Snapshots(cfg.slice(SnapshotSettings), self.run_dir, data, self.metrics,
                                    self._new_model, self.total)
         spec = OptimizerSpec(cfg.optimizer, cfg.lr, cfg.momentum, cfg.weight_decay, cfg.lr_schedule,
-                             self.total, cfg.lr_step_size, cfg.lr_gamma, cfg.global_batch)
+                             self.total, cfg.lr_step_size, cfg.lr_gamma, cfg.global_batch,
+                             warmup=cfg.warmup_iterations, floor=cfg.lr_min)
+        try:  # a user schedule that cannot be imported or gives no factor fails here, in one line
+            spec.rate(0, user_schedule(cfg.lr_schedule))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         self.servers = ServerManager(
             cfg.slice(ServerSettings), self.scenario, transport, self.rpc, peers,
             init_fields={"optimizer": spec.to_dict(), "protocol": cfg.protocol,
@@ -171,7 +176,7 @@ class Coordinator:
             self.servers.replicate()
 
     def _new_model(self) -> torch.nn.Module:
-        return build_model(self.cfg.model, self.data.input_shape, self.data.num_classes)
+        return build_model(self.cfg.model, self.data.input_shape, self.data.num_classes, self.cfg.model_args)
 
     # -- training -----------------------------------------------------------------------
     def _train(self) -> None:

@@ -83,7 +83,7 @@ def read_job(fd: int, timeout: float = STDIN_TIMEOUT) -> dict:
 
 
 def _warm_up(optimizer: str) -> None:
-    """Build and step the job's optimizer once, if it is torch.optim's (Adam): the first
+    """Build and step the job's optimizer once, if it is torch.optim's (Adam, AdamW): the first
     built in a process imports about 1.5 s of torch. SGD is the store's own (store.SGD)
     and needs nothing."""
     if optimizer == "sgd":
@@ -92,7 +92,7 @@ def _warm_up(optimizer: str) -> None:
 
     p = torch.nn.Parameter(torch.zeros(1))
     p.grad = torch.zeros(1)
-    torch.optim.Adam([p]).step()
+    (torch.optim.AdamW if optimizer == "adamw" else torch.optim.Adam)([p]).step()
 
 
 def host(role: str, rank: int, coordinator: str, job: dict, *, data=None, address: str | None = None,

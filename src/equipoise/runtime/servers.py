@@ -14,14 +14,14 @@ replies and hellos, the slice of the configuration it reads and the scenario.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from ..policy.placement import Block, placement_blocks
-from ..policy.psld import AddServer, MoveBlock, Psld, RemoveServer, ServerAction, parse_control, server_rates
+from ..policy.psld import (AddServer, MoveBlock, Psld, RemoveServer, ServerAction, fixed_cost, parse_control,
+                          server_rates)
 from ..scenario import BlockMove, Scenario, ServerRemove
 from ..wire import Message, PeerTimeout, Transport, names
 from .pool import ServerPool
@@ -84,6 +84,7 @@ class ServerManager:
         self._hellos: dict[int, str] = {}  # of those, registered: rank -> address
         self._planned: dict[int, int] = {}  # scenario additions started early: rank -> join iteration
         self._rates: dict[int, float] = {}  # last measured bytes/s per server
+        self.share = 1.0  # the part of the last interval's wall time its slowest server took
         self.backup_of: dict[int, int] = {}  # replication = 1: primary rank -> backup rank
         self.epoch = 0  # the coordinator's rollbacks, told to every server it initialises
         self._exchange_s: dict[int, float] = {}  # workers' exchange seconds with each server since `_measure`
@@ -314,7 +315,7 @@ class ServerManager:
             throughput, iteration_s = self._measure(t)
             if self.psld is not None and not actions and iteration_s:
                 actions = self.psld.decide(self.pool.table, self.pool.serving(), throughput, iteration_s,
-                                           set(self._added))
+                                           set(self._added), share=self.share)
         return actions
 
     def _update_stragglers(self, t: int) -> None:
@@ -396,11 +397,14 @@ class ServerManager:
         exchange = {r: self._exchange_s.get(r, 0.0) / max(1, self.workers) for r in stats}
         self._exchange_s = {}
         seconds = {r: max(m.fields["busy_s"], exchange[r]) for r, m in stats.items()}
-        # What no byte causes: the least round trip of the stats requests so far, once for
-        # each of the interval's exchanges with a server (a push and a pull an iteration)
-        round_trip = self.pool.round_trip_s if math.isfinite(self.pool.round_trip_s) else 0.0
-        fixed_s = 2 * interval * round_trip
-        throughput = server_rates({r: m.fields["bytes"] for r, m in stats.items()}, seconds, fixed_s)
+        # What no byte causes: a worker's exchanges with a server (a push and a pull an
+        # iteration), each at what one carrying almost nothing takes (policy.psld.fixed_cost)
+        nbytes = {r: m.fields["bytes"] for r, m in stats.items()}
+        fixed_s = fixed_cost(nbytes, seconds, 2 * interval, self.workers, self.pool.round_trip_s)
+        throughput = server_rates(nbytes, seconds, fixed_s)
+        # the part of the interval's wall time the slowest server took (PSLD weighs a cut by it)
+        self.share = (min(1.0, max(seconds.values(), default=0.0) / (interval * iteration_s))
+                      if iteration_s else 1.0)
         self._rates = throughput
         ranks = sorted(stats)
         self._record({
@@ -413,6 +417,7 @@ class ServerManager:
                            for r in ranks],
             "bytes": [stats[r].fields["bytes"] for r in ranks],
             "throughput_mbps": [throughput.get(r, 0.0) / 1e6 for r in ranks], "fixed_s": fixed_s,
+            "share": self.share,
             "iteration_s": iteration_s, "table_version": self.pool.version})
         return throughput, iteration_s
 

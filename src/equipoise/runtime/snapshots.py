@@ -32,6 +32,7 @@ class SnapshotSettings:
     timeout: float
     target: dict  # {metric = "test_<name>", below | above = value}; {}: none
     eval_device: str = "cpu"  # where snapshots are evaluated
+    eval_batch: int = 1000  # samples an evaluation feeds the model at once
 
 
 @dataclass
@@ -114,7 +115,8 @@ class Snapshots:
         write_values(model, blocks, values)
         device = resolve(self.settings.eval_device, "evaluation (eval_device)")
         limit = 0 if t >= self.total else self.settings.eval_samples
-        metrics = self.data.evaluate(model.to(device), limit=limit, device=device)
+        metrics = self.data.evaluate(model.to(device), batch_size=self.settings.eval_batch, limit=limit,
+                                     device=device)
         n = self.data.num_eval
         record = {"type": "eval", "iteration": t, "time": time.time(), "elapsed": elapsed,
                   **{f"test_{k}": v for k, v in metrics.items()},

@@ -41,13 +41,21 @@ class OptimizerSpec:
     step_size: int
     gamma: float
     global_batch: int
+    warmup: int = 0  # iterations of linear warm-up (policy.schedule)
+    floor: float = 0.0  # the cosine schedule's floor
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "OptimizerSpec":
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__})
+        optional = {"warmup", "floor"}  # a job of an earlier version has none
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d or k not in optional})
+
+    def rate(self, progress: float, user: Callable[[int], float] | None = None) -> float:
+        """The learning rate of the update starting at `progress` iterations."""
+        return learning_rate(self.lr, self.schedule, progress, total=self.total, step_size=self.step_size,
+                             gamma=self.gamma, warmup=self.warmup, floor=self.floor, user=user)
 
 
 @dataclass
@@ -103,6 +111,7 @@ class ParameterStore:
         self._param_keys = [k for k, b in self.blocks.items() if b.kind == "param"]
         self._param_of = dict(zip(self._param_keys, self._params))  # block key → its Parameter
         self.optimizer = _make_optimizer(spec, self._params)
+        self._schedule = user_schedule(spec.schedule)
         self._plain_sgd = spec.name == "sgd" and spec.momentum == 0 and spec.weight_decay == 0
         self.last_step: Step | None = None  # async_scaling = "bsp": how the last update stepped
         self._mean_square: dict[int, torch.Tensor] = {}  # dc_adaptive: per block, Zheng et al.'s MeanSquare
@@ -313,8 +322,7 @@ class ParameterStore:
             lr_factor, momentum = step.lr_factor, step.momentum
         # Buffers (BatchNorm statistics) are averaged over samples, never scaled by staleness.
         by_samples = self.policy.weights([p.samples for p in group])
-        lr = learning_rate(self.spec.lr, self.spec.schedule, self.samples / self.spec.global_batch,
-                           total=self.spec.total, step_size=self.spec.step_size, gamma=self.spec.gamma)
+        lr = self.spec.rate(self.samples / self.spec.global_batch, self._schedule)
         return _Plan(group, weights, by_samples, lr * lr_factor, momentum, step)
 
     def _signature(self, key: int, plan: "_Plan") -> tuple:
@@ -440,4 +448,15 @@ def _make_optimizer(spec: OptimizerSpec, params: list[torch.nn.Parameter]) -> "S
         return SGD(params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay)
     if spec.name == "adam":
         return torch.optim.Adam(params, lr=spec.lr, weight_decay=spec.weight_decay)
-    raise ValueError(f"optimizer = {spec.name!r} is not one of sgd, adam")
+    if spec.name == "adamw":  # decoupled weight decay: w -= lr·λ·w, then Adam's step
+        return torch.optim.AdamW(params, lr=spec.lr, weight_decay=spec.weight_decay)
+    raise ValueError(f"optimizer = {spec.name!r} is not one of sgd, adam, adamw")
+
+
+def user_schedule(schedule: str) -> Callable[[int], float] | None:
+    """The function a user schedule spec names (None for the built-in schedules)."""
+    if ":" not in schedule:
+        return None
+    from ..spec import resolve
+
+    return resolve(schedule, "lr_schedule")

@@ -116,7 +116,7 @@ class Worker:
         self.client.epoch = self.epoch
         try:
             self.client.set_table(welcome.fields["table"], welcome.fields["servers"])
-            self.model = build_model(cfg.model, data.input_shape, data.num_classes).to(self.device)
+            self.model = build_model(cfg.model, data.input_shape, data.num_classes, cfg.model_args).to(self.device)
             self.link = DeviceLink(self.model, self.blocks, self.device, self.depth)
             if cfg.backward_push:
                 self.early = BackwardPush(self.model, self.blocks, self.link, self.part_kb * 1024)

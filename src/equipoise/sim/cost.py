@@ -74,12 +74,12 @@ def model_tensors_of(cfg: Config) -> list[tuple[str, int, str, int]]:
     from ..runtime.blocks import model_tensors
 
     shape, classes, _ = dataset_shape(cfg)
-    return model_tensors(build_model(cfg.model, shape, classes))
+    return model_tensors(build_model(cfg.model, shape, classes, cfg.model_args))
 
 
 def state_copies(cfg: Config) -> int:
     """Copies of a block a migration moves: values plus the optimizer's state."""
-    return 3 if cfg.optimizer == "adam" else 2 if cfg.momentum > 0 else 1
+    return 3 if cfg.optimizer in ("adam", "adamw") else 2 if cfg.momentum > 0 else 1
 
 
 class CostModel:

@@ -226,7 +226,8 @@ class Simulation:
             rec, thr = srv.measure(t, now, iteration_s)
             self.emit(rec)
             if psld is not None and not actions and iteration_s:
-                actions = psld.decide(srv.owner.tolist(), sorted(srv.live), thr, iteration_s, psld_added)
+                actions = psld.decide(srv.owner.tolist(), sorted(srv.live), thr, iteration_s, psld_added,
+                                      share=srv.share)
         pause = 0.0
         for action in actions:
             refused = self._refusal(action)

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..config import Config
 from ..policy.placement import placement_blocks
-from ..policy.psld import server_rates
+from ..policy.psld import fixed_cost, server_rates
 from ..policy.sync import ServerSync
 from ..scenario import Scenario
 from .cost import CostModel, state_copies
@@ -106,6 +106,7 @@ class Servers:
         self.busy: Counter[int] = Counter()
         self.bytes: Counter[int] = Counter()
         self.exchanges: Counter[int] = Counter()  # one worker's pushes and pulls with each server
+        self.share = 1.0  # the part of the last interval's wall time its slowest server took
         self.version = 0  # the block table's
         self.update(0.0, 0)
 
@@ -149,8 +150,12 @@ class Servers:
         # A server's time as the runtime measures it: its busy time plus each exchange's
         # round trip, a cost no byte causes (policy.psld.server_rates)
         seconds = {r: self.busy[r] + self.exchanges[r] * 2 * self.cost.latency for r in ranks}
-        fixed_s = max(self.exchanges.values(), default=0) * 2 * self.cost.latency
-        thr = server_rates({r: self.bytes[r] for r in ranks}, seconds, fixed_s)
+        nbytes = {r: self.bytes[r] for r in ranks}
+        fixed_s = fixed_cost(nbytes, seconds, max(self.exchanges.values(), default=0), self.cfg.workers,
+                             2 * self.cost.latency)
+        thr = server_rates(nbytes, seconds, fixed_s)
+        self.share = (min(1.0, max(seconds.values(), default=0.0) / (self.cfg.psld_interval * iteration_s))
+                      if iteration_s else 1.0)
         rec = {"type": "servers", "iteration": t, "elapsed": elapsed, "servers": ranks,
                "load_bytes": [int(loads[r]) for r in ranks], "blocks": [int(blocks[r]) for r in ranks],
                "busy_s": [self.busy[r] for r in ranks], "bytes": [int(self.bytes[r]) for r in ranks],
