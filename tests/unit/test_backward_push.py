@@ -187,8 +187,9 @@ def test_a_streamed_job_is_the_reference_bit_for_bit_and_shows_its_fragments(tmp
             # with overlap a push is waited, and its end recorded, with the next step's report
             ends = [e for e in events if e[0] == "push"] if protocol == "bsp" else [["push", 0, math.inf, 0.0]]
             assert fragments and ends and max(e[2] for e in fragments) <= min(e[2] for e in ends)
-        if protocol == "bsp":  # the weights were read during the forward: after its start
-            assert all(e[3] > 0 for events in r["timeline"] for e in events if e[0] == "pull")
+        if protocol == "bsp":  # the weights were read as they came: during the plan's wait or the forward
+            assert all(e[3] is not None and e[3] >= e[2] for events in r["timeline"] for e in events
+                       if e[0] == "pull")
             # the report and the plan this forward ran: one round trip to the coordinator, before it
             plans = [[e for e in events if e[0] == "plan"] for events in r["timeline"]]
             assert all(len(p) == 1 and p[0][1] == -1 and p[0][2] <= p[0][3] <= 0 for p in plans)
