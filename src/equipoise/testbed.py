@@ -29,6 +29,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -267,10 +268,17 @@ class Testbed:
         extra = (["--num-cpus", f"{cpus:g}"] if cpus is not None else []) + \
             (["--resources", json.dumps(resources)] if resources else [])
         done = self.run(i, ["ray", "start", *node, "--node-ip-address", self.address(i), "--disable-usage-stats",
-                            *extra], timeout=timeout, env=env)
+                            "--temp-dir", str(ray_dir(self.prefix)), *extra], timeout=timeout, env=env)
         if done.returncode != 0:
             raise TestbedError(f"ray start on host {i} failed: {done.stderr.strip().splitlines()[-1:]}")
 
+
+
+def ray_dir(prefix: str) -> Path:
+    """The Ray temporary folder of the testbed's nodes (sessions, logs, and the
+    ray_current_cluster file that a later `ray.init()` without an address would join):
+    the testbed's own, removed by `down`, not Ray's default /tmp/ray."""
+    return Path(tempfile.gettempdir()) / f"equipoise-{prefix}-ray"
 
 
 def ray_env() -> dict[str, str]:
@@ -347,6 +355,9 @@ def down(prefix: str = PREFIX) -> list[str]:
                     break
                 except OSError:
                     time.sleep(0.05)
+    if ray_dir(prefix).exists():  # its processes were killed with the namespaces
+        shutil.rmtree(ray_dir(prefix), ignore_errors=True)
+        removed.append(str(ray_dir(prefix)))
     return removed
 
 

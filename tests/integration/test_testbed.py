@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from equipoise.testbed import Host, Testbed, available, down, ray_env, status
+from equipoise.testbed import Host, Testbed, available, down, ray_dir, ray_env, status
 
 from .helpers import wait_for
 
@@ -59,7 +59,8 @@ def leftovers(prefix: str) -> list[str]:
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     cgroups = subprocess.run(["sh", "-c", f"ls -d /sys/fs/cgroup/*/{prefix}-* 2>/dev/null"], capture_output=True,
                              text=True).stdout
-    return [line for line in (netns + links + cgroups).splitlines() if f"{prefix}-" in line]
+    ray = [str(ray_dir(prefix))] if ray_dir(prefix).exists() else []  # Ray's state files, a session's
+    return [line for line in (netns + links + cgroups).splitlines() if f"{prefix}-" in line] + ray
 
 
 def send(tb: Testbed, src: int, dst: int, nbytes: int, timeout: float = 10.0) -> int | None:
