@@ -159,6 +159,15 @@ def case_spec(base: Spec, case: dict[str, Any]) -> tuple[Spec, int]:
     return spec, slow
 
 
+def overall(speedups: list[float], to_oracle: list[float]) -> dict[str, Any]:
+    """A sweep's summary: PSLD's speed-up over greedy and its time over the oracle's, one
+    value per case (cases numbered in order), and the worst case."""
+    return {"psld speed-up × greedy, per case": summary(speedups),
+            "psld × oracle (whole run), per case": summary(to_oracle),
+            "cases psld ≥ 1.0× greedy": sum(x >= 1.0 for x in speedups),
+            "worst case": min(range(len(speedups)), key=lambda i: speedups[i])}
+
+
 def run_unseen(preset: str, results_path: str | None = None, reps: int | None = None,
                cases: int | None = None) -> dict[str, Any]:
     """Every random case under greedy, PSLD and the oracle (the best static placement for
@@ -190,13 +199,8 @@ def run_unseen(preset: str, results_path: str | None = None, reps: int | None = 
                                               for p, o in zip(mine["psld"], mine["oracle"])])}
         result["cases"].append({**case, "slow": slow, "switch_to": spec.switch_to if spec.scenario == "dynamic" else None,
                                 "runs": mine, "ratios": ratios})
-    speedups = [c["ratios"]["psld speed-up × greedy"]["median"] for c in result["cases"]]
-    to_oracle = [c["ratios"]["psld × oracle"]["median"] for c in result["cases"]]
-    worst = min(result["cases"], key=lambda c: c["ratios"]["psld speed-up × greedy"]["median"])
-    result["overall"] = {"psld speed-up × greedy, per case": summary(speedups),
-                         "psld × oracle (whole run), per case": summary(to_oracle),
-                         "cases psld ≥ 1.0× greedy": sum(x >= 1.0 for x in speedups),
-                         "worst case": worst["case"]}
+    result["overall"] = overall([c["ratios"]["psld speed-up × greedy"]["median"] for c in result["cases"]],
+                                [c["ratios"]["psld × oracle"]["median"] for c in result["cases"]])
     rows = [[c["case"], c["shape"], c["servers"], fmt(c["bandwidth"]), fmt(c["factor"]),
              f"{c['slow']} ({c['where']})", c["protocol"],
              c["scenario"] + (f" → {c['switch_to']}" if c["switch_to"] is not None else ""),
@@ -241,14 +245,10 @@ def run_prescreen(preset: str, results_path: str | None = None, cases: int = 200
     base = PRESETS[preset]
     with tempfile.TemporaryDirectory(prefix="bench-psld-") as name:
         rows = prescreen(base, cases, Path(name))
-    speedups = [r["greedy"] / r["psld"] for r in rows]
-    to_oracle = [r["psld"] / r["oracle"] for r in rows]
-    worst = min(range(len(rows)), key=lambda i: speedups[i])
+    o = overall([r["greedy"] / r["psld"] for r in rows], [r["psld"] / r["oracle"] for r in rows])
+    worst = o["worst case"]
     result = {"preset": preset, "spec": asdict(base), "cases_drawn": cases, "simulated": True, "cases": rows,
-              "overall": {"psld speed-up × greedy, per case": summary(speedups),
-                          "psld × oracle (whole run), per case": summary(to_oracle),
-                          "cases psld ≥ 1.0× greedy": sum(x >= 1.0 for x in speedups), "worst case": worst}}
-    o = result["overall"]
+              "overall": o}
     print(f"## PSLD on {cases} seeded random cases (seed {base.seed}) in the simulator (all at barriers)\n\n"
           f"PSLD ≥ 1.0× greedy in {o['cases psld ≥ 1.0× greedy']} of {cases} cases; speed-up over greedy "
           f"{fmt_range(o['psld speed-up × greedy, per case'])}; whole run × oracle "

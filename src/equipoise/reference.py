@@ -35,10 +35,9 @@ from .data import SliceSampler
 from .data.sampler import SEED_STRIDE
 from .models import build_model
 from .policy.batching import equal_split
-from .policy.schedule import learning_rate
 from .policy.sync import SyncPolicy
 from .runtime.blocks import model_blocks, read_pushes, read_values, write_values
-from .runtime.store import user_schedule
+from .runtime.store import OptimizerSpec, user_schedule
 from .telemetry.metrics import read_metrics
 from .workload import as_workload
 
@@ -76,7 +75,7 @@ def train_reference(cfg: Config, iterations: int | None = None, data=None,
         opt = torch.optim.AdamW(params.values(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     else:
         opt = torch.optim.Adam(params.values(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    user = user_schedule(cfg.lr_schedule)
+    rates, user = OptimizerSpec.of(cfg, total), user_schedule(cfg.lr_schedule)
     sampler = SliceSampler(len(data), X, cfg.seed)
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)  # a GEMM's reduction order may depend on it
@@ -106,9 +105,7 @@ def train_reference(cfg: Config, iterations: int | None = None, data=None,
                 else:
                     values[b.key].copy_(combined)
             for g in opt.param_groups:  # a server's progress: samples applied (t·X) / X
-                g["lr"] = learning_rate(cfg.lr, cfg.lr_schedule, t * X / X, total=total,
-                                        step_size=cfg.lr_step_size, gamma=cfg.lr_gamma,
-                                        warmup=cfg.warmup_iterations, floor=cfg.lr_min, user=user)
+                g["lr"] = rates.rate(t * X / X, user)
             opt.step()
     finally:
         torch.set_num_threads(threads)

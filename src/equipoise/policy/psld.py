@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from .placement import exploit_moves, predicted_time, server_loads
 
 __all__ = ["MoveBlock", "AddServer", "RemoveServer", "ServerAction", "Psld", "fixed_cost", "parse_control",
-           "server_rates"]
+           "server_rates", "server_share"]
 
 
 @dataclass(frozen=True)
@@ -198,6 +198,14 @@ def fixed_cost(nbytes: Mapping[int, float], seconds: Mapping[int, float], exchan
              if r in seconds and seconds[r] > 0 and b <= SMALL_EXCHANGE_BYTES * n * max(1, workers)]
     each = min(small) if small else (round_trip if math.isfinite(round_trip) else 0.0)
     return n * max(0.0, each)
+
+
+def server_share(seconds: Mapping[int, float], interval: int, iteration_s: float | None) -> float:
+    """The part of an interval's wall time (``interval`` iterations of ``iteration_s``)
+    its slowest server took (``seconds``), at most 1; 1 when the wall time is unknown."""
+    if not iteration_s:
+        return 1.0
+    return min(1.0, max(seconds.values(), default=0.0) / (interval * iteration_s))
 
 
 def server_rates(nbytes: Mapping[int, float], seconds: Mapping[int, float],

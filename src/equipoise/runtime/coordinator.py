@@ -78,9 +78,7 @@ class Coordinator:
         self.stats = RunStats(cfg.global_batch)
         self.snapshots = Snapshots(cfg.slice(SnapshotSettings), self.run_dir, data, self.metrics,
                                    self._new_model, self.total)
-        spec = OptimizerSpec(cfg.optimizer, cfg.lr, cfg.momentum, cfg.weight_decay, cfg.lr_schedule,
-                             self.total, cfg.lr_step_size, cfg.lr_gamma, cfg.global_batch,
-                             warmup=cfg.warmup_iterations, floor=cfg.lr_min)
+        spec = OptimizerSpec.of(cfg, self.total)
         try:  # a user schedule that cannot be imported or gives no factor fails here, in one line
             spec.rate(0, user_schedule(cfg.lr_schedule))
         except ValueError as exc:

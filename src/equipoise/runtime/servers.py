@@ -21,7 +21,7 @@ from typing import Callable
 
 from ..policy.placement import Block, placement_blocks
 from ..policy.psld import (AddServer, MoveBlock, Psld, RemoveServer, ServerAction, fixed_cost, parse_control,
-                          server_rates)
+                          server_rates, server_share)
 from ..scenario import BlockMove, Scenario, ServerRemove
 from ..wire import Message, PeerTimeout, Transport, names
 from .pool import ServerPool
@@ -402,9 +402,7 @@ class ServerManager:
         nbytes = {r: m.fields["bytes"] for r, m in stats.items()}
         fixed_s = fixed_cost(nbytes, seconds, 2 * interval, self.workers, self.pool.round_trip_s)
         throughput = server_rates(nbytes, seconds, fixed_s)
-        # the part of the interval's wall time the slowest server took (PSLD weighs a cut by it)
-        self.share = (min(1.0, max(seconds.values(), default=0.0) / (interval * iteration_s))
-                      if iteration_s else 1.0)
+        self.share = server_share(seconds, interval, iteration_s)  # PSLD weighs a cut by it
         self._rates = throughput
         ranks = sorted(stats)
         self._record({

@@ -52,6 +52,12 @@ class OptimizerSpec:
         optional = {"warmup", "floor"}  # a job of an earlier version has none
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d or k not in optional})
 
+    @classmethod
+    def of(cls, cfg, total: int) -> "OptimizerSpec":
+        """The optimizer and schedule of config `cfg` for a job of `total` iterations."""
+        return cls(cfg.optimizer, cfg.lr, cfg.momentum, cfg.weight_decay, cfg.lr_schedule, total,
+                   cfg.lr_step_size, cfg.lr_gamma, cfg.global_batch, warmup=cfg.warmup_iterations, floor=cfg.lr_min)
+
     def rate(self, progress: float, user: Callable[[int], float] | None = None) -> float:
         """The learning rate of the update starting at `progress` iterations."""
         return learning_rate(self.lr, self.schedule, progress, total=self.total, step_size=self.step_size,

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..config import Config
 from ..policy.placement import placement_blocks
-from ..policy.psld import fixed_cost, server_rates
+from ..policy.psld import fixed_cost, server_rates, server_share
 from ..policy.sync import ServerSync
 from ..scenario import Scenario
 from .cost import CostModel, state_copies
@@ -154,8 +154,7 @@ class Servers:
         fixed_s = fixed_cost(nbytes, seconds, max(self.exchanges.values(), default=0), self.cfg.workers,
                              2 * self.cost.latency)
         thr = server_rates(nbytes, seconds, fixed_s)
-        self.share = (min(1.0, max(seconds.values(), default=0.0) / (self.cfg.psld_interval * iteration_s))
-                      if iteration_s else 1.0)
+        self.share = server_share(seconds, self.cfg.psld_interval, iteration_s)
         rec = {"type": "servers", "iteration": t, "elapsed": elapsed, "servers": ranks,
                "load_bytes": [int(loads[r]) for r in ranks], "blocks": [int(blocks[r]) for r in ranks],
                "busy_s": [self.busy[r] for r in ranks], "bytes": [int(self.bytes[r]) for r in ranks],
