@@ -111,6 +111,27 @@ def test_an_undone_trial_is_not_retried_at_once():
     assert c.decide(TABLE, LIVE, SLOW0, 1.0) == first   # ... but it is later
 
 
+def test_a_rate_measured_under_load_stands_in_for_a_light_loads_extrapolation():
+    # Server 1 holds 50 B and looks 4x faster than server 0 (a light load's rate is
+    # mostly the fixed cost's error); the trial swaps block 0 (800 B) onto it, where it
+    # measures as slow as server 0: undone. Back at 50 B it looks fast again, but its
+    # rate under 800 B (its heaviest load lately) is what the next plan is predicted
+    # with, so the trial is not started again (not even once the tabu has expired).
+    sizes, table, live = [800, 50, 50, 50], [0, 1, 2, 3], [0, 1, 2, 3]
+    looks = {0: 25.0, 1: 100.0, 2: 25.0, 3: 25.0}
+    c = Psld(sizes, epsilon=0.0, tabu_decisions=1)
+    first = c.decide(table, live, looks, 1.0)
+    assert MoveBlock(0, 0, 1) in first
+    moved = list(table)
+    for a in first:
+        moved[a.block] = a.dst
+    c.decide(moved, live, looks, 9.0)                                    # the moves' own interval
+    undo = c.decide(moved, live, dict.fromkeys(live, 25.0), 1.0)         # judged under load
+    assert MoveBlock(0, 1, 0) in undo and c.log[-1]["kept"] is False
+    for _ in range(4):
+        assert c.decide(table, live, looks, 1.0) == []
+
+
 def test_actions_are_frozen_values():
     a = MoveBlock(3, 0, 1)
     assert a == MoveBlock(3, 0, 1) and hash(a) == hash(MoveBlock(3, 0, 1))

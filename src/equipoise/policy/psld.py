@@ -24,6 +24,12 @@ times with its next plan request). New trials:
   trial the placement stays as it is: a settled placement is not disturbed every other
   interval by a random move (and its undo), only now and then.
 
+A server's rate for a plan is the one measured under the heaviest load it held in the
+last ``memory`` decisions: a lightly loaded server's rate is an extrapolation (its time
+is mostly the exchanges' fixed cost), and once a trial has loaded it, that measurement
+stands in, so an undone trial is not retried because the server looks fast again when
+nearly empty. An undone plan is tabu in any order of its moves.
+
 Adding a server is not judged by itself: the new server holds nothing until a later
 exploit moves blocks onto it (a server never measured is assumed as fast as the best
 measured one), and that move is the trial. A server PSLD added that is empty again
@@ -83,7 +89,7 @@ class Psld:
 
     def __init__(self, sizes: Sequence[int], epsilon: float = 0.1, max_servers: int = 0,
                  threshold: float = 0.03, horizon: int = 50, tabu_decisions: int = 6,
-                 seed: int = 0) -> None:
+                 memory: int = 20, seed: int = 0) -> None:
         self.sizes = list(sizes)
         self.epsilon = epsilon
         self.max_servers = max_servers
@@ -95,7 +101,11 @@ class Psld:
         self.log: list[dict] = []         # one record per judged trial
         self.undone: set[int] = set()     # destinations of undone moves
         self.known: dict[int, float] = {}  # last measured bytes/s of each server
-        self.tabu: dict[tuple[MoveBlock, ...], int] = {}  # undone plan -> decisions left
+        # each server's rate measured under the heaviest load it held lately: (bytes/s,
+        # bytes held, decisions left); trusted over a lighter load's extrapolation
+        self.loaded: dict[int, tuple[float, int, int]] = {}
+        self.memory = memory  # decisions a heavier load's measurement is trusted
+        self.tabu: dict[frozenset[MoveBlock], int] = {}  # undone plan (in any order) -> decisions left
 
     def decide(self, table: Sequence[int], live: Sequence[int],
                throughput: Mapping[int, float], iteration_s: float,
@@ -109,8 +119,9 @@ class Psld:
         ``threshold`` of the iteration time (where the workers' compute decides, moves
         only cost pauses)."""
         if self.trial is not None and self.trial.settle > 0:
-            self.trial.settle -= 1  # the interval the moves were made in
+            self.trial.settle -= 1  # the interval the moves were made in: it measures neither placement
             return []
+        self._remember(table, live, throughput)
         if self.trial is not None:
             trial, self.trial = self.trial, None
             gain = (trial.before_s - iteration_s - trial.pause_s / self.horizon) / trial.before_s
@@ -119,7 +130,7 @@ class Psld:
                              "after_s": iteration_s, "kept": keep})
             if not keep:
                 self.undone |= {a.dst for a in trial.actions}
-                self.tabu[tuple(trial.actions)] = self.tabu_decisions  # do not retry at once
+                self.tabu[frozenset(trial.actions)] = self.tabu_decisions  # do not retry at once
                 return list(trial.undo)
             return []
         self.tabu = {k: n - 1 for k, n in self.tabu.items() if n > 1}
@@ -138,7 +149,7 @@ class Psld:
         then = predicted_time(server_loads(self.sizes, new_owner, len(live)), speeds)
         plan = tuple(MoveBlock(m.block, live[m.src], live[m.dst]) for m in moves)
         share = min(1.0, share) if math.isfinite(share) and share > 0 else 1.0
-        if plan and (now - then) * share > now * self.threshold and plan not in self.tabu:
+        if plan and (now - then) * share > now * self.threshold and frozenset(plan) not in self.tabu:
             return self._start(list(plan), iteration_s)
         return []  # nothing worth a trial (or the best plan was just undone): keep the placement
 
@@ -168,14 +179,37 @@ class Psld:
         self.trial = _Trial(actions, undo, iteration_s)
         return list(actions)
 
-    def _rates(self, live: Sequence[int], throughput: Mapping[int, float]) -> dict[int, float]:
-        """Measured rates; a server idle this interval keeps its last measured rate, and
-        one never measured (new) is assumed as fast as the best."""
+    def _remember(self, table: Sequence[int], live: Sequence[int], throughput: Mapping[int, float]) -> None:
+        """Keep this interval's rates (``table`` the placement they were measured on):
+        the last one of each server, and the one measured under the heaviest load it
+        held in the last ``memory`` decisions (a measurement under at least half that
+        load replaces it)."""
+        held = {r: 0 for r in live}
+        for k, s in enumerate(table):
+            if s in held:
+                held[s] += self.sizes[k]
+        self.loaded = {r: (v, b, n - 1) for r, (v, b, n) in self.loaded.items() if n > 1 and r in held}
         for r in live:
-            if throughput.get(r, 0) > 0:
-                self.known[r] = throughput[r]
+            rate = throughput.get(r, 0)
+            if rate > 0:
+                self.known[r] = rate
+                if held[r] > 0 and (r not in self.loaded or 2 * held[r] >= self.loaded[r][1]):
+                    self.loaded[r] = (rate, held[r], self.memory)
+
+    def _rates(self, live: Sequence[int], throughput: Mapping[int, float]) -> dict[int, float]:
+        """The rates a plan is predicted with: a server's rate measured under the
+        heaviest load it held lately, else its last measured one (a server idle this
+        interval keeps it); one never measured (new) is assumed as fast as the best.
+
+        A lightly loaded server's rate is an extrapolation: its time is mostly the
+        exchanges' fixed cost, and a small error in that cost makes it look several
+        times faster or slower than it is. Once it has carried a larger load (a trial
+        moved blocks onto it), that measurement stands in for the extrapolation, so an
+        undone trial is not retried because the server looks fast again when empty,
+        and a server that was slow under load is not refilled because its last few
+        bytes looked fast."""
         fallback = max((self.known[r] for r in live if r in self.known), default=1.0)
-        return {r: self.known.get(r, fallback) for r in live}
+        return {r: self.loaded[r][0] if r in self.loaded else self.known.get(r, fallback) for r in live}
 
 
 # An exchange carrying at most this many bytes is timed as its fixed cost: 16 KB take
