@@ -22,6 +22,13 @@ Three parts, each written to its own results file:
   the text's byte-unigram entropy. ``lm-seeds`` (bench_workloads_lm-seeds.json) repeats
   (b) at seeds 0, 1 and 2, equipoise and plain PyTorch interleaved, for the spread that
   chance alone gives.
+* ``lm-recipe`` (bench_workloads_lm-recipe.json): the same 600 iterations with the
+  recipe of nanoGPT (AdamW with weight decay 0.1, linear warm-up over the first 10% of
+  iterations, cosine decay to a tenth of the learning rate, gradients clipped to norm
+  1.0), equipoise BSP (4 workers, 2 servers) and plain PyTorch with the same recipe
+  (torch.optim.AdamW, SequentialLR of LinearLR and CosineAnnealingLR, clip_grad_norm_)
+  interleaved at seeds 0, 1, 2: their validation losses, beside the plain Adam recipe's
+  (``lm``, ``lm-seeds``).
 
 Run from the repository root::
 
@@ -29,6 +36,7 @@ Run from the repository root::
     python -m benchmarks.bench_workloads memory --dir /var/tmp/shards
     python -m benchmarks.bench_workloads lm
     python -m benchmarks.bench_workloads lm-seeds   # (b) at seeds 0, 1, 2: the spread by chance
+    python -m benchmarks.bench_workloads lm-recipe  # nanoGPT's recipe, equipoise and plain PyTorch
 """
 
 from __future__ import annotations
@@ -289,6 +297,65 @@ def bench_lm(reps: int = 3, iterations: int = 60, long_iterations: int = 600) ->
                          "eval_tokens": sum(min(len(d), 65) - 1 for d in eval_docs)}}
 
 
+# nanoGPT's recipe (its train.py): AdamW, weight decay 0.1, warm-up, cosine decay to lr/10,
+# gradients clipped to norm 1.0; the learning rate is the example's (3e-3).
+RECIPE = dict(optimizer="adamw", lr=0.003, weight_decay=0.1, lr_schedule="cosine", lr_min=0.0003,
+              clip_grad_norm=1.0)
+
+
+def _plain_recipe(iterations: int, global_batch: int, seed: int) -> dict:
+    """The recipe in one plain PyTorch process, as a nanoGPT user writes it: the same
+    initial weights, samples and global batch as the equipoise job."""
+    from equipoise.data import SliceSampler
+
+    lm = _example("fortunes_lm")
+    data = lm.blocks()
+    torch.set_num_threads(1)
+    torch.manual_seed(seed)
+    model = lm.gpt()
+    warmup = iterations // 10
+    opt = torch.optim.AdamW(model.parameters(), lr=RECIPE["lr"], weight_decay=RECIPE["weight_decay"])
+    sched = torch.optim.lr_scheduler
+    schedule = sched.SequentialLR(opt, [sched.LinearLR(opt, 1 / (warmup + 1), 1.0, total_iters=warmup),
+                                        sched.CosineAnnealingLR(opt, iterations - warmup, eta_min=RECIPE["lr_min"])],
+                                  milestones=[warmup])
+    sampler = SliceSampler(len(data["train"]), global_batch, seed)
+    t0 = time.perf_counter()
+    clipped = 0
+    for t in range(iterations):
+        opt.zero_grad()
+        lm.next_byte_loss(model, data["train"].get_batch(sampler.batch(t))).backward()
+        clipped += float(torch.nn.utils.clip_grad_norm_(model.parameters(), RECIPE["clip_grad_norm"])) > 1.0
+        opt.step()
+        schedule.step()
+    seconds = time.perf_counter() - t0
+    return {"val_loss": lm.evaluate(model, data["eval"]), "train_s": seconds, "clipped_steps": clipped}
+
+
+def bench_lm_recipe(seeds: tuple[int, ...] = (0, 1, 2), iterations: int = 600) -> dict:
+    """nanoGPT's recipe: equipoise BSP and plain PyTorch, interleaved per seed."""
+    base = dict(dataset=f"{LM}:blocks", model=f"{LM}:gpt", loss=f"{LM}:next_byte_loss", metrics=f"{LM}:metrics",
+                workers=4, servers=2, global_batch=32, block_size=65536, eval_every=0, checkpoint_every=0,
+                progress=False, threads=1, iterations=iterations, warmup_iterations=iterations // 10, **RECIPE)
+    rows = []
+    for seed in seeds:
+        s, run_dir, t = _job({**base, "seed": seed})
+        try:
+            norms = [r["grad_norm"] for r in _records(run_dir, "iteration")]
+        finally:
+            t.cleanup()
+        plain = _plain_recipe(iterations, base["global_batch"], seed)
+        rows.append({"seed": seed, "equipoise_val_loss": s["final_test_loss"], "equipoise_train_s": s["train_s"],
+                     "equipoise_clipped_steps": sum(n > RECIPE["clip_grad_norm"] for n in norms),
+                     "equipoise_grad_norm": summary(norms),
+                     "plain_pytorch_val_loss": plain["val_loss"], "plain_pytorch_train_s": plain["train_s"],
+                     "plain_pytorch_clipped_steps": plain["clipped_steps"]})
+    diffs = [r["equipoise_val_loss"] - r["plain_pytorch_val_loss"] for r in rows]
+    return {"spec": base, "seeds": list(seeds), "runs": rows, "difference": summary(diffs),
+            "equipoise": summary([r["equipoise_val_loss"] for r in rows]),
+            "plain_pytorch": summary([r["plain_pytorch_val_loss"] for r in rows])}
+
+
 def bench_lm_seeds(seeds: tuple[int, ...] = (0, 1, 2), iterations: int = 600) -> dict:
     """The seed-to-seed spread of the final validation loss, equipoise BSP and plain
     PyTorch interleaved per seed (seed s sets both the initial weights and the sample
@@ -314,7 +381,7 @@ def bench_lm_seeds(seeds: tuple[int, ...] = (0, 1, 2), iterations: int = 600) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("part", choices=("loader", "memory", "lm", "lm-seeds"))
+    parser.add_argument("part", choices=("loader", "memory", "lm", "lm-seeds", "lm-recipe"))
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--dir", default=None, help="memory: where the shards are written (kept for reruns)")
     parser.add_argument("--gigabytes", type=float, default=2.0)
@@ -333,6 +400,14 @@ def main() -> None:
         for r in result["runs"]:
             print("  first MB", {w: round(v) for w, v in r["rss_first_mb"].items()},
                   "peak MB", {w: round(v) for w, v in r["rss_peak_mb"].items()})
+    elif args.part == "lm-recipe":
+        result = bench_lm_recipe()
+        for r in result["runs"]:
+            print(f"seed {r['seed']}: validation loss equipoise {r['equipoise_val_loss']:.4f} "
+                  f"({r['equipoise_clipped_steps']} of 600 steps clipped), plain PyTorch "
+                  f"{r['plain_pytorch_val_loss']:.4f} ({r['plain_pytorch_clipped_steps']} clipped)")
+        print(f"equipoise − plain: {fmt_range(result['difference'])}; equipoise over seeds "
+              f"{fmt_range(result['equipoise'])}, plain {fmt_range(result['plain_pytorch'])}")
     elif args.part == "lm-seeds":
         result = bench_lm_seeds()
         for r in result["runs"]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -10,8 +11,8 @@ from typing import Any, Mapping
 
 import torch
 
-from .config import (USER_CODE, Config, ConfigError, EquipoiseWarning, absolute_specs, flatten_tables, read_toml,
-                     to_toml)
+from .config import (DEFAULT_JOB, USER_CODE, Config, ConfigError, EquipoiseWarning, absolute_specs, flatten_tables,
+                     read_toml, to_toml)
 from .data import DataError
 from .models import build_model
 from .runtime.checkpoint import load_checkpoint
@@ -26,8 +27,11 @@ ConfigLike = Config | Mapping[str, Any] | str | Path | None
 def resolve_config(config: ConfigLike = None, **overrides: Any) -> Config:
     """A Config from a Config, a mapping of keys, or a TOML path, plus keyword overrides.
     `model`, `dataset`, `loss`, `metrics` and `collate` may also be top-level callables
-    (a function, an nn.Module or Dataset class): they become specs every process imports."""
+    (a function, an nn.Module or Dataset class): they become specs every process imports.
+    No config at all is the default job (config.DEFAULT_JOB), keyword overrides on top."""
     overrides = _specs(flatten_tables(overrides))
+    if config is None:
+        config = dict(DEFAULT_JOB)
     if isinstance(config, Mapping):
         config = _specs(flatten_tables(config))
     if isinstance(config, Config):
@@ -59,7 +63,11 @@ def train(config: ConfigLike = None, *, out: str | Path | None = None,
         ckpt = None
     for advice in cfg.warnings():
         warnings.warn(advice, EquipoiseWarning, stacklevel=2)
+    if cfg.progress:
+        print(f"equipoise: {cfg.optimizer_line()}", file=sys.stderr)
     data = check_workload(cfg)
+    if cfg.launcher != "ray":
+        check_specs_as_workers(cfg)
     if cfg.global_batch > len(data):
         raise ConfigError(f"global_batch = {cfg.global_batch} is more than the {len(data)} "
                           f"training samples of dataset {cfg.dataset!r}")
@@ -84,6 +92,20 @@ def train(config: ConfigLike = None, *, out: str | Path | None = None,
     summary["warnings"] = cfg.warnings()
     _write_summary(run_dir, summary)
     return summary
+
+
+def check_specs_as_workers(cfg: Config) -> None:
+    """ConfigError, one line, if a spec of the user's code that this process imports
+    would not import in a worker: tried in a child started as the workers are (the same
+    environment and working directory, none of this process's sys.path)."""
+    from .runtime.launch.local import child_env
+    from .spec import check_in_child, is_spec
+
+    specs = {k: getattr(cfg, k) for k in USER_CODE if is_spec(getattr(cfg, k))}
+    if specs:
+        error = check_in_child(specs, child_env(cfg), min(cfg.timeout, 120.0))
+        if error is not None:
+            raise ConfigError(error)
 
 
 def check_devices(cfg: Config) -> None:

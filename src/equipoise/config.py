@@ -46,6 +46,12 @@ class EquipoiseWarning(UserWarning):
     """Advice about a configuration that runs but may not train well."""
 
 
+# The default job (no config given: a bare `equipoise train`, `equipoise.train()`): the
+# defaults, which are PyTorch's where PyTorch has the key, plus these; examples/default.toml
+# writes it out.
+DEFAULT_JOB = {"momentum": 0.9}
+
+
 @dataclass(frozen=True)
 class Config:
     """The resolved configuration of one job. Field docs live in docs/configuration.md."""
@@ -71,13 +77,14 @@ class Config:
     epochs: float = 1.0
     lr: float = 0.05
     optimizer: str = "sgd"
-    momentum: float = 0.9
+    momentum: float = 0.0  # torch.optim.SGD's default; the default job (DEFAULT_JOB) sets 0.9
     weight_decay: float = 0.0
     lr_schedule: str = "constant"
     lr_step_size: int = 100
     lr_gamma: float = 0.1
     warmup_iterations: int = 0  # linear warm-up: lr × (t + 1)/(W + 1) for iteration t < W, then the schedule
     lr_min: float = 0.0  # the cosine schedule's floor (CosineAnnealingLR's eta_min)
+    clip_grad_norm: float = 0.0  # > 0: clip the update's gradient to this global L2 norm (clip_grad_norm_)
     model: str = "cnn"
     dataset: str = "fashion-mnist"  # a built-in name, or a provider: "file.py:fn" | "pkg.mod:fn"
     data_dir: str = ""
@@ -275,8 +282,10 @@ class Config:
             _positive(key, getattr(self, key))
         if not 0.0 <= self.hysteresis < 1.0:
             raise ConfigError(f"hysteresis = {self.hysteresis!r} must be in [0, 1)")
-        for key in ("momentum", "weight_decay", "lr_gamma", "lr_min"):
+        for key in ("momentum", "weight_decay", "lr_gamma", "lr_min", "clip_grad_norm"):
             _at_least(key, getattr(self, key), 0.0)
+        if not math.isfinite(self.clip_grad_norm):
+            raise ConfigError(f"clip_grad_norm = {self.clip_grad_norm!r} must be a finite number ≥ 0 (0: off)")
         if self.lr_min > self.lr:
             raise ConfigError(f"lr_min = {self.lr_min!r} is above lr = {self.lr!r}")
         if self.workers > self.global_batch:
@@ -321,6 +330,13 @@ class Config:
             raise ConfigError(f"eager_update = true needs backward_push = true, forward_pull = true and a barrier "
                               f"protocol (bsp, lbbsp); here backward_push = {str(self.backward_push).lower()}, "
                               f"forward_pull = {str(self.forward_pull).lower()}, protocol = {self.protocol!r}")
+        if self.clip_grad_norm and self.eager_update:
+            raise ConfigError("clip_grad_norm needs eager_update = false: a block updated as soon as its "
+                              "gradients are in cannot wait for the norm over every block")
+        if self.clip_grad_norm and self.backward_push and self.protocol not in ("bsp", "lbbsp"):
+            raise ConfigError(f"clip_grad_norm with protocol = {self.protocol!r} needs backward_push = false: "
+                              "without a barrier each push is clipped by its own norm, known only once "
+                              "backward has ended")
         if self.overlap and self.protocol in ("bsp", "lbbsp"):
             raise ConfigError(f"overlap = true needs a protocol without a barrier (asp, softsync, ssp), "
                               f"not {self.protocol!r}: under a barrier the next weights do not exist "
@@ -330,6 +346,22 @@ class Config:
     def softsync_c(self) -> int:
         """Gradients per update under n-softsync: c = ⌊λ/n⌋ (n = 0 means n = λ)."""
         return max(1, self.workers // (self.softsync_n or self.workers))
+
+    def optimizer_line(self) -> str:
+        """The job's effective optimizer in one line, as printed at start."""
+        parts = [f"lr {self.lr:g}"]
+        if self.optimizer == "sgd":
+            parts.append(f"momentum {self.momentum:g}")
+        parts.append(f"weight decay {self.weight_decay:g}")
+        parts.append(f"clip_grad_norm {self.clip_grad_norm:g}" if self.clip_grad_norm else "no clipping")
+        schedule = self.lr_schedule
+        if schedule == "step":
+            schedule += f" (x{self.lr_gamma:g} every {self.lr_step_size} iterations)"
+        elif schedule == "cosine":
+            schedule += f" (to {self.lr_min:g})"
+        if self.warmup_iterations:
+            schedule = f"{self.warmup_iterations} warm-up iterations, then {schedule}"
+        return f"optimizer {self.optimizer}: {', '.join(parts)}; schedule {schedule}"
 
     def warnings(self) -> list[str]:
         """Advice that is not an error (printed by the CLI, logged by the API)."""

@@ -104,6 +104,10 @@ def train_reference(cfg: Config, iterations: int | None = None, data=None,
                     params[b.key].grad = combined
                 else:
                     values[b.key].copy_(combined)
+            if cfg.clip_grad_norm:  # torch's own, over the update's gradient of every block, on
+                torch.set_num_threads(1)  # one thread as the servers take the norms (store.grad_norms)
+                torch.nn.utils.clip_grad_norm_(list(params.values()), cfg.clip_grad_norm)
+                torch.set_num_threads(cfg.threads)
             for g in opt.param_groups:  # a server's progress: samples applied (t·X) / X
                 g["lr"] = rates.rate(t * X / X, user)
             opt.step()

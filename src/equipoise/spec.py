@@ -49,8 +49,19 @@ def resolve(spec: str, what: str, error: type[Exception] = ValueError) -> Callab
 
 def import_file(path: str) -> object:
     """Import a user's script by path, under a name other than ``__main__`` so its
-    ``if __name__ == "__main__":`` block does not run again in server or worker processes."""
+    ``if __name__ == "__main__":`` block does not run again in server or worker processes.
+    A file inside a package (its folder has an ``__init__.py``) is imported as that
+    package's module, the folder above the package's root first on sys.path, so its
+    relative and absolute imports of the package work as in the user's script."""
     file = Path(path).resolve()
+    package, root = [], file.parent
+    while (root / "__init__.py").is_file():
+        package.insert(0, root.name)
+        root = root.parent
+    if package and file.is_file() and all(part.isidentifier() for part in package + [file.stem]):
+        if str(root) not in sys.path:
+            sys.path.insert(0, str(root))
+        return importlib.import_module(".".join(package + [file.stem]))
     name = f"equipoise_user_{abs(hash(str(file)))}"
     if name in sys.modules:
         return sys.modules[name]
@@ -119,17 +130,23 @@ def callable_spec(value: Any, what: str, error: type[Exception] = ValueError) ->
 
 def _unreachable_file(module: str) -> str | None:
     """The file of `module` if a child process (started with this working directory and
-    PYTHONPATH, not this process's sys.path) could not import it by name: a module next
-    to the running script, found through the script's folder on sys.path. None if it
-    can, or has no file of its own (a single module, not a package's)."""
+    PYTHONPATH, not this process's sys.path) could not import it by name: a module or a
+    package next to the running script, found through the script's folder on sys.path
+    (`import_file` imports a package's module by its file as the package's). None if it
+    can, or if it has no file of its own."""
     import os
     import sysconfig
 
     mod = sys.modules.get(module)
     path = getattr(mod, "__file__", None)
-    if not path or "." in module:
-        return None  # a package's module: its root is found as the package is; left by name
-    folder = Path(path).resolve().parent
+    top = sys.modules.get(module.split(".")[0])
+    top_file = getattr(top, "__file__", None)
+    if not path or not top_file:
+        return None  # a namespace package, or built in: left by name
+    # the folder the module's name is found from: a single module's, or the package root's parent
+    folder = Path(top_file).resolve().parent
+    if "." in module or Path(top_file).name == "__init__.py":
+        folder = folder.parent
     reachable = {Path.cwd().resolve()}
     reachable |= {Path(p).resolve() for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
     reachable |= {Path(p).resolve() for p in sysconfig.get_paths().values() if p}
@@ -137,4 +154,42 @@ def _unreachable_file(module: str) -> str | None:
     return None if folder in reachable else str(Path(path).resolve())
 
 
-__all__ = ["absolute_spec", "accepted_kwargs", "callable_spec", "import_file", "is_spec", "one_line", "resolve"]
+def check_in_child(specs: dict[str, str], env: dict[str, str], timeout: float) -> str | None:
+    """Import each spec (config key -> spec) in a fresh Python process with environment
+    `env` and this working directory — set up as the job's children are, not with this
+    process's sys.path — so that a spec the driver can import and the workers could
+    not fails before start. The one-line error of the first that fails, else None."""
+    import json
+    import subprocess
+
+    try:
+        done = subprocess.run([sys.executable, "-m", "equipoise.spec", json.dumps(specs)], env=env,
+                              capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return f"importing {', '.join(f'{k} {v!r}' for k, v in specs.items())} in a child process took " \
+               f"more than {timeout:g} s"
+    if done.returncode == 0:
+        return None
+    lines = [line for line in done.stdout.splitlines() + done.stderr.splitlines() if line.strip()]
+    return lines[0] if done.stdout.strip() else one_line(lines[-1] if lines else f"exit {done.returncode}")
+
+
+def _check_main(argv: list[str]) -> int:
+    """`python -m equipoise.spec '{"model": "spec", ...}'`: import each; on the first
+    failure print its one line (naming the key and the spec) and exit 1."""
+    import json
+
+    for key, value in json.loads(argv[0]).items():
+        try:
+            resolve(value, key)
+        except ValueError as exc:
+            print(f"{exc} (imported as the workers import it: from {Path.cwd()}, with this PYTHONPATH)")
+            return 1
+    return 0
+
+
+__all__ = ["absolute_spec", "accepted_kwargs", "callable_spec", "check_in_child", "import_file", "is_spec",
+           "one_line", "resolve"]
+
+if __name__ == "__main__":
+    sys.exit(_check_main(sys.argv[1:]))

@@ -90,3 +90,60 @@ def test_file_specs_import_their_neighbours_from_another_directory(project):
                           cwd=elsewhere, capture_output=True, text=True, timeout=200)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads((elsewhere / "run" / "summary.json").read_text())["iterations"] == 3
+
+
+def test_a_spec_the_workers_could_not_import_fails_before_start(project, monkeypatch):
+    """A spec by module name that this process imports only through its own sys.path
+    (the project's folder added by hand, as a notebook or a launcher script might) is
+    tried in a child set up as the workers are: one line naming the spec, no run."""
+    import equipoise
+    from equipoise.config import ConfigError
+
+    proj, elsewhere = project
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.syspath_prepend(str(proj))
+    with pytest.raises(ConfigError) as exc:
+        equipoise.train(dataset="wlm:datasets", model="wlm:model", loss="wlm:loss", workers=2, servers=1,
+                        global_batch=16, iterations=3, eval_every=0, progress=False, out=elsewhere / "run")
+    message = str(exc.value)
+    assert "\n" not in message and "'wlm:model'" in message and "cannot import 'wlm'" in message, message
+    assert not (elsewhere / "run").exists()
+
+
+PKG_TRAIN = """
+import json, sys
+import equipoise
+from wlmpkg.models import model
+import wlm
+
+if __name__ == "__main__":
+    summary = equipoise.train(dataset=wlm.datasets, model=model, loss=wlm.loss, workers=2, servers=1,
+                              global_batch=16, iterations=3, eval_every=0, checkpoint_every=0, progress=False,
+                              timeout=60.0, out=sys.argv[1])
+    print(json.dumps({"iterations": summary["iterations"]}))
+"""
+
+
+def test_a_package_next_to_the_script_trains_from_another_directory(project):
+    """The model in a package of the project (`wlmpkg/models.py`, which imports its
+    sibling relatively): recorded by its file, imported in every process as the
+    package's module, its root's folder on sys.path."""
+    proj, elsewhere = project
+    pkg = proj / "wlmpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "layers.py").write_text("from torch import nn\n\ndef head(hidden):\n    return nn.Linear(hidden, 1)\n")
+    (pkg / "models.py").write_text(textwrap.dedent("""
+        from torch import nn
+        from .layers import head
+
+        def model(hidden=5):
+            return nn.Sequential(nn.Linear(3, hidden), nn.Tanh(), head(hidden))
+        """))
+    (proj / "train_pkg.py").write_text(textwrap.dedent(PKG_TRAIN))
+    run = elsewhere / "run"
+    done = subprocess.run([sys.executable, str(proj / "train_pkg.py"), str(run)], cwd=elsewhere,
+                          capture_output=True, text=True, timeout=200)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"iterations": 3}
+    assert f'model = "{pkg / "models.py"}:model"' in (run / "config.toml").read_text()

@@ -138,6 +138,30 @@ def test_a_user_dataset_is_built_by_every_worker_on_its_node(cluster, tmp_path):
     assert _gone(summary)
 
 
+def test_a_project_folders_functions_train_in_ray_actors(cluster, tmp_path, monkeypatch):
+    """A user's project (tests/integration/test_project_folder.py's: a module whose
+    dataset imports a neighbour module) passed from Python as functions, the module found
+    only through this process's sys.path: recorded by its file, so every actor, in its
+    own working directory, imports it and its neighbour."""
+    import importlib
+    import textwrap
+
+    from .test_project_folder import HELPER, WLM
+
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "helper.py").write_text(textwrap.dedent(HELPER))
+    (proj / "wlm_ray.py").write_text(textwrap.dedent(WLM))
+    monkeypatch.syspath_prepend(str(proj))
+    wlm = importlib.import_module("wlm_ray")
+    cfg = {**BASE, "launcher": "ray", "workers": 2, "global_batch": 16, "iterations": 3}
+    summary = equipoise.train(cfg, dataset=wlm.datasets, model=wlm.model, loss=wlm.loss, model_args={"hidden": 6},
+                              out=tmp_path / "run")
+    assert summary["iterations"] == 3
+    assert f'dataset = "{proj / "wlm_ray.py"}:datasets"' in (tmp_path / "run" / "config.toml").read_text()
+    assert _gone(summary)
+
+
 def test_a_job_the_cluster_can_never_hold_is_refused_at_once_one_it_cannot_hold_now_waits(cluster, tmp_path):
     """Asking for a GPU of a cluster without one is a user mistake, reported before any
     placement group is made; a job that fits the cluster (5 of its 6 CPUs) but not what

@@ -115,8 +115,8 @@ def test_a_rate_measured_under_load_stands_in_for_a_light_loads_extrapolation():
     # Server 1 holds 50 B and looks 4x faster than server 0 (a light load's rate is
     # mostly the fixed cost's error); the trial swaps block 0 (800 B) onto it, where it
     # measures as slow as server 0: undone. Back at 50 B it looks fast again, but its
-    # rate under 800 B (its heaviest load lately) is what the next plan is predicted
-    # with, so the trial is not started again (not even once the tabu has expired).
+    # rate under the undone trial's 800 B is what the next plan is predicted with, so
+    # the trial is not started again (not even once the tabu has expired).
     sizes, table, live = [800, 50, 50, 50], [0, 1, 2, 3], [0, 1, 2, 3]
     looks = {0: 25.0, 1: 100.0, 2: 25.0, 3: 25.0}
     c = Psld(sizes, epsilon=0.0, tabu_decisions=1)
@@ -130,6 +130,25 @@ def test_a_rate_measured_under_load_stands_in_for_a_light_loads_extrapolation():
     assert MoveBlock(0, 1, 0) in undo and c.log[-1]["kept"] is False
     for _ in range(4):
         assert c.decide(table, live, looks, 1.0) == []
+
+
+def test_a_server_loaded_in_the_normal_course_is_rated_by_its_latest_measurement():
+    # Server 0 held the 800 B block and was slow; PSLD moved it away (kept). Then the
+    # slowdown moved: server 0, light now, measures fast, server 1 (with the block) slow.
+    # Only an undone trial's destinations are rated by their loaded measurement, so
+    # server 0's fresh rate counts and the block moves back.
+    sizes, live = [800, 50, 50, 50], [0, 1, 2, 3]
+    c = Psld(sizes, epsilon=0.0)
+    first = c.decide([0, 1, 2, 3], live, {0: 25.0, 1: 100.0, 2: 100.0, 3: 100.0}, 1.0)
+    moved = [0, 1, 2, 3]
+    for a in first:
+        moved[a.block] = a.dst
+    assert moved[0] != 0
+    c.decide(moved, live, {0: 25.0, 1: 100.0, 2: 100.0, 3: 100.0}, 9.0)
+    assert c.decide(moved, live, {0: 25.0, 1: 100.0, 2: 100.0, 3: 100.0}, 0.5) == []  # kept
+    slow = {r: 100.0 for r in live} | {moved[0]: 25.0}
+    again = c.decide(moved, live, slow, 0.5)
+    assert any(a.block == 0 and a.src == moved[0] for a in again), again
 
 
 def test_actions_are_frozen_values():

@@ -228,3 +228,44 @@ def test_the_stores_sgd_refuses_settings_torch_would_not_step_with(field, value)
 
     with pytest.raises(ValueError, match=f"optimizer sgd: {field} = "):
         SGD([torch.nn.Parameter(torch.zeros(2))], **{"lr": 0.1, field: value})
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_clipping_over_two_stores_equals_clip_grad_norm_on_one(optimizer):
+    """The model cut over two servers: each combines its blocks' gradients and reports
+    their norms; the global norm of them all (global_norm) clips both, bit for bit what
+    torch.nn.utils.clip_grad_norm_ does to the whole model's gradient on one process."""
+    from equipoise.runtime.store import global_norm
+
+    gen = torch.Generator().manual_seed(5)
+    sizes = [7, 40000, 3]  # one block large enough for a reduction to be cut among threads
+    values = [torch.randn(n, generator=gen) for n in sizes]
+    grads = [[torch.randn(n, generator=gen) * 3 for n in sizes] for _ in range(2)]
+    clip = 2.0
+    ref = [torch.nn.Parameter(v.clone()) for v in values]
+    opt = (torch.optim.SGD(ref, lr=0.1, momentum=0.9) if optimizer == "sgd"
+           else torch.optim.AdamW(ref, lr=0.1, weight_decay=0.1))
+    for p, a, b in zip(ref, *grads):
+        p.grad = torch.mul(a, 3 / 8).add_(b, alpha=5 / 8)
+    total = torch.nn.utils.clip_grad_norm_(ref, clip)
+    opt.step()
+    assert total > 10 * clip  # the clipping is active
+
+    owner = [0, 1, 0]
+    stores = []
+    for rank in (0, 1):
+        keys = [k for k in range(3) if owner[k] == rank]
+        blocks = [Block(k, f"w{k}", 0, sizes[k]) for k in keys]
+        stores.append(ParameterStore(blocks, {k: values[k].clone() for k in keys},
+                                     spec(optimizer, lr=0.1, weight_decay=0.0 if optimizer == "sgd" else 0.1,
+                                          clip=clip), BSP()))
+    prepared, norms = [], {}
+    for s in stores:
+        group = [Push(w, 0, n, {k: grads[w][k] for k in s.blocks}) for w, n in ((0, 3), (1, 5))]
+        prepared.append(s.prepare(group))
+        norms.update(s.grad_norms(prepared[-1], s.blocks))
+    assert global_norm(norms) == float(total)
+    for s, p in zip(stores, prepared):
+        s.finish(p, global_norm(norms))
+    for k in range(3):
+        assert torch.equal(stores[owner[k]].values[k], ref[k].detach()), k

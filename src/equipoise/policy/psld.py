@@ -24,11 +24,11 @@ times with its next plan request). New trials:
   trial the placement stays as it is: a settled placement is not disturbed every other
   interval by a random move (and its undo), only now and then.
 
-A server's rate for a plan is the one measured under the heaviest load it held in the
-last ``memory`` decisions: a lightly loaded server's rate is an extrapolation (its time
-is mostly the exchanges' fixed cost), and once a trial has loaded it, that measurement
-stands in, so an undone trial is not retried because the server looks fast again when
-nearly empty. An undone plan is tabu in any order of its moves.
+The destinations of an undone trial are rated, for ``memory`` decisions, as they
+measured under the trial's load: a lightly loaded server's rate is an extrapolation (its
+time is mostly the exchanges' fixed cost), so without this an undone trial is retried as
+soon as its destination looks fast again when nearly empty. An undone plan is tabu in
+any order of its moves.
 
 Adding a server is not judged by itself: the new server holds nothing until a later
 exploit moves blocks onto it (a server never measured is assumed as fast as the best
@@ -101,8 +101,8 @@ class Psld:
         self.log: list[dict] = []         # one record per judged trial
         self.undone: set[int] = set()     # destinations of undone moves
         self.known: dict[int, float] = {}  # last measured bytes/s of each server
-        # each server's rate measured under the heaviest load it held lately: (bytes/s,
-        # bytes held, decisions left); trusted over a lighter load's extrapolation
+        # the rate of each destination of an undone trial, measured under its load:
+        # (bytes/s, bytes held, decisions left); trusted over a lighter load's extrapolation
         self.loaded: dict[int, tuple[float, int, int]] = {}
         self.memory = memory  # decisions a heavier load's measurement is trusted
         self.tabu: dict[frozenset[MoveBlock], int] = {}  # undone plan (in any order) -> decisions left
@@ -121,11 +121,13 @@ class Psld:
         if self.trial is not None and self.trial.settle > 0:
             self.trial.settle -= 1  # the interval the moves were made in: it measures neither placement
             return []
-        self._remember(table, live, throughput)
-        if self.trial is not None:
-            trial, self.trial = self.trial, None
+        trial, self.trial = self.trial, None
+        keep = True
+        if trial is not None:
             gain = (trial.before_s - iteration_s - trial.pause_s / self.horizon) / trial.before_s
             keep = gain > self.threshold
+        self._remember(table, live, throughput, set() if keep else {a.dst for a in trial.actions})
+        if trial is not None:
             self.log.append({"judged": trial.actions, "before_s": trial.before_s,
                              "after_s": iteration_s, "kept": keep})
             if not keep:
@@ -179,11 +181,12 @@ class Psld:
         self.trial = _Trial(actions, undo, iteration_s)
         return list(actions)
 
-    def _remember(self, table: Sequence[int], live: Sequence[int], throughput: Mapping[int, float]) -> None:
+    def _remember(self, table: Sequence[int], live: Sequence[int], throughput: Mapping[int, float],
+                  loaded: Set[int] = frozenset()) -> None:
         """Keep this interval's rates (``table`` the placement they were measured on):
-        the last one of each server, and the one measured under the heaviest load it
-        held in the last ``memory`` decisions (a measurement under at least half that
-        load replaces it)."""
+        the last one of each server; for the servers ``loaded`` (an undone trial's
+        destinations, measured under its load) also that one, trusted for ``memory``
+        decisions unless a measurement under at least half that load replaces it."""
         held = {r: 0 for r in live}
         for k, s in enumerate(table):
             if s in held:
@@ -193,21 +196,23 @@ class Psld:
             rate = throughput.get(r, 0)
             if rate > 0:
                 self.known[r] = rate
-                if held[r] > 0 and (r not in self.loaded or 2 * held[r] >= self.loaded[r][1]):
+                if held[r] > 0 and (r in loaded or (r in self.loaded and 2 * held[r] >= self.loaded[r][1])):
                     self.loaded[r] = (rate, held[r], self.memory)
 
     def _rates(self, live: Sequence[int], throughput: Mapping[int, float]) -> dict[int, float]:
-        """The rates a plan is predicted with: a server's rate measured under the
-        heaviest load it held lately, else its last measured one (a server idle this
-        interval keeps it); one never measured (new) is assumed as fast as the best.
+        """The rates a plan is predicted with: for an undone trial's destination, the
+        rate it measured under the trial's load (for ``memory`` decisions), else a
+        server's last measured one (a server idle this interval keeps it); one never
+        measured (new) is assumed as fast as the best.
 
         A lightly loaded server's rate is an extrapolation: its time is mostly the
         exchanges' fixed cost, and a small error in that cost makes it look several
-        times faster or slower than it is. Once it has carried a larger load (a trial
-        moved blocks onto it), that measurement stands in for the extrapolation, so an
-        undone trial is not retried because the server looks fast again when empty,
-        and a server that was slow under load is not refilled because its last few
-        bytes looked fast."""
+        times faster or slower than it is. A trial that moved load onto it and was
+        undone measured it under load: that stands in for the extrapolation, so the
+        trial is not retried because the server looks fast again when light. Only an
+        undone trial's destinations: a server loaded in the normal course (the slow
+        one before PSLD emptied it) may have changed speed since (a slowdown that
+        moved), and its light measurements are what shows it."""
         fallback = max((self.known[r] for r in live if r in self.known), default=1.0)
         return {r: self.loaded[r][0] if r in self.loaded else self.known.get(r, fallback) for r in live}
 

@@ -72,6 +72,10 @@ class Coordinator:
         self.iteration = resume.iteration if resume else 0
         self.cursor = resume.cursor if resume else self.iteration * cfg.global_batch
         self.display = ProgressDisplay(self.total, cfg.progress, start=self.iteration)
+        # clip_grad_norm under a barrier: the iteration whose update waits for its norm,
+        # and each iteration's norm (before clipping) until its record is written
+        self.clip_due: int | None = None
+        self.grad_norms: dict[int, float] = {}
         self.tensorboard = TensorBoardLog(self.run_dir / "tensorboard") if cfg.tensorboard else None
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl",  # the display and TensorBoard see every record
                                      [self.display.record] + ([self.tensorboard.record] if self.tensorboard else []))
@@ -401,6 +405,7 @@ class Coordinator:
 
     def restart_from(self, memory: Memory, epoch: int) -> None:
         self._rewind(memory)
+        self.clip_due, self.grad_norms = None, {}
         self.waiting, self.assign = {}, Assignments()
         self.snapshots.replay_from(memory.iteration)
         # Every worker not yet done, also one stopped with a request still owed an answer
@@ -451,6 +456,8 @@ class Coordinator:
         self.ended = max(self.ended, t)
         self.planner.observe({r["worker"]: r for r in reports if not r.get("recovery")})
         record = self.stats.iteration_record(t, reports)
+        if t in self.grad_norms:
+            record["grad_norm"] = self.grad_norms.pop(t)
         if self.cfg.protocol == "lbbsp":
             record["predictor_mape"] = self.planner.mape()
             record["predicted_speed"] = [self.planner.predict(r["worker"])

@@ -54,6 +54,9 @@ class BarrierCoordinator(Coordinator):
         The reports of t−1 are digested after the replies, so predictor training overlaps
         the workers' pulls; LB-BSP sizes thus react to speeds up to t−2."""
         t = self.iteration
+        if self.clip_due == t - 1:  # clip_grad_norm: update t−1 waits on the servers for its norm
+            self.clip_due = None
+            self.grad_norms[t - 1] = self.servers.clip(t - 1)
         self._snapshot(t, version=t, cursor=t * self.cfg.global_batch)
         if t >= self.total:
             self._end_iteration(t - 1)
@@ -70,6 +73,8 @@ class BarrierCoordinator(Coordinator):
         self.assign.begin(t, slices)
         for w, (start, size) in slices.items():
             self._reply_plan(w, t, start, size, version=t, await_table=bool(actions))
+        if self.cfg.clip_grad_norm:
+            self.clip_due = t
         self.iteration += 1
         if actions:  # workers compute meanwhile; they ask for the table before pushing
             self.servers.carry_out(t, actions)

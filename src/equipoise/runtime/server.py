@@ -29,7 +29,7 @@ from .fragments import FragmentHandling, Fragments, count_field
 from .handover import Forwarding
 from .replica import Replication
 from .server_moves import BlockMoves, _nbytes
-from .store import OptimizerSpec, ParameterStore, Push, PushError
+from .store import OptimizerSpec, ParameterStore, Prepared, Push, PushError
 
 log = logging.getLogger("equipoise.server")
 
@@ -92,6 +92,10 @@ class Server(BlockMoves, EagerUpdates, FragmentHandling):
         self.bucket: TokenBucket | None = None
         self.busy_s, self.bytes = 0.0, 0
         self.refusals = QuietLog(log)  # the first refusal of each kind per peer, then counts
+        # clip_grad_norm under a barrier: the update combined, waiting for the global norm
+        # (update, group, prepared, its blocks' gradient norms), and the coordinator's request
+        self.clipping: tuple[Update, list[Push], Prepared, dict[int, float]] | None = None
+        self.norm_req: tuple[bytes, int] | None = None
 
     def serve(self) -> None:
         """Register with the coordinator, then handle messages until `stop`. Raises
@@ -182,6 +186,7 @@ class Server(BlockMoves, EagerUpdates, FragmentHandling):
         self.block_grads = {b.key: counts.get(b.key, 0) for b in blocks}
         self.handover.reset()
         self.fragments.clear()
+        self.clipping = self.norm_req = None
         if self.replication is not None:
             self.replication.reset(store.version)
         self.listener.send(peer, Message("ready", {"rank": self.rank}))
@@ -235,6 +240,7 @@ class Server(BlockMoves, EagerUpdates, FragmentHandling):
         """Membership changed: the new group size applies at once (a softsync group that
         the smaller size completes is applied now), and under SSP a worker that stopped
         (`retired`) no longer holds the clock back."""
+        self._unstash()
         self.sync.members(int(msg.fields["workers"]), [int(w) for w in msg.fields.get("retired", [])])
         self._apply_ready()
         self.listener.send(peer, Message("ack", {"version": self.sync.published()}))
@@ -246,6 +252,7 @@ class Server(BlockMoves, EagerUpdates, FragmentHandling):
         how many of its gradients this server applied in all, and its version."""
         f = msg.fields
         worker = int(f["worker"])
+        self._unstash()
         for token in self.sync.lose(worker, int(f["workers"]), drop=bool(f.get("drop", True))):
             self.pushes.pop(token, None)
         self.held = [h for h in self.held if h.worker != worker]
@@ -259,17 +266,75 @@ class Server(BlockMoves, EagerUpdates, FragmentHandling):
     def _on_expect(self, peer: bytes, msg: Message) -> None:
         """How many pushes the update from `version` waits for (null: one per worker)."""
         pushes = msg.fields.get("pushes")
+        self._unstash()
         self.sync.expect(int(msg.fields["version"]), None if pushes is None else int(pushes))
         self.store.early = {}  # the group changes: blocks computed ahead would not be taken
         self._apply_ready()
         self.listener.send(peer, Message("ack", {"version": self.sync.published()}))
 
     def _apply_ready(self, release: bool = True) -> None:
-        """Apply every complete group; then (if `release`) answer what it made ready."""
-        while (update := self.sync.next_update()) is not None:
+        """Apply every complete group; then (if `release`) answer what it made ready.
+        With clip_grad_norm under a barrier a complete group is only combined: it waits
+        for the global norm (`_on_norm_req`, `_on_clip`)."""
+        while self.clipping is None and (update := self.sync.next_update()) is not None:
+            if self.store.spec.clip > 0 and self.sync.policy.barrier():
+                group = [self.pushes.pop(t) for t in update.tokens]
+                prepared = self.store.prepare(group, list(update.sigmas))
+                self.clipping = (update, group, prepared, self.store.grad_norms(prepared, self.store.blocks))
+                self._answer_norm()
+                break
             self._apply(update)
         if release:
             self._release()
+
+    def _unstash(self) -> None:
+        """The group changes (a worker lost, a new count of pushes): an update combined
+        for clipping goes back to pending, as if never taken, for `sync` to judge again."""
+        if self.clipping is not None:
+            update, group, _, _ = self.clipping
+            self.clipping = None
+            self.pushes.update(zip(update.tokens, group))
+            self.sync.pending[:0] = list(update.pushes)
+
+    def _on_norm_req(self, peer: bytes, msg: Message) -> None:
+        """The coordinator asks for the gradient norms of this server's blocks in the
+        update from `version` (answered once that update is complete)."""
+        version = count_field(msg.fields, "version", None)
+        if version is None or version < self.sync.published():
+            raise PushError(f"server {self.rank}: norm request for version {version!r}, "
+                            f"already at {self.sync.published()}")
+        self.norm_req = (peer, version)
+        self._answer_norm()
+
+    def _answer_norm(self) -> None:
+        if self.norm_req is None:
+            return
+        peer, version = self.norm_req
+        if not self.store.blocks or not any(b.kind == "param" for b in self.store.blocks.values()):
+            norms = {}  # nothing to clip: no update waits here
+        elif self.clipping is not None and self.sync.published() == version:
+            norms = self.clipping[3]
+        else:
+            return  # the update is not complete yet
+        self.norm_req = None
+        self.listener.send(peer, Message("norm", {"version": version, "norms": sorted(norms.items())}))
+
+    def _on_clip(self, peer: bytes, msg: Message) -> None:
+        """The global gradient norm of the update from `version`: clip, step, go on."""
+        version = count_field(msg.fields, "version", None)
+        norm = msg.fields.get("norm")
+        if isinstance(norm, bool) or not isinstance(norm, (int, float)) or not math.isfinite(norm) or norm < 0:
+            raise PushError(f"server {self.rank}: clip norm = {norm!r} is not a finite number ≥ 0")
+        if self.clipping is not None:
+            if version != self.sync.published():
+                raise PushError(f"server {self.rank}: clip for version {version!r}, the update waiting is "
+                                f"from {self.sync.published()}")
+            update, group, prepared, _ = self.clipping
+            self.clipping = None
+            self._apply(update, group, prepared, float(norm))
+            self._apply_ready(release=False)
+        self.listener.send(peer, Message("ack", {"version": self.sync.published()}))
+        self._release()
 
     def _stale(self, msg: Message) -> bool:
         """A worker's request of an epoch before the last rollback: dropped unanswered
@@ -337,13 +402,17 @@ class Server(BlockMoves, EagerUpdates, FragmentHandling):
         finally:
             self._release()
 
-    def _apply(self, update: Update) -> None:
-        """One update of the store, with σ of each gradient as `sync` measured it; with a
-        backup, the new version is forwarded to it."""
+    def _apply(self, update: Update, group: list[Push] | None = None, prepared: Prepared | None = None,
+               norm: float | None = None) -> None:
+        """One update of the store, with σ of each gradient as `sync` measured it (the
+        group combined already, and the global norm to clip it by, when clipping); with
+        a backup, the new version is forwarded to it."""
         store = self.store
         before = store.compensated
-        group = [self.pushes.pop(t) for t in update.tokens]
-        store.apply(group, list(update.sigmas))
+        if prepared is None:
+            group = [self.pushes.pop(t) for t in update.tokens]
+            prepared = store.prepare(group, list(update.sigmas))
+        store.finish(prepared, norm)
         now = self.clock.now()
         for k in {k for p in group for k in p.tensors if k in store.blocks}:
             self.applied_at[k] = self.early_at[k] if k in store.committed and k in self.early_at else now

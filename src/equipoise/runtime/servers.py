@@ -26,6 +26,7 @@ from ..scenario import BlockMove, Scenario, ServerRemove
 from ..wire import Message, PeerTimeout, Transport, names
 from .pool import ServerPool
 from .rpc import JobError, Peers, Rpc
+from .store import global_norm
 from .snapshots import State
 
 log = logging.getLogger("equipoise.coordinator")
@@ -234,6 +235,24 @@ class ServerManager:
 
     def broadcast(self, msg: Message, kind: str) -> dict[int, Message]:
         return self.pool.broadcast(msg, kind)
+
+    def clip(self, version: int) -> float:
+        """clip_grad_norm under a barrier: the update from `version` is complete on every
+        server; gather the gradient norm of every block, take the global norm as
+        `clip_grad_norm_` does (store.global_norm), send every server the norm to clip
+        by, and return it (before clipping). A malformed reply is a JobError naming
+        the server."""
+        parts = self.pool.broadcast(Message("norm_req", {"version": version}), "norm")
+        norms: dict[int, float] = {}
+        for r, reply in sorted(parts.items()):
+            try:
+                for key, value in reply.fields["norms"]:
+                    norms[int(key)] = float(value)
+            except (TypeError, ValueError) as exc:
+                raise JobError(f"server {r}: malformed gradient norms for version {version}: {exc}") from None
+        norm = global_norm(norms)
+        self.pool.broadcast(Message("clip", {"version": version, "norm": norm}), "ack")
+        return norm
 
     def observe_exchange(self, server_s: dict[int, float]) -> None:
         """A worker's seconds in exchanges with each server since its last report."""

@@ -43,25 +43,35 @@ class OptimizerSpec:
     global_batch: int
     warmup: int = 0  # iterations of linear warm-up (policy.schedule)
     floor: float = 0.0  # the cosine schedule's floor
+    clip: float = 0.0  # > 0: a barrier update's gradient is clipped to this global norm (the coordinator's)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "OptimizerSpec":
-        optional = {"warmup", "floor"}  # a job of an earlier version has none
+        optional = {"warmup", "floor", "clip"}  # a job of an earlier version has none
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d or k not in optional})
 
     @classmethod
     def of(cls, cfg, total: int) -> "OptimizerSpec":
         """The optimizer and schedule of config `cfg` for a job of `total` iterations."""
         return cls(cfg.optimizer, cfg.lr, cfg.momentum, cfg.weight_decay, cfg.lr_schedule, total,
-                   cfg.lr_step_size, cfg.lr_gamma, cfg.global_batch, warmup=cfg.warmup_iterations, floor=cfg.lr_min)
+                   cfg.lr_step_size, cfg.lr_gamma, cfg.global_batch, warmup=cfg.warmup_iterations, floor=cfg.lr_min,
+                   clip=cfg.clip_grad_norm)
 
     def rate(self, progress: float, user: Callable[[int], float] | None = None) -> float:
         """The learning rate of the update starting at `progress` iterations."""
         return learning_rate(self.lr, self.schedule, progress, total=self.total, step_size=self.step_size,
                              gamma=self.gamma, warmup=self.warmup, floor=self.floor, user=user)
+
+
+@dataclass
+class Prepared:
+    """An update combined, not yet stepped (`ParameterStore.prepare`)."""
+    plan: "_Plan"
+    early: dict
+    combined: dict[int, torch.Tensor]
 
 
 @dataclass
@@ -219,13 +229,18 @@ class ParameterStore:
         A block whose update `speculate` computed ahead from the same gradients, weights,
         learning rate and momentum on the same values (`early`) takes that result, the
         same numbers: the step of one block never reads another's."""
+        self.finish(self.prepare(group, staleness), forwarded=forwarded)
+
+    def prepare(self, group: list[Push], staleness: list[int] | None = None) -> "Prepared":
+        """The first half of `apply`: the group's combined gradient of each block, nothing
+        stepped yet. `grad_sq` of it is this server's part of the update's squared
+        gradient norm (clip_grad_norm); `finish` steps."""
         plan = self._plan(group, staleness)
         if self.policy.async_scaling == "bsp":
             self.last_step = plan.step
         group = plan.group
         grads = self._compensated(group) if self.policy.delay_compensation != "none" else None
         early = {k: e for k, e in self.early.items() if e.sig == self._signature(k, plan)}
-        self._copy_on_write()
         whole = all(len(p.tensors) == len(self.blocks) for p in group)
         combined: dict[int, torch.Tensor] = {}
         for k, b in self.blocks.items():
@@ -241,6 +256,37 @@ class ParameterStore:
                     w = [x / sum(w) for x in w] if sum(w) > 0 else w
             combined[k] = self._combine(k, [grads[i].get(k, group[i].tensors[k]) if grads else group[i].tensors[k]
                                             for i in have], w)
+        return Prepared(plan, early, combined)
+
+    @staticmethod
+    def grad_norms(prepared: "Prepared", blocks: Mapping[int, Block]) -> dict[int, float]:
+        """The L2 norm of each parameter block's combined gradient, as `clip_grad_norm_`
+        computes it (torch._foreach_norm, in the gradients' dtype, one thread: the same
+        reduction order on every machine). Stacked in block order over every server,
+        their norm is the update's global gradient norm (`global_norm`)."""
+        keys = [k for k in sorted(prepared.combined) if blocks[k].kind == "param"]
+        if not keys:
+            return {}
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            norms = torch._foreach_norm([prepared.combined[k] for k in keys], 2.0)
+        finally:
+            torch.set_num_threads(threads)
+        return {k: float(n) for k, n in zip(keys, norms)}
+
+    def finish(self, prepared: "Prepared", norm: float | None = None, *, forwarded: bool = False) -> None:
+        """The second half of `apply`: step with the combined gradients, clipped first
+        when `norm` (the update's global gradient norm, `global_norm`) is given: each
+        parameter gradient times min(1, clip / (norm + 1e-6)), in float32, the
+        arithmetic of `clip_grad_norm_`."""
+        plan, early, combined = prepared.plan, prepared.early, prepared.combined
+        self._copy_on_write()
+        if norm is not None and self.spec.clip > 0:
+            coef = (self.spec.clip / (torch.tensor(norm, dtype=torch.float32) + 1e-6)).clamp(max=1.0)
+            for k, g in combined.items():
+                if self.blocks[k].kind == "param":
+                    g.mul_(coef.to(g.dtype))
         for key, param in zip(self._param_keys, self._params):
             param.grad = combined.get(key)
         for key, b in self.blocks.items():
@@ -269,7 +315,7 @@ class ParameterStore:
         self.generation += 1
         if not forwarded:
             self.version += 1
-            self.samples += sum(p.samples for p in group)
+            self.samples += sum(p.samples for p in plan.group)
 
     def speculate(self, group: list[Push], keys: list[int]) -> None:
         """Compute ahead the update of each block of `keys` from `group`, the pushes its
@@ -401,6 +447,15 @@ class ParameterStore:
             entry = {n[len(prefix):]: t.clone() for n, t in state.items() if n.startswith(prefix)}
             if entry:
                 self.optimizer.state[param] = entry
+
+
+def global_norm(norms: Mapping[int, float]) -> float:
+    """The norm of the blocks' gradient norms (`ParameterStore.grad_norms`, gathered from
+    every server) stacked in block order: `clip_grad_norm_`'s total norm, in float32."""
+    if not norms:
+        return 0.0
+    stacked = torch.tensor([norms[k] for k in sorted(norms)], dtype=torch.float32)
+    return float(torch.linalg.vector_norm(stacked, 2.0))
 
 
 def _weighted_sum(tensors: list[torch.Tensor], weights: list[float], out: torch.Tensor) -> torch.Tensor:

@@ -292,6 +292,10 @@ class Worker:
             versions = self._plan_table(table, versions, in_flight)
             measured["table_wait_s"] = time.perf_counter() - t3
         sent, streamed = self._disarm()
+        if self.cfg.clip_grad_norm and not self.barrier:
+            # No barrier, no update of the global batch to take the norm of: each push is
+            # clipped by its own norm (under a barrier the servers clip the update).
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_grad_norm)
         with self.stretch.local():  # packing the push: slow on a slow machine too
             # With exchanges in flight, copies: the next backward overwrites .grad while these may be queued.
             if streamed is None:

@@ -58,6 +58,11 @@ SCHEMA: dict[str, dict[str, FieldType]] = {
     "replica": {"primary": int, "version": int, "samples": int, "reply_to": str},  # + tensors
     "replica_ack": {"version": int, "backup": int},
     "replica_req": {"primary": int, "version": int},  # answered with a "state"  # optional "pushes": int | null — the update in progress waits for that many
+    # clip_grad_norm under a barrier: the gradient norm of each block a server holds in
+    # the update ([[key, norm], ...]), then the global norm every server clips by
+    "norm_req": {"version": int},
+    "norm": {"version": int, "norms": list},
+    "clip": {"version": int, "norm": float},
     # PSLD: measurements, emulated server stragglers, block migration
     "stats_req": {},
     "stats": {"busy_s": float, "bytes": int, "load_bytes": int, "blocks": int},

@@ -93,7 +93,7 @@ class Children(LaunchedPeers):
         self.tolerated: set[str] = set()
         self.logs = run_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
-        self.env = dict(os.environ, OMP_NUM_THREADS=str(cfg.threads), MKL_NUM_THREADS=str(cfg.threads))
+        self.env = child_env(cfg)
         # The children's temporary files (their ipc sockets) in a folder of the job's: a
         # process killed by a signal cannot remove its own; `stop` removes the folder.
         # Not where a socket's path in it would be too long for a Unix socket.
@@ -243,6 +243,12 @@ class Neighbours:
         for burner in self.running.values():
             burner.stop()
         self.running.clear()
+
+
+def child_env(cfg: Config) -> dict[str, str]:
+    """The environment the job's processes start with (the working directory is this
+    process's): this one's, with `threads` for OpenMP and MKL."""
+    return dict(os.environ, OMP_NUM_THREADS=str(cfg.threads), MKL_NUM_THREADS=str(cfg.threads))
 
 
 def run_local(cfg: Config, run_dir: Path, data, resume: Checkpoint | None = None) -> dict:

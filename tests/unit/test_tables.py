@@ -1,0 +1,47 @@
+"""The generated tables of README.md and docs/benchmarks.md match the committed results files
+(benchmarks/tables.py writes them), the README stays short, and the relative links of the
+pages the tables live on point at files that exist. No training: it only reads files."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from benchmarks import tables
+
+README_LIMIT = 12_000  # bytes
+LINKED_PAGES = ["README.md", "docs/benchmarks.md", "docs/cli.md", "docs/guarantees.md", "docs/architecture.md"]
+
+
+@pytest.mark.parametrize("doc", sorted(tables.DOCS))
+def test_generated_tables_are_current(doc):
+    text = (tables.ROOT / doc).read_text()
+    want, found = tables.DOCS[doc](), tables.blocks(text)
+    assert set(found) == set(want), (
+        f"{doc} has the generated blocks {sorted(found)}, the script writes {sorted(want)}: "
+        "run python -m benchmarks.tables")
+    stale = [name for name in want if found[name] != want[name]]
+    assert not stale, (f"{doc}: the tables {stale} differ from what the results files give (or src/ moved on "
+                       "since they were written): run python -m benchmarks.tables")
+
+
+def test_every_table_names_its_results_file():
+    for doc, render in tables.DOCS.items():
+        for name, body in render().items():
+            for link in re.findall(r"\]\(((?:\.\./)?benchmarks/results/[^)]+\.json)\)", body) or [None]:
+                assert link, f"{doc}, table {name}: no results file named"
+                assert (tables.ROOT / doc).parent.joinpath(link).resolve().is_file(), f"{doc}: {link} is missing"
+
+
+def test_readme_is_short():
+    size = len((tables.ROOT / "README.md").read_bytes())
+    assert size < README_LIMIT, f"README.md is {size:,} bytes; keep it under {README_LIMIT:,} (details go in docs/)"
+
+
+@pytest.mark.parametrize("page", LINKED_PAGES)
+def test_relative_links_exist(page):
+    path = tables.ROOT / page
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", path.read_text())
+    missing = [t for t in targets if "://" not in t and not (path.parent / t).exists()]
+    assert not missing, f"{page} links to missing files: {missing}"
