@@ -95,11 +95,11 @@ def _alive(role: str) -> list[tuple[int, int]]:
     for p in psutil.Process(os.getpid()).children(recursive=True):
         try:
             cmd = p.cmdline()
-            if p.status() == psutil.STATUS_ZOMBIE or "equipoise.runtime.proc" not in cmd:
+            if p.status() == psutil.STATUS_ZOMBIE or "equipoise.launch.proc" not in cmd:
                 continue
         except psutil.NoSuchProcess:
             continue
-        i = cmd.index("equipoise.runtime.proc")
+        i = cmd.index("equipoise.launch.proc")
         if cmd[i + 1:i + 2] == [role]:
             out.append((int(cmd[i + 2]), p.pid))
     return sorted(out)

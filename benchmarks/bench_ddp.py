@@ -15,7 +15,7 @@ equipoise's `SliceSampler` cuts it). Start-up is excluded on both sides:
   between two barriers.
 
 equipoise runs twice per round, pushing its gradients after backward (the default) and
-while backward runs (`backward_push = true`, runtime/early_push.py).
+while backward runs (`backward_push = true`, worker/backward_push.py).
 
 Repetitions are interleaved (equipoise, equipoise with backward_push, DDP, ...); the report is the
 median of each, and the ratio equipoise/DDP of each interleaved pair over the same

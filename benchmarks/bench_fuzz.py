@@ -1,6 +1,6 @@
 """Fuzz a live parameter server: generated bad messages, valid traffic in between.
 
-A real `equipoise.runtime.server.Server` runs in its own (spawned) process, logging to a
+A real `equipoise.server.core.Server` runs in its own (spawned) process, logging to a
 file, authenticated as in a real job (`--auth`, default "plain", the default of real
 jobs; "curve"; or "off", no authentication, for comparison): one `generate_keys(auth)`
 per run, the server listening with the job's "server" keys. This process plays its
@@ -88,7 +88,7 @@ def _server_main(coordinator: str, log_path: str, keys: dict | None) -> None:
     """The server, with the job's "server" `JobKeys.to_dict()` (None: auth off)."""
     import torch
 
-    from equipoise.runtime.server import Server
+    from equipoise.server.core import Server
     from equipoise.wire import JobKeys, ZmqTransport
 
     logging.basicConfig(filename=log_path, level=logging.INFO,

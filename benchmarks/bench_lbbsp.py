@@ -1,7 +1,7 @@
 """LB-BSP under worker stragglers: BSP, LB-BSP, ASP and PyTorch DDP against the ideal.
 
 Four emulated machines on this 2-core box. Each is `base` times slower than one core
-here (every step stretched in-process, equipoise.runtime.stretch: the forward and backward
+here (every step stretched in-process, equipoise.worker.stretch: the forward and backward
 passes and the step's other local work — unpacking pulled weights, packing pushes, the
 report — charged on their usual CPU time), so the four together use about 0.7 of a core
 and fit the box as four separate machines would; worker i is `slowdown[i]` times slower

@@ -265,7 +265,7 @@ def server_loads(spec: Spec, policy: str) -> tuple[list[int], int]:
     from equipoise.data.load import load_dataset
     from equipoise.models import build_model
     from equipoise.policy.placement import placement_blocks
-    from equipoise.runtime.blocks import model_tensors
+    from equipoise.protocol.blocks import model_tensors
 
     data = load_dataset(spec.dataset)
     model = build_model(spec.model, data.input_shape, data.num_classes)

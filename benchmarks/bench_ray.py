@@ -213,7 +213,7 @@ def _role_pids(run_dir: Path, launcher: str, role: str = "") -> list[int]:
     out = []
     for proc in psutil.Process().children(recursive=True):
         cmd = proc.cmdline()
-        if "equipoise.runtime.proc" in cmd and cmd[cmd.index("equipoise.runtime.proc") + 1].startswith(role):
+        if "equipoise.launch.proc" in cmd and cmd[cmd.index("equipoise.launch.proc") + 1].startswith(role):
             out.append(proc.pid)
     return out
 

@@ -3,7 +3,7 @@ speed of hardsync and n-softsync with and without staleness-dependent learning-r
 modulation, plus SSP (Ho et al., NIPS 2013) between BSP and ASP under a slow worker.
 
 Every worker is an emulated machine `base` times slower than one core here (each step
-stretched in-process by sleeping, equipoise.runtime.stretch), so several emulated
+stretched in-process by sleeping, equipoise.worker.stretch), so several emulated
 machines share this 2-core box as separate machines would; a straggler is `f` times
 slower again (`slowdown = [base·f …]`).
 

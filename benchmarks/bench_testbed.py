@@ -219,7 +219,7 @@ def model_bytes(spec: Spec) -> int:
     floating point buffers)."""
     from equipoise.data import load_dataset
     from equipoise.models import build_model
-    from equipoise.runtime.blocks import model_tensors
+    from equipoise.protocol.blocks import model_tensors
 
     data = load_dataset(spec.dataset)
     model = build_model(spec.model, data.input_shape, data.num_classes)

@@ -49,7 +49,7 @@ from benchmarks.common import load_average, markdown_table, preset_main, write_r
 NAME = "bench_testbed_chaos"
 ROOT = Path(__file__).resolve().parent.parent
 HEARTBEAT_S = 2.0
-THRESHOLD_S = 3 * HEARTBEAT_S  # runtime/launch/local.py MISSED_BEATS
+THRESHOLD_S = 3 * HEARTBEAT_S  # launch/local.py MISSED_BEATS
 BELOW_S, ABOVE_S = 1.0, 10.0  # how long a partition or a freeze lasts
 SERVER_HOST, PAIR_HOST, WORKER_HOST, STANDBY = 1, 3, 4, 6
 RESOURCES = [{}, {"srv": 1}, {"srv": 1}, {"srv": 1, "wrk": 1}, {"wrk": 1}, {"wrk": 1}, {"srv": 1}]

@@ -4,7 +4,7 @@ For each payload (float32 tensors of 1M and 10M elements, i.e. 4 MB and 40 MB):
 
 * raw: a ZeroMQ ROUTER echo server in its own process; a DEALER client sends the bytes
   (zero-copy) and receives the echo. One round trip moves the payload there and back.
-* equipoise: a real `equipoise.runtime.server.Server` in its own process, initialised by
+* equipoise: a real `equipoise.server.core.Server` in its own process, initialised by
   this process (playing the coordinator) with one block of that size under ASP; the
   client does what a worker does each iteration: push a gradient and wait for the ack,
   then pull and receive the parameters. That also moves the payload there and back.

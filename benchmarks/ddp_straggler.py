@@ -1,6 +1,6 @@
 """PyTorch DDP (gloo) with equal batches under the same stragglers as equipoise's
 LB-BSP benchmark: each rank stretched by the same slowdown factor, noise and hooks as an
-equipoise worker (equipoise.runtime.stretch), over the same window of the step.
+equipoise worker (equipoise.worker.stretch), over the same window of the step.
 
 An equipoise worker's stretch starts before it slices its batch and is slept in full
 before its push leaves; its local work after the pull (the optimizer is on the servers)
@@ -31,7 +31,7 @@ def _rank(rank: int, spec: Any, port: int, results: Any) -> None:
 
     from equipoise.data import SliceSampler, load_dataset
     from equipoise.models import build_model
-    from equipoise.runtime.stretch import Stretch, noise_seed
+    from equipoise.worker.stretch import Stretch, noise_seed
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,

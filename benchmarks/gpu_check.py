@@ -108,7 +108,7 @@ def plain_loop(model_name: str, device: str, batch: int, iterations: int, skip: 
         except StopIteration:
             it = iter(loader)
             b = next(it)
-        from equipoise.runtime.device import to_device
+        from equipoise.device import to_device
         b = to_device(b, torch.device(device), non_blocking=True)
         opt.zero_grad(set_to_none=False)
         data.loss_of(model, b, batch).objective.backward()

@@ -48,7 +48,7 @@ def _equipoise_server(coordinator: str, timings: Pipe | None = None, keys: dict 
     server's `JobKeys.to_dict()` if any. With a `timings` pipe, its steps are timed (by
     wrapping methods in this process only) and the list of milliseconds of each step is
     sent through the pipe when it stops."""
-    from equipoise.runtime.server import Server
+    from equipoise.server.core import Server
     from equipoise.wire import JobKeys, ZmqTransport
 
     torch.set_num_threads(1)
@@ -66,8 +66,8 @@ def _equipoise_server(coordinator: str, timings: Pipe | None = None, keys: dict 
 def _instrument_server() -> dict[str, list[float]]:
     """Wrap the server's steps with timers (in the calling process only); returns the
     dict the wrappers append milliseconds to, keyed by step (and message type)."""
-    from equipoise.runtime import server as server_mod
-    from equipoise.runtime.store import ParameterStore
+    from equipoise.server import core as server_mod
+    from equipoise.server.store import ParameterStore
     from equipoise.wire import zmq_transport
 
     record: dict[str, list[float]] = {}
@@ -182,7 +182,7 @@ class EquipoiseClient:
 
     def __init__(self, numel: int, *, instrument: bool = False, auth: str = "off", parts: int = 1) -> None:
         from equipoise.policy.placement import make_blocks
-        from equipoise.runtime.store import OptimizerSpec
+        from equipoise.server.store import OptimizerSpec
         from equipoise.wire import Message, ZmqTransport, generate_keys
 
         self.Message = Message
@@ -232,7 +232,7 @@ class EquipoiseClient:
         return reply
 
     def push_pull(self, grad: torch.Tensor) -> tuple[float, float]:
-        """One worker iteration's traffic, sent as runtime/worker.py sends it: the push and
+        """One worker iteration's traffic, sent as worker/loop.py sends it: the push and
         the pull go out back to back on the same (ordered) connection, then the ack and
         the parameters come back. Returns (seconds to the ack, then seconds to the params)."""
         Message = self.Message

@@ -58,8 +58,8 @@ def profile_server(numel: int, reps: int = 5) -> dict[str, float]:
     import numpy as np
 
     from equipoise.policy.placement import make_blocks
-    from equipoise.runtime.server import Server
-    from equipoise.runtime.store import OptimizerSpec, Push
+    from equipoise.server.core import Server
+    from equipoise.server.store import OptimizerSpec, Push
     from equipoise.wire import Message, decode, encode
 
     threads = torch.get_num_threads()

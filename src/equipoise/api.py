@@ -15,8 +15,8 @@ from .config import (DEFAULT_JOB, USER_CODE, Config, ConfigError, EquipoiseWarni
                      read_toml, to_toml)
 from .data import DataError
 from .models import build_model
-from .runtime.checkpoint import load_checkpoint
-from .runtime.launch.local import run_local
+from .protocol.checkpoint import load_checkpoint
+from .launch.local import run_local
 from .spec import callable_spec, one_line
 from .telemetry.metrics import json_safe
 from .workload import SampleError, StepError, Workload, load_workload
@@ -72,7 +72,7 @@ def train(config: ConfigLike = None, *, out: str | Path | None = None,
         raise ConfigError(f"global_batch = {cfg.global_batch} is more than the {len(data)} "
                           f"training samples of dataset {cfg.dataset!r}")
     if cfg.launcher == "ray":
-        from .runtime.launch.ray_cluster import preflight
+        from .launch.ray_cluster import preflight
         preflight(cfg)
     else:  # the workers run here: the devices they ask for must be here
         check_devices(cfg)
@@ -80,7 +80,7 @@ def train(config: ConfigLike = None, *, out: str | Path | None = None,
     (run_dir / "config.toml").write_text(to_toml(cfg.to_dict()), encoding="utf-8")
     try:
         if cfg.launcher == "ray":
-            from .runtime.launch.ray_cluster import run_ray
+            from .launch.ray_cluster import run_ray
             summary = run_ray(cfg, run_dir, data, resume=ckpt)
         else:
             summary = run_local(cfg, run_dir, data, resume=ckpt)
@@ -98,7 +98,7 @@ def check_specs_as_workers(cfg: Config) -> None:
     """ConfigError, one line, if a spec of the user's code that this process imports
     would not import in a worker: tried in a child started as the workers are (the same
     environment and working directory, none of this process's sys.path)."""
-    from .runtime.launch.local import child_env
+    from .launch.local import child_env
     from .spec import check_in_child, is_spec
 
     specs = {k: getattr(cfg, k) for k in USER_CODE if is_spec(getattr(cfg, k))}
@@ -111,7 +111,7 @@ def check_specs_as_workers(cfg: Config) -> None:
 def check_devices(cfg: Config) -> None:
     """ConfigError, one line, if a worker's device or precision is not on this machine
     (a CUDA device asked for where none exists, bf16 on a pre-Ampere GPU)."""
-    from .runtime.device import DeviceError, check_local
+    from .device import DeviceError, check_local
 
     try:
         check_local(cfg)

@@ -207,9 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     from .data import DataError
     from .workload import StepError
     from .models import ModelError
-    from .runtime.checkpoint import CheckpointError
-    from .runtime.rpc import JobError
-    from .runtime.launch.cgroup import CgroupError
+    from .protocol.checkpoint import CheckpointError
+    from .coordinator.rpc import JobError
+    from .launch.cgroup import CgroupError
 
     # Like `python -m`: modules in the current folder can be named as models, and the
     # server and worker processes (started with -m) see the same folder first.

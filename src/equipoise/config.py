@@ -37,7 +37,7 @@ RAY_STRATEGIES = ("SPREAD", "PACK", "STRICT_SPREAD", "STRICT_PACK")  # Ray's pla
 RAY_DATA = ("ship", "path")
 RESOURCE_KEYS = ("worker_resources", "server_resources")
 ARGS_KEYS = {"model_args": "model", "data_args": "dataset", "loss_args": "loss"}  # settings -> the spec they go to
-DEVICE_RE = re.compile(r"^(cpu|auto|cuda(:\d+)?)$")  # a worker's device: runtime/device.py
+DEVICE_RE = re.compile(r"^(cpu|auto|cuda(:\d+)?)$")  # a worker's device: device.py
 PRECISIONS = ("32", "bf16-mixed")
 T = TypeVar("T")
 
@@ -501,7 +501,7 @@ class Config:
 
     def _validate_devices(self) -> None:
         """Device and precision strings (whether this machine has the devices is asked
-        where the workers run: runtime/device.py)."""
+        where the workers run: device.py)."""
         for key, many in (("device", "devices"), ("eval_device", None)):
             values = [getattr(self, key)] + (list(getattr(self, many)) if many else [])
             for i, v in enumerate(values):

@@ -36,8 +36,8 @@ from .data.sampler import SEED_STRIDE
 from .models import build_model
 from .policy.batching import equal_split
 from .policy.sync import SyncPolicy
-from .runtime.blocks import model_blocks, read_pushes, read_values, write_values
-from .runtime.store import OptimizerSpec, user_schedule
+from .protocol.blocks import model_blocks, read_pushes, read_values, write_values
+from .protocol.optimizer import OptimizerSpec, user_schedule
 from .telemetry.metrics import read_metrics
 from .workload import as_workload
 

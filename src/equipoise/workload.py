@@ -214,7 +214,7 @@ class Workload:
                  device: torch.device | None = None) -> dict[str, float]:
         """The metrics of `model` over the evaluation set (its first `limit` samples), its
         batches moved to `device` (where the model is) if given."""
-        from .runtime.device import to_device
+        from .device import to_device
 
         model.eval()
         sums: dict[str, list[float]] = {}

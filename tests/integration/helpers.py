@@ -113,7 +113,7 @@ def role_pid(pid: int, role: str) -> int:
     kind, rank = role.split()
     for p in descendants(pid):
         cmd = p.cmdline()
-        if "equipoise.runtime.proc" in cmd and cmd[cmd.index("equipoise.runtime.proc") + 1:][:2] == [kind, rank]:
+        if "equipoise.launch.proc" in cmd and cmd[cmd.index("equipoise.launch.proc") + 1:][:2] == [kind, rank]:
             return p.pid
     raise AssertionError(f"no {role} process under {pid}")
 
@@ -134,7 +134,7 @@ __all__ = ["cli", "start_cli", "set_args", "wait_for", "records", "assert_equals
 def capture_job_keys(monkeypatch) -> dict:
     """A test hook: the dict fills with role -> JobKeys when a job run by this process
     (equipoise.train, local launcher) generates its keys."""
-    from equipoise.runtime.launch import local
+    from equipoise.launch import local
 
     keys: dict = {}
     real = local.generate_keys

@@ -50,7 +50,7 @@ def test_only_the_jobs_processes_get_in(tmp_path, monkeypatch, transport, mode):
         wait_for(lambda: len(records(run, "iteration")) >= 2, 60, "training to start")
         # The job's children (an earlier test may have left multiprocessing's resource tracker).
         children = [p for p in psutil.Process(os.getpid()).children(recursive=True)
-                    if "equipoise.runtime.proc" in p.cmdline()]
+                    if "equipoise.launch.proc" in p.cmdline()]
         coordinator = children[0].cmdline()[-1]
         # Hold the job (BSP waits for its workers) so that it surely runs while we probe.
         workers += [p for p in children if "worker" in p.cmdline()]
@@ -90,7 +90,7 @@ def test_only_the_jobs_processes_get_in(tmp_path, monkeypatch, transport, mode):
     secrets = [s for k in keys.values() for s in (*k.client, *k.listener) if len(s) > 16]
     assert len(cmdlines) == 4 and len(secrets) >= 3
     for cmd in cmdlines:
-        assert cmd[cmd.index("equipoise.runtime.proc") + 1:][2:] == [coordinator], cmd
+        assert cmd[cmd.index("equipoise.launch.proc") + 1:][2:] == [coordinator], cmd
         assert not any(s in " ".join(cmd) for s in secrets)
     # Nor anywhere in the run directory (config.toml, logs, metrics, summary).
     files = [p for p in Path(run).rglob("*") if p.is_file()]

@@ -9,7 +9,7 @@ from multiprocessing import resource_tracker
 import pytest
 
 from benchmarks.bench_fuzz import IMPOSTOR_TYPES, Fuzz
-from equipoise.runtime.server import MAX_HELD
+from equipoise.server.core import MAX_HELD
 
 pytestmark = pytest.mark.timeout(120)
 resource_tracker.ensure_running()  # spawn starts it once per process: not a child left behind

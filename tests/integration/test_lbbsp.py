@@ -60,7 +60,7 @@ def test_workers_leave_and_join_and_training_equals_sgd(small, tmp_path):
 @pytest.mark.skipif(not Path("/usr/share/datasets/fashion-mnist").exists(),
                     reason="apt-get install dataset-fashion-mnist")
 def test_a_slowed_worker_gets_a_smaller_batch(small, tmp_path):
-    """Worker 3 is stretched to f = 4 times its compute (runtime/stretch.py): LB-BSP
+    """Worker 3 is stretched to f = 4 times its compute (worker/stretch.py): LB-BSP
     gives it a clearly smaller share of the global batch once the predictors warmed up.
 
     Why on any machine. A step of n samples takes F + κ·p·n, plus the stretch's sleep

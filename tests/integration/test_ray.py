@@ -19,7 +19,7 @@ ray = pytest.importorskip("ray")  # the dev extra installs it: the README's test
 from ray.cluster_utils import Cluster  # noqa: E402
 
 import equipoise  # noqa: E402
-from equipoise.runtime.rpc import JobError  # noqa: E402
+from equipoise.coordinator.rpc import JobError  # noqa: E402
 
 from .helpers import all_gone, assert_equals_reference, assert_near_reference, records, wait_for  # noqa: E402
 
@@ -78,7 +78,7 @@ def _train_and_meanwhile(cfg: dict, run_dir: Path, action):
 def test_bsp_on_three_nodes_equals_the_local_launcher(cluster, tmp_path):
     """The job under Ray ends bit for bit where single-process SGD ends, as the same job
     under the local launcher does (test_bsp_oracle): both run the same main
-    (runtime.proc.host) with the same thread count and seeds and move weights as raw
+    (launch.proc.host) with the same thread count and seeds and move weights as raw
     bytes (assert_equals_reference argues it). The processes ran on all three nodes,
     each log reached the driver."""
     ray_run = equipoise.train({**BASE, "launcher": "ray"}, out=tmp_path / "ray")

@@ -122,7 +122,7 @@ def test_a_killed_server_changes_nothing_but_the_time(tmp_path, monkeypatch, opt
     replayed. With Adam, whose state (two moments and a step count per block) is the
     most a server's blocks carry: SGD's momentum buffer moves by the same path. Over
     ipc: the killed server's socket, in the job's temporary folder, goes with it."""
-    from equipoise.runtime.launch import local
+    from equipoise.launch import local
 
     folders = []
     init = local.Children.__init__

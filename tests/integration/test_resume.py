@@ -12,7 +12,7 @@ import torch
 
 import equipoise
 from equipoise.config import Config
-from equipoise.runtime.checkpoint import load_checkpoint
+from equipoise.protocol.checkpoint import load_checkpoint
 
 from .helpers import all_gone, descendants, records, set_args, start_cli, wait_for
 
@@ -70,7 +70,7 @@ def test_a_killed_coordinator_takes_its_processes_along_and_the_run_resumes(tmp_
         kids = descendants(proc.pid)
         children = [p.pid for p in kids]
         # the children's temporary folder: a launcher killed by a signal cannot remove it
-        folders = {p.environ().get("TMPDIR") for p in kids if "equipoise.runtime.proc" in " ".join(p.cmdline())}
+        folders = {p.environ().get("TMPDIR") for p in kids if "equipoise.launch.proc" in " ".join(p.cmdline())}
         proc.kill()
         proc.communicate(timeout=30)
     finally:
@@ -92,7 +92,7 @@ def test_a_killed_coordinator_takes_its_processes_along_and_the_run_resumes(tmp_
 
 
 def test_resume_from_a_run_without_checkpoint_is_a_clear_error(tmp_path):
-    from equipoise.runtime.checkpoint import CheckpointError
+    from equipoise.protocol.checkpoint import CheckpointError
     (tmp_path / "config.toml").write_text('dataset = "digits"\n')
     with pytest.raises(CheckpointError, match="checkpoint"):
         equipoise.train(resume=tmp_path)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import equipoise
-from equipoise.runtime.rpc import JobError
+from equipoise.coordinator.rpc import JobError
 
 from .helpers import assert_equals_reference, cli, records
 

@@ -10,10 +10,10 @@ import torch
 from equipoise.config import Config
 from equipoise.data import load_dataset
 from equipoise.reference import train_reference
-from equipoise.runtime.device import DeviceLink
-from equipoise.runtime.launch.threads import run_threads
-from equipoise.runtime.server import Server
-from equipoise.runtime.store import OptimizerSpec
+from equipoise.device import DeviceLink
+from equipoise.launch.threads import run_threads
+from equipoise.server.core import Server
+from equipoise.server.store import OptimizerSpec
 from equipoise.wire import InMemoryTransport, Message
 
 pytestmark = pytest.mark.timeout(120)
@@ -153,7 +153,7 @@ def test_a_streamed_job_is_the_reference_bit_for_bit_and_shows_its_fragments(tmp
         ref = train_reference(cfg, data=digits).state_dict()
         got = torch.load(tmp_path / "model.pt", weights_only=True)
         # floating point tensors: batch norm's integer step counter is not a block
-        # (runtime/blocks.py), so it is never synchronised
+        # (protocol/blocks.py), so it is never synchronised
         assert all(torch.equal(got[k], ref[k]) for k in ref if ref[k].is_floating_point())
         assert any("running_mean" in k for k in ref)
     else:
@@ -204,7 +204,7 @@ def test_auto_blocks_and_parts_stream_a_layer_in_several_parts_and_equal_the_ref
     ends where single-process SGD ends, and every step sends its gradients in several
     fragments."""
     from equipoise.models import build_model
-    from equipoise.runtime.blocks import model_blocks
+    from equipoise.protocol.blocks import model_blocks
 
     cfg = Config.from_dict(dict(dataset="digits", model="cnn", global_batch=32, workers=2, servers=2, iterations=4,
                                 eval_every=0, checkpoint_every=0, progress=False, timeout=30.0, block_size=0,
@@ -255,7 +255,7 @@ class _OneBlockAtATime:
         return not self.queue
 
     def wait(self, ticket):
-        from equipoise.runtime.client import Pulled
+        from equipoise.worker.client import Pulled
         return Pulled(dict(self.values), {}, 0.0)
 
 
@@ -273,8 +273,8 @@ def test_forward_pull_waits_for_a_weight_a_module_reads_from_its_child():
     without calling the child, after its own `in_proj_weight`: a wait per module would
     let it read the child's weight before it arrived. Blocks arriving one at a time as
     the forward waits: its output is the output on the weights written whole."""
-    from equipoise.runtime.blocks import model_blocks, read_values
-    from equipoise.runtime.early_pull import ForwardPull
+    from equipoise.protocol.blocks import model_blocks, read_values
+    from equipoise.worker.forward_pull import ForwardPull
 
     torch.manual_seed(0)
     model, x = _Attention(), torch.randn(2, 3, 8)
@@ -300,8 +300,8 @@ def test_forward_pull_waits_for_a_weight_a_module_reads_from_its_child():
 def test_reading_a_weight_s_gradient_or_shape_does_not_wait_for_it():
     """`model.zero_grad` reads every parameter's `.grad`; metadata is not the values, so
     nothing waits for a block (a wait here would wait for the whole pull first)."""
-    from equipoise.runtime.blocks import model_blocks, read_values
-    from equipoise.runtime.early_pull import ForwardPull
+    from equipoise.protocol.blocks import model_blocks, read_values
+    from equipoise.worker.forward_pull import ForwardPull
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
     model(torch.ones(1, 4)).sum().backward()
@@ -319,8 +319,8 @@ def test_reading_a_weight_s_gradient_or_shape_does_not_wait_for_it():
 
 
 def test_a_frozen_parameter_gets_no_hook_and_its_blocks_go_with_the_ending_push():
-    from equipoise.runtime.blocks import model_blocks
-    from equipoise.runtime.early_push import BackwardPush
+    from equipoise.protocol.blocks import model_blocks
+    from equipoise.worker.backward_push import BackwardPush
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
     model[0].requires_grad_(False)

@@ -85,7 +85,7 @@ def test_ddp_side_trains_the_same_sgd():
 
 def test_ddp_report_steady_rate_and_summary_keys(tmp_path):
     from equipoise.config import Config
-    from equipoise.runtime.stats import RunStats
+    from equipoise.coordinator.stats import RunStats
 
     spec = bench_ddp.Spec(iterations=4, warmup=1, global_batch=8, workers=2)
     metrics = tmp_path / "metrics.jsonl"

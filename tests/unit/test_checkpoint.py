@@ -1,4 +1,4 @@
-"""runtime/checkpoint.py: a save killed at any point leaves a checkpoint that loads."""
+"""protocol/checkpoint.py: a save killed at any point leaves a checkpoint that loads."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import shutil
 import pytest
 import torch
 
-from equipoise.runtime.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
+from equipoise.protocol.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
 
 
 def _ckpt(iteration: int) -> Checkpoint:

@@ -1,4 +1,4 @@
-"""The worker's client of the parameter servers (runtime/client.py), against scripted
+"""The worker's client of the parameter servers (worker/client.py), against scripted
 servers on the in-memory transport: the test plays each server by hand (its listener's
 queue holds the requests), so the order in which replies arrive is chosen exactly."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from equipoise.policy.placement import Block
-from equipoise.runtime.client import ClientError, PSClient, Pulled
+from equipoise.worker.client import ClientError, PSClient, Pulled
 from equipoise.wire import InMemoryTransport, Message
 from equipoise.wire.names import grads_of, pack
 
@@ -192,7 +192,7 @@ def test_the_worker_keeps_at_most_one_exchange_in_flight():
     from dataclasses import replace
 
     from equipoise.config import Config
-    from equipoise.runtime.worker import Worker, WorkerError
+    from equipoise.worker.loop import Worker, WorkerError
 
     cfg = replace(Config.from_dict({"protocol": "asp", "overlap": True}), overlap=2)
     with pytest.raises(WorkerError, match="overlap = 2"):
@@ -202,7 +202,7 @@ def test_the_worker_keeps_at_most_one_exchange_in_flight():
 def test_an_overlapped_job_on_threads_applies_every_gradient_once(tmp_path):
     from equipoise.config import Config
     from equipoise.data import load_dataset
-    from equipoise.runtime.launch.threads import run_threads
+    from equipoise.launch.threads import run_threads
 
     cfg = Config.from_dict(dict(dataset="digits", model="mlp", protocol="asp", overlap=True, global_batch=48,
                                 workers=3, servers=2, iterations=8, eval_every=0, checkpoint_every=0,

@@ -111,7 +111,7 @@ def test_resources_may_be_given_per_rank_and_server_speeds_inform_the_oracle():
                        ({"servers": 2, "server_speeds": [1.0, 0.0]}, "server_speeds")]:
         with pytest.raises(ConfigError, match=match):
             Config.from_dict(bad)
-    from equipoise.runtime.servers import ServerManager, ServerSettings
+    from equipoise.coordinator.server_manager import ServerManager, ServerSettings
 
     tensors = [(name, 40, "param", 4) for name in "abcde"]  # five equal blocks
     counts = []

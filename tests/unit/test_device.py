@@ -11,11 +11,12 @@ from equipoise.config import Config, ConfigError
 from equipoise.data import load_dataset
 from equipoise.models import build_model
 from equipoise.reference import train_reference
-from equipoise.runtime import device as device_mod
-from equipoise.runtime.blocks import model_blocks, read_pushes
-from equipoise.runtime.device import DeviceError, DeviceLink, check_local, check_precision, resolve
-from equipoise.runtime.launch.threads import run_threads
-from equipoise.runtime.worker import Worker
+from equipoise import device as device_mod
+from equipoise.worker import probes as probes_mod
+from equipoise.protocol.blocks import model_blocks, read_pushes
+from equipoise.device import DeviceError, DeviceLink, check_local, check_precision, resolve
+from equipoise.launch.threads import run_threads
+from equipoise.worker.loop import Worker
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -236,7 +237,7 @@ def test_a_memory_probe_caps_a_workers_share(tmp_path, digits, monkeypatch):
         import threading
         return device_mod.MemoryProbe(100.0, 10.0, 200.0) if threading.current_thread().name == "worker2" else None
 
-    monkeypatch.setattr(device_mod, "probe_memory", probe)
+    monkeypatch.setattr(probes_mod, "probe_memory", probe)
     cfg = job(batch_split=[])
     summary = run_threads(cfg, tmp_path, digits)
     assert summary["status"] == "completed"

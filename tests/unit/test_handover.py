@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from equipoise.policy.sync import ServerSync, make_sync_policy
-from equipoise.runtime.server import Server
-from equipoise.runtime.store import OptimizerSpec
+from equipoise.server.core import Server
+from equipoise.server.store import OptimizerSpec
 from equipoise.wire import InMemoryTransport, Message
 
 pytestmark = pytest.mark.timeout(60)

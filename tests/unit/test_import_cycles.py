@@ -8,7 +8,7 @@ because a cycle broken only by import timing is still a cycle.  Edges:
 * ``from pkg import name`` -> ``pkg`` (its ``__init__`` runs), and ``pkg.name`` too if
   that is a module;
 * relative imports are resolved against the importing module's package
-  (``from ..x import y`` in ``equipoise.runtime.worker`` -> ``equipoise.x``;
+  (``from ..x import y`` in ``equipoise.worker.loop`` -> ``equipoise.x``;
   ``from . import y`` in ``equipoise.wire.transport`` -> ``equipoise.wire`` and, if
   ``y`` is a submodule, ``equipoise.wire.y``).
 
@@ -173,3 +173,23 @@ def test_the_graph_sees_lazy_relative_and_type_checking_imports(tmp_path):
 def test_no_cycle_in_a_chain():
     assert cycles({"a": {"b": 1}, "b": {"c": 1}, "c": {}}) == []
     assert cycles({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}}) == [["a", "b", "c"]]
+
+
+ROLES = ("coordinator", "server", "worker")
+
+
+def test_the_role_packages_import_no_other_role_package():
+    """The coordinator, the server and the worker are packages that import only shared
+    layers (protocol, policy, wire, data, models, ...), never one another; only launch/
+    imports all three."""
+    graph = import_graph([(ROOT / "src", "equipoise")])
+    crossings = []
+    for module, targets in sorted(graph.items()):
+        parts = module.split(".")
+        if len(parts) < 2 or parts[1] not in ROLES:
+            continue
+        for target, line in sorted(targets.items()):
+            other = target.split(".")
+            if len(other) > 1 and other[1] in ROLES and other[1] != parts[1]:
+                crossings.append(f"{module}:{line} imports {target}")
+    assert not crossings, "\n".join(crossings)

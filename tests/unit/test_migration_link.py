@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from equipoise.clock import VirtualClock
-from equipoise.runtime.server import Server
-from equipoise.runtime.store import OptimizerSpec
+from equipoise.server.core import Server
+from equipoise.server.store import OptimizerSpec
 from equipoise.wire import InMemoryTransport, Message
 
 pytestmark = pytest.mark.timeout(60)

@@ -1,7 +1,7 @@
 """The coordinator's plan decisions, without processes."""
 
 from equipoise.config import Config
-from equipoise.runtime.planner import Planner
+from equipoise.coordinator.planner import Planner
 
 
 def report(samples, compute, comm=0.001):

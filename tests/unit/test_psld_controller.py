@@ -189,7 +189,7 @@ def test_a_servers_time_is_the_larger_of_its_busy_time_and_the_workers_exchanges
     its bytes over that longer time, so PSLD sees it as the slow one."""
     from types import SimpleNamespace
 
-    from equipoise.runtime.servers import ServerManager
+    from equipoise.coordinator.server_manager import ServerManager
     from equipoise.wire import Message
 
     manager = object.__new__(ServerManager)

@@ -1,7 +1,7 @@
 """Which Ray placements can never fit a cluster (refused at once, exit 2) and which may
 (left to Ray to wait for free resources)."""
 
-from equipoise.runtime.launch.ray_cluster import infeasible
+from equipoise.launch.ray_cluster import infeasible
 
 NODE = {"CPU": 2.0, "memory": 1e9}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from equipoise.policy.sync import BSP, PushedTwice, SSP, ServerSync, SoftSync
-from equipoise.runtime.recovery import Assignments, _cut
+from equipoise.coordinator.assignments import Assignments, _cut
 
 
 def test_a_cut_covers_the_slice_once_in_proportion():
@@ -87,8 +87,8 @@ def test_a_worker_lost_after_its_slice_was_applied_everywhere_keeps_its_slice_in
     the iteration's `batch` still lists the split that was applied (summing to X)."""
     from types import SimpleNamespace
 
-    from equipoise.runtime.pacings import BarrierCoordinator
-    from equipoise.runtime.stats import RunStats
+    from equipoise.coordinator.pacings import BarrierCoordinator
+    from equipoise.coordinator.stats import RunStats
     from equipoise.wire import Message
 
     class Stub(BarrierCoordinator):
@@ -122,8 +122,8 @@ def test_a_fail_over_past_the_iteration_in_flight_records_the_reports_it_cut_off
     record of 5 lists its slice all the same (a Ray test saw `splits[7] = [16, 16]`)."""
     from types import SimpleNamespace
 
-    from equipoise.runtime.losses import Memory
-    from equipoise.runtime.pacings import BarrierCoordinator
+    from equipoise.coordinator.recovery import Memory
+    from equipoise.coordinator.pacings import BarrierCoordinator
 
     class Stub(BarrierCoordinator):
         def __init__(self):
@@ -148,8 +148,8 @@ def test_a_lost_workers_report_that_comes_after_its_iterations_record_is_not_cou
     """Its plan request (with its report of iteration 5) was on the wire when it was
     declared lost: the record of 5 was written with its slice (as above); the report that
     arrives then must not count its samples again."""
-    from equipoise.runtime.pacings import BarrierCoordinator
-    from equipoise.runtime.stats import RunStats
+    from equipoise.coordinator.pacings import BarrierCoordinator
+    from equipoise.coordinator.stats import RunStats
 
     coord = object.__new__(BarrierCoordinator)
     coord.stats, coord.reports, coord.ended = RunStats(48), {}, 5
@@ -177,7 +177,7 @@ def test_a_worker_lost_after_a_restart_does_not_leave_the_barrier_waiting_for_it
     the testbed this stalled the job until `timeout`.)"""
     from types import SimpleNamespace
 
-    from equipoise.runtime.pacings import BarrierCoordinator
+    from equipoise.coordinator.pacings import BarrierCoordinator
     from equipoise.wire import Message
 
     class Stub(BarrierCoordinator):
@@ -202,8 +202,8 @@ def test_a_worker_lost_after_a_restart_does_not_leave_the_barrier_waiting_for_it
 def test_a_reports_exchange_seconds_go_to_the_server_manager_and_a_malformed_list_is_refused():
     from types import SimpleNamespace
 
-    from equipoise.runtime.pacings import BarrierCoordinator
-    from equipoise.runtime.stats import RunStats
+    from equipoise.coordinator.pacings import BarrierCoordinator
+    from equipoise.coordinator.stats import RunStats
 
     coord = object.__new__(BarrierCoordinator)
     seen = []

@@ -1,8 +1,8 @@
-"""replication = 1, a server's side (runtime/replica.py): what may be published."""
+"""replication = 1, a server's side (server/replica.py): what may be published."""
 
 from __future__ import annotations
 
-from equipoise.runtime.replica import Replication
+from equipoise.server.replica import Replication
 from equipoise.wire import InMemoryTransport
 
 

@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from equipoise.runtime import server as server_mod
-from equipoise.runtime.server import MAX_AHEAD, MAX_HELD_PER_PEER, Server
-from equipoise.runtime.store import OptimizerSpec
+from equipoise.server import core as server_mod
+from equipoise.server.core import MAX_AHEAD, MAX_HELD_PER_PEER, Server
+from equipoise.server.store import OptimizerSpec
 from equipoise.wire import InMemoryTransport, Message
 from equipoise.wire.transport import QuietLog, kind_of
 

@@ -12,8 +12,8 @@ from equipoise.clock import SystemClock, VirtualClock
 from equipoise.policy.placement import Block
 from equipoise.policy.sync import (SSP, AheadOfPublished, NotIdle, PushedTwice, ServerSync, SyncFault,
                                    UnknownWorker, WrongVersion, make_sync_policy)
-from equipoise.runtime.server import Server
-from equipoise.runtime.store import OptimizerSpec
+from equipoise.server.core import Server
+from equipoise.server.store import OptimizerSpec
 from equipoise.wire import InMemoryTransport, Message
 
 pytestmark = pytest.mark.timeout(60)

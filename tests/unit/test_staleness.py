@@ -8,7 +8,7 @@ from equipoise.config import Config, ConfigError
 from equipoise.policy.placement import Block
 from equipoise.policy.staleness import bsp_step, dc_compensate, mean_delay
 from equipoise.policy.sync import make_sync_policy
-from equipoise.runtime.store import OptimizerSpec, ParameterStore, Push
+from equipoise.server.store import OptimizerSpec, ParameterStore, Push
 
 
 def test_an_update_of_the_global_batch_on_current_weights_steps_as_bsp():

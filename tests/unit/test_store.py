@@ -5,7 +5,7 @@ import torch
 
 from equipoise.policy.placement import Block, greedy_placement, make_blocks
 from equipoise.policy.sync import ASP, BSP, make_sync_policy
-from equipoise.runtime.store import OptimizerSpec, ParameterStore, Push, PushError
+from equipoise.server.store import OptimizerSpec, ParameterStore, Push, PushError
 
 
 def spec(name="sgd", **kw):
@@ -199,7 +199,7 @@ def test_the_stores_sgd_steps_as_torch_optim_sgd_bit_for_bit(momentum, decay):
     """store.SGD against torch.optim.SGD over five steps: lr and momentum changed between
     steps as the store's policies change them (a step at momentum 0 leaves the buffer
     untouched), and a parameter without a gradient in one step is not stepped."""
-    from equipoise.runtime.store import SGD
+    from equipoise.server.store import SGD
 
     gen = torch.Generator().manual_seed(1)
     ours = [torch.nn.Parameter(torch.randn(257, generator=gen), requires_grad=False) for _ in range(2)]
@@ -224,7 +224,7 @@ def test_the_stores_sgd_steps_as_torch_optim_sgd_bit_for_bit(momentum, decay):
 def test_the_stores_sgd_refuses_settings_torch_would_not_step_with(field, value):
     """An init whose optimizer settings are not finite numbers ≥ 0 is refused (a server
     never re-initialises from a corrupt message), naming the setting."""
-    from equipoise.runtime.store import SGD
+    from equipoise.server.store import SGD
 
     with pytest.raises(ValueError, match=f"optimizer sgd: {field} = "):
         SGD([torch.nn.Parameter(torch.zeros(2))], **{"lr": 0.1, field: value})
@@ -235,7 +235,7 @@ def test_clipping_over_two_stores_equals_clip_grad_norm_on_one(optimizer):
     """The model cut over two servers: each combines its blocks' gradients and reports
     their norms; the global norm of them all (global_norm) clips both, bit for bit what
     torch.nn.utils.clip_grad_norm_ does to the whole model's gradient on one process."""
-    from equipoise.runtime.store import global_norm
+    from equipoise.server.store import global_norm
 
     gen = torch.Generator().manual_seed(5)
     sizes = [7, 40000, 3]  # one block large enough for a reduction to be cut among threads

@@ -1,4 +1,4 @@
-"""The slower-machine emulation (runtime/stretch.py) on virtual time: a fake CPU clock
+"""The slower-machine emulation (worker/stretch.py) on virtual time: a fake CPU clock
 advanced by the layers' fake compute and a virtual clock that sleeping advances, so the
 stretch's arithmetic is checked exactly. Costs are powers of two, so sums are exact;
 the shares of the stretch (fractions like 1/3) are compared with a relative 1e-12."""
@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from equipoise.clock import VirtualClock
-from equipoise.runtime.stretch import MIN_CHUNK_S, WARMUP, Stretch
+from equipoise.worker.stretch import MIN_CHUNK_S, WARMUP, Stretch
 
 FWD, BWD = 2.0 ** -7, 2.0 ** -8  # CPU seconds of each layer's forward and backward (>= MIN_CHUNK_S)
 SAMPLES = 8

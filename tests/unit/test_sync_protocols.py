@@ -12,8 +12,8 @@ import torch
 from equipoise.config import Config, ConfigError
 from equipoise.policy.placement import Block
 from equipoise.policy.sync import BSP, SSP, SoftSync, make_sync_policy
-from equipoise.runtime.server import Server
-from equipoise.runtime.store import OptimizerSpec, ParameterStore, Push
+from equipoise.server.core import Server
+from equipoise.server.store import OptimizerSpec, ParameterStore, Push
 from equipoise.wire import InMemoryTransport, Message
 
 pytestmark = pytest.mark.timeout(60)

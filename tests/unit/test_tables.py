@@ -45,3 +45,17 @@ def test_relative_links_exist(page):
     targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", path.read_text())
     missing = [t for t in targets if "://" not in t and not (path.parent / t).exists()]
     assert not missing, f"{page} links to missing files: {missing}"
+
+
+def test_the_code_map_lists_every_module():
+    """docs/architecture.md's code map names every module under src/equipoise/, and no
+    module that does not exist."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "docs" / "architecture.md").read_text()
+    listed = set(re.findall(r"^\| `([\w/]+\.py)` \|", text[text.index("## Code map"):], re.M))
+    modules = {str(f.relative_to(root / "src" / "equipoise")) for f in (root / "src" / "equipoise").rglob("*.py")}
+    assert not modules - listed, f"modules missing from docs/architecture.md's code map: {sorted(modules - listed)}"
+    assert not listed - modules, f"the code map names modules that do not exist: {sorted(listed - modules)}"

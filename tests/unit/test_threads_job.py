@@ -9,7 +9,7 @@ import torch
 from equipoise.config import Config
 from equipoise.data import load_dataset
 from equipoise.reference import train_reference
-from equipoise.runtime.launch.threads import run_threads
+from equipoise.launch.threads import run_threads
 
 pytestmark = pytest.mark.timeout(120)
 

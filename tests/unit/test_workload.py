@@ -304,7 +304,7 @@ def test_an_evaluation_materialises_one_eval_batch_of_outputs_at_a_time(tmp_path
 
 def test_eval_batch_reaches_the_snapshots_evaluation(tmp_path):
     from equipoise.config import Config
-    from equipoise.runtime.snapshots import SnapshotSettings
+    from equipoise.coordinator.snapshots import SnapshotSettings
 
     assert Config.from_dict({"eval_batch": 64}).slice(SnapshotSettings).eval_batch == 64
     with pytest.raises(Exception, match="eval_batch = 0 must be ≥ 1"):

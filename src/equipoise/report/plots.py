@@ -1,7 +1,7 @@
 """Read a run directory and draw its plots.
 
-A run directory holds `metrics.jsonl` (see `runtime.stats.RunStats.iteration_record`,
-`runtime.coordinator.Coordinator._evaluate/_event/_checkpoint`), and when the job ended
+A run directory holds `metrics.jsonl` (see `coordinator.stats.RunStats.iteration_record`,
+`coordinator.base.Coordinator._evaluate/_event/_checkpoint`), and when the job ended
 `summary.json` and `config.toml`.  `load_run` turns these into a `Run`; the `plot_*`
 functions draw one PNG each; `report` draws them all.
 

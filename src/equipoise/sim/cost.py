@@ -8,12 +8,12 @@ Every time the simulator charges comes from here:
   the host or the job slowing down for everyone, correlated from one iteration to the
   next by ``sim_noise_shared_corr``); a, b per worker, ρ = ``sim_cpu_share``, f its
   scenario factor (``slowdown`` × ``trace``), m the stretch's CPU factor (next item). A
-  slowdown stretches only the share of a step that is the worker's own CPU work, as the runtime's emulation does (runtime/stretch.py: time spent
+  slowdown stretches only the share of a step that is the worker's own CPU work, as the runtime's emulation does (worker/stretch.py: time spent
   waiting for a core another process of this machine holds is not multiplied); on
   machines of their own the share is 1 and the step takes f·(a + b·x);
 * a stretched step may do more CPU work than an unstretched one: ×(1 + κ·(1 − 1/f)) at
   factor f > 1 (κ = ``sim_stretch_cpu``; 0 on machines that are slow of themselves). An
-  emulated slowdown sleeps through the step (runtime/stretch.py), and each wake-up may
+  emulated slowdown sleeps through the step (worker/stretch.py), and each wake-up may
   cost CPU (caches cooled by the host's other processes meanwhile, more so the larger
   the part of its step it sleeps, 1 − 1/f); the stretch then multiplies that extra CPU
   work too;
@@ -31,7 +31,7 @@ Every time the simulator charges comes from here:
 * a server handling B bytes (receiving and applying a push, or sending a pull):
   B × max(1 / ``sim_server_mbps`` + (f − 1) / ``server_rate``, (1 − β) / its
   ``server_bandwidth`` cap), f its scenario factor — what a real server is charged for
-  its emulated slowdown and cap (runtime/server.py): the cap is a token bucket that
+  its emulated slowdown and cap (server/core.py): the cap is a token bucket that
   refills while the server works or sleeps out the slowdown, and β is the share of an
   iteration's bytes (a push and a pull per worker) its 5 ms burst lets through.
 
@@ -71,7 +71,7 @@ def dataset_shape(cfg: Config) -> tuple:
 def model_tensors_of(cfg: Config) -> list[tuple[str, int, str, int]]:
     """(name, numel, kind, itemsize) of the configured model, as the runtime cuts blocks."""
     from ..models import build_model
-    from ..runtime.blocks import model_tensors
+    from ..protocol.blocks import model_tensors
 
     shape, classes, _ = dataset_shape(cfg)
     return model_tensors(build_model(cfg.model, shape, classes, cfg.model_args))

@@ -4,7 +4,7 @@ model (cost.py) instead of computing.
 
 What is shared with the runtime, not copied: the protocols (``policy.sync``:
 ``make_sync_policy`` and, for asp, softsync and ssp, the ``ServerSync`` state machine),
-the batch sizes and speed predictors (``runtime.planner.Planner`` over ``policy.batching``
+the batch sizes and speed predictors (``coordinator.planner.Planner`` over ``policy.batching``
 and ``policy.predict``), placement (``policy.placement``), PSLD (``policy.psld.Psld``),
 and the conditions (``scenario.Scenario``: slowdowns, traces, membership and server
 events). What the simulator adds is time.
@@ -33,7 +33,7 @@ Two engines, both vectorised over servers:
   decides it — a worker held back by SSP's bound from its step's end, one that is done
   from its last push — not a message's time later.)
 
-One iteration's worker exchange, as runtime/worker.py does it: after computing, a worker
+One iteration's worker exchange, as worker/loop.py does it: after computing, a worker
 sends its pull (barrier protocols: first) and its push, waits for the acks, sends its
 report with the next plan request to the coordinator, receives the plan, then waits for
 the weights; it computes again when it has both.
@@ -52,7 +52,7 @@ from ..policy.batching import equal_split
 from ..policy.placement import rehome
 from ..policy.psld import AddServer, MoveBlock, Psld, RemoveServer
 from ..policy.sync import make_sync_policy
-from ..runtime.planner import Planner, PlanSettings
+from ..coordinator.planner import Planner, PlanSettings
 from ..scenario import BlockMove, Scenario, ServerRemove, WorkerJoin, WorkerLeave
 from .cost import CostModel
 from .host import HostCores
@@ -142,7 +142,7 @@ class Simulation:
                     self.factors.grow(max(ranks) + 1)
             if set(self.planner.workers) != set(ranks):
                 self.planner.set_workers(ranks)
-            # servers, due at this barrier (runtime/servers.py ServerManager.at_barrier)
+            # servers, due at this barrier (coordinator/server_manager.py ServerManager.at_barrier)
             srv.update(prev, t)
             pause = self._server_actions(t, prev, joining, psld, psld_added, barrier_at)
             # the iteration

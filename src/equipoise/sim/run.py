@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config, ConfigError, to_toml
-from ..runtime.stats import RunStats
+from ..coordinator.stats import RunStats
 from ..telemetry.metrics import MetricsWriter
 from .calibrate import calibrate as fit, write_calibration
 from .cost import dataset_shape, model_tensors_of

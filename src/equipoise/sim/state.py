@@ -143,7 +143,7 @@ class Servers:
         return nbytes, nbytes * (self.per_byte[src] + self.per_byte[dst]) + 2 * self.cost.latency
 
     def measure(self, t: int, elapsed: float, iteration_s: float | None) -> tuple[dict, dict[int, float]]:
-        """A "servers" record (as runtime/servers.py writes it) and PSLD's throughputs."""
+        """A "servers" record (as coordinator/server_manager.py writes it) and PSLD's throughputs."""
         ranks = sorted(self.live)
         loads = np.bincount(self.owner, weights=self.sizes, minlength=max(ranks) + 1)
         blocks = np.bincount(self.owner, minlength=max(ranks) + 1)

@@ -8,7 +8,7 @@ import os
 import socket
 from pathlib import Path
 
-from ...config import Config
+from ..config import Config
 
 SLOWDOWN_LABEL = "equipoise-slowdown"  # a node label: every worker placed there is stretched by it
 TAIL_BYTES = 1 << 20  # most log bytes handed to the driver per call
@@ -45,15 +45,15 @@ class _Role:
         reference is wrapped in a list so that Ray hands it over unresolved."""
         import ray
 
-        from ...data import load_dataset
+        from ..data import load_dataset
 
         c = Config.from_dict(cfg)
         return [ray.put(load_dataset(c.dataset, c.data_dir or None, seed=c.seed).to_arrays())]
 
     def run(self, role: str, rank: int, coordinator: str, job: dict, data: dict | None) -> str | None:
         """The role's main; None when it ended well, else its one-line error."""
-        from ...data import Dataset
-        from ..proc import host
+        from ..data import Dataset
+        from .proc import host
 
         try:
             dataset = Dataset.from_arrays(data) if data is not None else None

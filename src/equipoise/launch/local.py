@@ -2,7 +2,7 @@
 processes on this machine, all talking ZeroMQ over loopback.
 
 With `auth` other than "off" it generates the job's keys (wire/auth.py) and gives each
-child its role's keys, with the config, on the child's stdin (runtime/proc.py): never on
+child its role's keys, with the config, on the child's stdin (launch/proc.py): never on
 a command line, in the environment, a log or the run directory.
 
 Whatever happens — success, a dead child, a timeout, Ctrl-C — every child (and every
@@ -24,14 +24,14 @@ import threading
 import time
 from pathlib import Path
 
-from ...config import Config
-from ...neighbour import Burner, start_burner
-from ...scenario import Scenario
-from ...wire import JobKeys, Listener, Message, generate_keys, make_transport
-from ...wire.zmq_transport import ipc_fits
-from ..checkpoint import Checkpoint
-from ..pacings import make_coordinator
-from ..rpc import JobError, LaunchedPeers
+from ..config import Config
+from ..neighbour import Burner, start_burner
+from ..scenario import Scenario
+from ..wire import JobKeys, Listener, Message, generate_keys, make_transport
+from ..wire.zmq_transport import ipc_fits
+from ..protocol.checkpoint import Checkpoint
+from ..coordinator.pacings import make_coordinator
+from ..coordinator.rpc import JobError, LaunchedPeers
 from .cgroup import CpuLimit
 
 MISSED_BEATS = 3  # heartbeats missed before a process counts as lost
@@ -127,7 +127,7 @@ class Children(LaunchedPeers):
             (self.logs / f"{name}.log").replace(self.logs / f"{name}.lost.log")
         with (self.logs / f"{name}.log").open("w") as log:
             self.procs[name] = proc = subprocess.Popen(
-                [sys.executable, "-m", "equipoise.runtime.proc", role, str(rank), self.coordinator],
+                [sys.executable, "-m", "equipoise.launch.proc", role, str(rank), self.coordinator],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.PIPE, env=self.env)
         keys = self.keys[role].to_dict() if self.keys else None
         _write_all(proc.stdin, json.dumps({"config": self.cfg.to_dict(), "keys": keys,

@@ -7,7 +7,7 @@ the planner (planner.py: batch sizes), snapshots (snapshots.py: evaluation and
 checkpoints), the metrics writer and recovery (losses.py: lost workers and servers),
 which asks the plan what it must through the `Plan` methods below.
 
-Two pacings share this loop (runtime/pacings.py). Under a barrier protocol (BSP, LB-BSP) the coordinator
+Two pacings share this loop (coordinator/pacings.py). Under a barrier protocol (BSP, LB-BSP) the coordinator
 answers the plan requests of iteration t only once every worker has asked, i.e. once
 all pushes of t−1 are acknowledged. That costs nothing extra (the servers' barrier waits
 for the same last push), lets the batching policy decide iteration t from all reports of
@@ -35,16 +35,16 @@ from ..telemetry.progress import ProgressDisplay
 from ..telemetry.tensorboard import TensorBoardLog
 from ..wire import Listener, Message, Transport
 from ..workload import as_workload
-from .blocks import model_tensors, read_values
-from .checkpoint import Checkpoint, CheckpointError
-from .losses import Memory, Recovery, plan_message
+from ..protocol.blocks import model_tensors, read_values
+from ..protocol.checkpoint import Checkpoint, CheckpointError
+from .recovery import Memory, Recovery, plan_message
 from .planner import PlanSettings, Planner
-from .recovery import Assignments
+from .assignments import Assignments
 from .rpc import JobError, PeerLost, Peers, Rpc
-from .servers import ServerManager, ServerSettings
+from .server_manager import ServerManager, ServerSettings
 from .snapshots import SnapshotSettings, Snapshots, State
 from .stats import RunStats, check_report
-from .store import OptimizerSpec, user_schedule
+from ..protocol.optimizer import OptimizerSpec, user_schedule
 
 log = logging.getLogger("equipoise.coordinator")
 

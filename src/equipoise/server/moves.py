@@ -1,7 +1,7 @@
 """The server's handlers for blocks that move between servers (PSLD, elastic servers):
 the measurements PSLD reads, the hand-over of blocks with their optimizer state (at a
 barrier, or fenced without one), their adoption by another server, and the forwarding of
-gradients that still reach a block's old owner. A mixin of `Server` (runtime/server.py):
+gradients that still reach a block's old owner. A mixin of `Server` (server/core.py):
 the same state, one responsibility per file."""
 
 from __future__ import annotations

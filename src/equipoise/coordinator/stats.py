@@ -11,7 +11,7 @@ from ..config import Config
 REPORT_KEYS = ("iteration", "samples", "loss", "compute_s", "wait_s", "comm_s")
 
 
-TIMELINE_KINDS = ("fragment", "push", "pull", "part", "early", "applied", "plan")  # a report's wire events (runtime/client.py)
+TIMELINE_KINDS = ("fragment", "push", "pull", "part", "early", "applied", "plan")  # a report's wire events (worker/client.py)
 
 
 def check_report(worker: int, report: dict) -> list | None:
@@ -93,7 +93,7 @@ class RunStats:
                                 for r in reports]}
         for key in ("compute_s", "data_s", "h2d_s", "d2h_s", "wait_s", "comm_s", "cpu", "mem", "version", "gap_s"):
             record[key] = [r.get(key) for r in reports]
-        if any(r.get("timeline") for r in reports):  # each worker's wire events (runtime/worker.py)
+        if any(r.get("timeline") for r in reports):  # each worker's wire events (worker/loop.py)
             record["timeline"] = [r.get("timeline", []) for r in reports]
         if any(r.get("lost") for r in reports):  # a lost worker's slice, applied everywhere, never reported
             record["lost"] = [bool(r.get("lost")) for r in reports]

@@ -24,11 +24,11 @@ from ..wire import Message, Transport
 from ..wire.bandwidth import TokenBucket
 from ..wire.names import grads_of, pack, states_of, values_of
 from ..wire.transport import QuietLog, kind_of
-from .eager import EagerUpdates, split
+from .ahead import EagerUpdates, split
 from .fragments import FragmentHandling, Fragments, count_field
 from .handover import Forwarding
 from .replica import Replication
-from .server_moves import BlockMoves, _nbytes
+from .moves import BlockMoves, _nbytes
 from .store import OptimizerSpec, ParameterStore, Prepared, Push, PushError
 
 log = logging.getLogger("equipoise.server")

@@ -11,7 +11,7 @@ lost server is failed over to its backup (`replication = 1`) or replaced, and th
 server restarts from the newest state every block still has and every worker from its
 iteration (a new epoch). How the iteration in flight ends without the lost worker is
 the pacing's (`Plan.after_loss`: under a barrier its slices are cut among the survivors,
-runtime/recovery.py; without one it is simply not computed).
+coordinator/assignments.py; without one it is simply not computed).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The main of a server or worker process (`host`), and its entry point under the local
 launcher.
 
-``python -m equipoise.runtime.proc ROLE RANK COORDINATOR_ADDRESS``, with the job on stdin:
+``python -m equipoise.launch.proc ROLE RANK COORDINATOR_ADDRESS``, with the job on stdin:
 one JSON document ``{"config": {...}, "keys": {...} | null}`` that the launcher writes and
 closes (the role's `JobKeys`, wire/auth.py) and the
 heartbeat address. Keys never appear on a command line, where
@@ -118,10 +118,10 @@ def host(role: str, rank: int, coordinator: str, job: dict, *, data=None, addres
             threading.Thread(target=_beat, args=(transport, job["beats"], role, rank, cfg.heartbeat_s,
                                                  cfg.timeout), name="heartbeat", daemon=True).start()
         if role == "server":
-            from .server import Server
+            from ..server.core import Server
             Server(rank, transport, coordinator, host=address or cfg.listen_host, timeout=cfg.timeout).serve()
         elif role == "worker":
-            from .worker import Worker
+            from ..worker.loop import Worker
             Worker(cfg, rank, transport, coordinator, data=data, machine_factor=machine_factor).run()
         else:
             raise ValueError(f"unknown role {role!r}")

@@ -10,13 +10,13 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from ...config import Config
-from ...wire import InMemoryTransport
-from ..checkpoint import Checkpoint
-from ..pacings import make_coordinator
-from ..rpc import JobError
-from ..server import Server
-from ..worker import Worker
+from ..config import Config
+from ..wire import InMemoryTransport
+from ..protocol.checkpoint import Checkpoint
+from ..coordinator.pacings import make_coordinator
+from ..coordinator.rpc import JobError
+from ..server.core import Server
+from ..worker.loop import Worker
 
 
 class _Peer(threading.Thread):

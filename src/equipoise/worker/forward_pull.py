@@ -33,7 +33,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..policy.placement import Block
 from .client import Pulled, PSClient, Ticket
-from .device import DeviceLink
+from ..device import DeviceLink
 
 
 # Attributes whose reading does not read a tensor's values (`model.zero_grad` reads every

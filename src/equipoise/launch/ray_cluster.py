@@ -1,7 +1,7 @@
 """The Ray launcher: the coordinator runs in this process (Ray's driver), every server and
 worker is a Ray actor in a process of its own, on whichever node of the cluster Ray
 places it; the roles talk over the job's own ZeroMQ data plane, as under the local
-launcher, and run the same main (`runtime.proc.host`).
+launcher, and run the same main (`launch.proc.host`).
 
 * Placement: one placement group holds a bundle per server (`server_resources`) and per
   worker (`worker_resources`) with `ray_strategy`, so the job starts whole or not at all
@@ -36,12 +36,12 @@ import time
 import warnings
 from pathlib import Path
 
-from ...config import Config, ConfigError, EquipoiseWarning
-from ...data import DATASETS
-from ...wire import generate_keys, make_transport
-from ..checkpoint import Checkpoint
-from ..pacings import make_coordinator
-from ..rpc import JobError, LaunchedPeers
+from ..config import Config, ConfigError, EquipoiseWarning
+from ..data import DATASETS
+from ..wire import generate_keys, make_transport
+from ..protocol.checkpoint import Checkpoint
+from ..coordinator.pacings import make_coordinator
+from ..coordinator.rpc import JobError, LaunchedPeers
 from .local import Heartbeats
 from .ray_actor import actor_class, actor_options
 

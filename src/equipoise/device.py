@@ -27,9 +27,9 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ..config import DEVICE_RE, PRECISIONS
-from ..policy.placement import Block
-from .blocks import _flat, read_pushes, write_values
+from .config import DEVICE_RE, PRECISIONS
+from .policy.placement import Block
+from .protocol.blocks import _flat, read_pushes, write_values
 
 
 class DeviceError(ValueError):

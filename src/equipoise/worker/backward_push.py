@@ -10,7 +10,7 @@ model's head — are final while the earlier layers' backward is still to run. E
 final blocks are gathered until they reach `fragment_bytes`, then sent as a fragment
 (`PSClient.push_fragment`); the push that ends a step carries the rest (blocks still
 gathering, buffers, parameters that got no gradient) and names how many fragments went
-before it, so that the server takes them all as one push (runtime/fragments.py): the
+before it, so that the server takes them all as one push (server/fragments.py): the
 same update, bit for bit, as a push sent whole. A fragment's bytes travel, and are
 checked by the server, while the worker computes the earlier layers' gradients.
 
@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from ..policy.placement import Block
-from .device import DeviceLink
+from ..device import DeviceLink
 
 
 class BackwardPush:

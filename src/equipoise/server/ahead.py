@@ -17,7 +17,7 @@ the same values: a worker lost or a slice cut again meanwhile changes them), els
 computes the block again; the store is bit-equal to one that updated whole. The reply's
 final parts, sent once the version is published, say whether the early parts stand
 (`kept`) or are sent again; the worker's client holds early parts back from the forward
-until then (runtime/client.py), so no step ever computes on weights of an unpublished
+until then (worker/client.py), so no step ever computes on weights of an unpublished
 version.
 
 Off (each block updated with the rest) when the update in progress waits for a lost
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from ..wire import Message
 from ..wire.names import pack
-from .server_moves import _nbytes
+from .moves import _nbytes
 from .store import Push
 
 

@@ -11,13 +11,12 @@ import time
 import torch
 
 from ..config import Config
-from . import device as devices
-from .device import autocast, resolve, to_device, worker_device
+from ..device import autocast, probe_memory, resolve, to_device, worker_device
 
 
 def memory_cap(cfg: Config, rank: int, model, loader, data, device: torch.device, precision: str) -> int | None:
     """The largest batch this worker's device memory holds, from a probe of a step's
-    peak memory at two batch sizes (runtime/device.py); None off a GPU."""
+    peak memory at two batch sizes (device.py); None off a GPU."""
 
     def where(r: int) -> torch.device:
         return resolve(worker_device(cfg, r), f"worker {r}")
@@ -32,7 +31,7 @@ def memory_cap(cfg: Config, rank: int, model, loader, data, device: torch.device
         model.zero_grad(set_to_none=True)
 
     limit = cfg.memory_limits[rank] if rank < len(cfg.memory_limits) else 0.0
-    probe = devices.probe_memory(step, device, share=share, limit_gib=limit)
+    probe = probe_memory(step, device, share=share, limit_gib=limit)
     return None if probe is None else probe.cap()
 
 

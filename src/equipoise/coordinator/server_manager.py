@@ -1,7 +1,7 @@
 """The coordinator's server manager: placement, emulated server stragglers,
 measurements, and block moves and server additions and removals — at barriers under BSP
 and LB-BSP, at the stream's iteration boundaries under asp, softsync and ssp (there the
-servers hand blocks over while workers run: runtime/pool.py).
+servers hand blocks over while workers run: coordinator/pool.py).
 
 Moves and membership changes come from three sources — the scenario's server events,
 run_dir/control.jsonl (`equipoise ctl`) and PSLD's decisions (policy/psld.py) — as the
@@ -26,7 +26,7 @@ from ..scenario import BlockMove, Scenario, ServerRemove
 from ..wire import Message, PeerTimeout, Transport, names
 from .pool import ServerPool
 from .rpc import JobError, Peers, Rpc
-from .store import global_norm
+from ..protocol.optimizer import global_norm
 from .snapshots import State
 
 log = logging.getLogger("equipoise.coordinator")

@@ -23,47 +23,11 @@ from typing import Callable, Mapping
 import torch
 
 from ..policy.placement import Block
-from ..policy.schedule import learning_rate
+from ..protocol.optimizer import OptimizerSpec, global_norm, user_schedule  # noqa: F401 (the store's names)
 from ..policy.staleness import Step, bsp_step, dc_compensate, mean_delay
 from ..policy.sync import SyncPolicy
 
 RETIRED_KEPT = 2  # replaced tensors kept per block for reuse (`_retire`)
-
-
-@dataclass(frozen=True)
-class OptimizerSpec:
-    name: str
-    lr: float
-    momentum: float
-    weight_decay: float
-    schedule: str
-    total: int
-    step_size: int
-    gamma: float
-    global_batch: int
-    warmup: int = 0  # iterations of linear warm-up (policy.schedule)
-    floor: float = 0.0  # the cosine schedule's floor
-    clip: float = 0.0  # > 0: a barrier update's gradient is clipped to this global norm (the coordinator's)
-
-    def to_dict(self) -> dict:
-        return dict(self.__dict__)
-
-    @classmethod
-    def from_dict(cls, d: Mapping) -> "OptimizerSpec":
-        optional = {"warmup", "floor", "clip"}  # a job of an earlier version has none
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d or k not in optional})
-
-    @classmethod
-    def of(cls, cfg, total: int) -> "OptimizerSpec":
-        """The optimizer and schedule of config `cfg` for a job of `total` iterations."""
-        return cls(cfg.optimizer, cfg.lr, cfg.momentum, cfg.weight_decay, cfg.lr_schedule, total,
-                   cfg.lr_step_size, cfg.lr_gamma, cfg.global_batch, warmup=cfg.warmup_iterations, floor=cfg.lr_min,
-                   clip=cfg.clip_grad_norm)
-
-    def rate(self, progress: float, user: Callable[[int], float] | None = None) -> float:
-        """The learning rate of the update starting at `progress` iterations."""
-        return learning_rate(self.lr, self.schedule, progress, total=self.total, step_size=self.step_size,
-                             gamma=self.gamma, warmup=self.warmup, floor=self.floor, user=user)
 
 
 @dataclass
@@ -449,15 +413,6 @@ class ParameterStore:
                 self.optimizer.state[param] = entry
 
 
-def global_norm(norms: Mapping[int, float]) -> float:
-    """The norm of the blocks' gradient norms (`ParameterStore.grad_norms`, gathered from
-    every server) stacked in block order: `clip_grad_norm_`'s total norm, in float32."""
-    if not norms:
-        return 0.0
-    stacked = torch.tensor([norms[k] for k in sorted(norms)], dtype=torch.float32)
-    return float(torch.linalg.vector_norm(stacked, 2.0))
-
-
 def _weighted_sum(tensors: list[torch.Tensor], weights: list[float], out: torch.Tensor) -> torch.Tensor:
     torch.mul(tensors[0], weights[0], out=out)
     for t, w in zip(tensors[1:], weights[1:]):
@@ -512,12 +467,3 @@ def _make_optimizer(spec: OptimizerSpec, params: list[torch.nn.Parameter]) -> "S
     if spec.name == "adamw":  # decoupled weight decay: w -= lr·λ·w, then Adam's step
         return torch.optim.AdamW(params, lr=spec.lr, weight_decay=spec.weight_decay)
     raise ValueError(f"optimizer = {spec.name!r} is not one of sgd, adam, adamw")
-
-
-def user_schedule(schedule: str) -> Callable[[int], float] | None:
-    """The function a user schedule spec names (None for the built-in schedules)."""
-    if ":" not in schedule:
-        return None
-    from ..spec import resolve
-
-    return resolve(schedule, "lr_schedule")

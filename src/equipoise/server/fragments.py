@@ -22,7 +22,7 @@ import torch
 from ..policy.sync import SyncFault
 from ..wire import Message
 from ..wire.names import grads_of
-from .server_moves import _nbytes
+from .moves import _nbytes
 from .store import Push, PushError
 
 

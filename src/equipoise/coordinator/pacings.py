@@ -1,4 +1,4 @@
-"""The two pacings of the coordinator's loop (runtime/coordinator.py has what they share).
+"""The two pacings of the coordinator's loop (coordinator/base.py has what they share).
 
 `BarrierCoordinator` (BSP, LB-BSP) answers the plan requests of iteration t once every
 worker has asked for them; `StreamCoordinator` (ASP, softsync, SSP) gives each request
@@ -17,11 +17,11 @@ from ..config import Config
 from ..policy.sync import make_sync_policy
 from ..scenario import WorkerJoin, WorkerLeave
 from ..wire import Listener, Message, Transport
-from .checkpoint import Checkpoint
-from .coordinator import Coordinator
-from .losses import Memory, plan_message
+from ..protocol.checkpoint import Checkpoint
+from .base import Coordinator
+from .recovery import Memory, plan_message
 from .planner import CapError
-from .recovery import Slice
+from .assignments import Slice
 from .rpc import JobError, Peers
 
 log = logging.getLogger("equipoise.coordinator")
@@ -266,7 +266,7 @@ class StreamCoordinator(Coordinator):
     def _server_work(self, t: int) -> None:
         """As the stream passes iteration t: measure the servers, and move blocks, add
         and remove servers as PSLD, the scenario and control.jsonl ask, while the
-        workers run (the servers fence and forward: runtime/pool.py). Workers get the
+        workers run (the servers fence and forward: coordinator/pool.py). Workers get the
         new table with their next plan."""
         actions = self.servers.at_barrier(t)
         if actions:

@@ -18,8 +18,8 @@ from torch import nn
 
 from ..telemetry.metrics import MetricsWriter
 from ..wire import Message, names
-from .blocks import write_values
-from .checkpoint import Checkpoint, save_checkpoint
+from ..protocol.blocks import write_values
+from ..protocol.checkpoint import Checkpoint, save_checkpoint
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ class Snapshots:
     def _evaluate(self, t: int, blocks, values, elapsed: float) -> dict:
         """The metrics (test_<name> for each) of the snapshot taken `elapsed` training
         seconds in; the first that meets the target records when it did."""
-        from .device import resolve
+        from ..device import resolve
 
         torch.set_num_threads(1)
         model = self.new_model()

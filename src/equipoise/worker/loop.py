@@ -30,12 +30,12 @@ from ..policy.placement import Block
 from ..policy.sync import make_sync_policy
 from ..scenario import Scenario
 from ..wire import Message, PeerTimeout, Transport
-from . import probes
-from .device import DeviceError, DeviceLink, OutOfMemory, autocast, check_precision, resolve, set_deterministic
-from .device import to_device, worker_device, worker_precision
+from .probes import fixed_cost, memory_cap
+from ..device import DeviceError, DeviceLink, OutOfMemory, autocast, check_precision, resolve, set_deterministic
+from ..device import to_device, worker_device, worker_precision
 from .client import ClientError, PSClient, Pulled, Ticket
-from .early_pull import ForwardPull
-from .early_push import BackwardPush
+from .forward_pull import ForwardPull
+from .backward_push import BackwardPush
 from ..workload import SampleError, StepError, load_workload
 from .stretch import Stretch, noise_seed
 
@@ -129,10 +129,10 @@ class Worker:
             sampler = SliceSampler(len(data), cfg.global_batch, cfg.seed)
             self.loader = Loader(data, sampler, cfg.loader_workers, timeout=cfg.timeout)
             self.end = cfg.total_iterations(len(data)) * cfg.global_batch  # the stream's last position
-            # what this worker measures of itself before its first step (runtime/probes.py)
-            self.memory_cap = probes.memory_cap(cfg, self.rank, self.model, self.loader, data, self.device,
+            # what this worker measures of itself before its first step (worker/probes.py)
+            self.memory_cap = memory_cap(cfg, self.rank, self.model, self.loader, data, self.device,
                                                 self.precision)
-            self.fixed_s = probes.fixed_cost(cfg, self.model, self.loader, data, self.device, self.precision)
+            self.fixed_s = fixed_cost(cfg, self.model, self.loader, data, self.device, self.precision)
             while True:
                 try:
                     return self._loop(data, sampler)
@@ -314,7 +314,7 @@ class Worker:
 
     def _arm(self, f: dict) -> None:
         """backward_push: stream this step's gradients to their servers as backward makes
-        them final (runtime/early_push.py). Not when blocks move during the step
+        them final (worker/backward_push.py). Not when blocks move during the step
         (`await_table`): the push routes by a table not known yet."""
         if self.early is None or f.get("await_table"):
             return
@@ -493,7 +493,7 @@ class Worker:
             if self.cfg.eager_update and self._next_pull is None:
                 # The next version's pull goes ahead of the fragments on each connection:
                 # a server holds it when it computes the first blocks ahead, and sends them
-                # down while the rest of the gradients still come up (runtime/eager.py).
+                # down while the rest of the gradients still come up (server/ahead.py).
                 self._next_pull = self.client.pull(self.policy.pull_version(0, plan["iteration"]),
                                                    self.part_kb, early=True)
         step.objective.backward()

@@ -1,0 +1,3 @@
+"""What the roles share about the job's state: how a model is cut into blocks and read or
+written through them (`blocks`), the optimizer's spec, the user's schedule and the
+global gradient norm (`optimizer`), and the checkpoint format (`checkpoint`)."""
