@@ -11,7 +11,7 @@ import equipoise
 
 from .helpers import records
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 FASHION = Path("/usr/share/datasets/fashion-mnist")
 
 

@@ -17,7 +17,7 @@ from equipoise.wire import JobKeys, Message, PeerTimeout, ZmqTransport, generate
 
 from .helpers import capture_job_keys, records, wait_for
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 # heartbeat_s = 0: the test suspends the workers on purpose (else they would be lost).
 JOB = dict(dataset="digits", model="mlp", global_batch=64, workers=2, servers=2, iterations=600,

@@ -8,7 +8,7 @@ import equipoise
 
 from .helpers import assert_equals_reference
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 
 @pytest.mark.parametrize("split", [None, (4, 28, 8, 24)], ids=["equal", "unequal"])

@@ -9,7 +9,7 @@ import pytest
 
 from benchmarks.bench_chaos import ITERATIONS, TOLERANCE, draw, repetition
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 @pytest.mark.parametrize("rep", [0])  # the benchmark runs 20; one keeps the suite short

@@ -10,7 +10,7 @@ import pytest
 
 from .helpers import cli
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
 
 CASES = [

@@ -15,7 +15,7 @@ from equipoise.reference import oracle_diff
 
 from .helpers import assert_equals_reference, assert_near_reference, records
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 SGD = dict(optimizer="sgd", lr=0.2, momentum=0.9, weight_decay=1e-4)
 ADAMW = dict(optimizer="adamw", lr=0.01, weight_decay=0.1, lr_schedule="cosine", warmup_iterations=4,

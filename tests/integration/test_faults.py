@@ -17,7 +17,7 @@ from equipoise.wire.auth import secure_connection
 
 from .helpers import all_gone, capture_job_keys, descendants, records, role_pid, set_args, start_cli, wait_for
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 LONG = dict(dataset="digits", model="mlp", global_batch=64, workers=4, servers=2,
             iterations=100000, eval_every=0, checkpoint_every=0, progress=False, timeout=30.0)

@@ -11,7 +11,7 @@ import pytest
 from benchmarks.bench_fuzz import IMPOSTOR_TYPES, Fuzz
 from equipoise.server.core import MAX_HELD
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 resource_tracker.ensure_running()  # spawn starts it once per process: not a child left behind
 
 

@@ -12,7 +12,7 @@ import equipoise
 
 from .helpers import assert_equals_reference, records
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 
 def test_sizes_change_every_iteration_and_training_equals_sgd(small, tmp_path):

@@ -34,7 +34,7 @@ import pytest
 
 from .helpers import cli
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 JOB = ["--set", "dataset=digits", "--set", "workers=2", "--set", "iterations=20", "--set", "eval_every=10",
        "--set", "slowdown=[1,32]", "--set", "timeout=60"]

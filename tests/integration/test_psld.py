@@ -16,7 +16,7 @@ import equipoise
 
 from .helpers import cli, records, start_cli, wait_for
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 BASE = dict(dataset="digits", model="mlp", workers=3, servers=2, global_batch=48, iterations=24,
             block_size=4000, eval_every=0, checkpoint_every=0, progress=False, timeout=60.0, psld_interval=4)

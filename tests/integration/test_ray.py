@@ -23,6 +23,8 @@ from equipoise.coordinator.rpc import JobError  # noqa: E402
 
 from .helpers import all_gone, assert_equals_reference, assert_near_reference, records, wait_for  # noqa: E402
 
+pytestmark = pytest.mark.slow  # every test here runs real jobs
+
 NODES = 3
 BASE = {"dataset": "digits", "model": "mlp", "protocol": "bsp", "servers": 2, "workers": 3, "global_batch": 48,
         "iterations": 12, "lr": 0.1, "eval_every": 0, "checkpoint_every": 0, "progress": False,

@@ -30,7 +30,7 @@ import equipoise
 
 from .helpers import assert_near_reference, records, role_pid, wait_for
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 BASE = dict(dataset="digits", model="mlp", global_batch=64, workers=4, servers=2, iterations=60,
             eval_every=0, checkpoint_every=0, lr=0.05, optimizer="sgd", momentum=0.9, progress=False,

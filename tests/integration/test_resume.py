@@ -16,7 +16,7 @@ from equipoise.protocol.checkpoint import load_checkpoint
 
 from .helpers import all_gone, descendants, records, set_args, start_cli, wait_for
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 JOB = dict(dataset="digits", model="mlp", global_batch=64, workers=3, servers=2, iterations=200,
            eval_every=0, checkpoint_every=20, lr=0.05, momentum=0.9, weight_decay=1e-4,

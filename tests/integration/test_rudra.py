@@ -9,7 +9,7 @@ import equipoise
 
 from .helpers import records
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 # Eight workers share two cores: a step of the tiny model is far shorter than a CPU time
 # slice, so a scheduled worker would run several steps while the others wait and the

@@ -23,6 +23,8 @@ import equipoise
 from equipoise.sim.calibrate import steady_iteration_s
 from equipoise.telemetry.metrics import read_metrics
 
+pytestmark = pytest.mark.slow  # every test here runs real jobs
+
 
 def test_calibrated_simulation_reproduces_the_real_run(tmp_path):
     real = equipoise.train({"dataset": "digits", "model": "mlp", "workers": 2, "iterations": 30,

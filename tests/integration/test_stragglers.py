@@ -14,7 +14,7 @@ import equipoise
 
 from .helpers import records
 
-pytestmark = [pytest.mark.timeout(180),
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180),
               pytest.mark.skipif(os.geteuid() != 0 or not Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").exists(),
                                  reason="needs root and the cgroup v1 cpu controller")]
 

@@ -18,7 +18,7 @@ from equipoise.testbed import Host, Testbed, available, down, ray_dir, ray_env, 
 
 from .helpers import wait_for
 
-pytestmark = [pytest.mark.timeout(300),
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300),
               pytest.mark.skipif(available() is not None, reason=str(available()))]
 PREFIX = "eqtst"  # not the default, so a user's own testbed is never touched
 

@@ -16,7 +16,7 @@ from equipoise.coordinator.rpc import JobError
 
 from .helpers import assert_equals_reference, cli, records
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "workloads"
 LM = str(EXAMPLES / "fortunes_lm.py")

@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks import bench_ddp, bench_wire, common, wire_profile
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]  # runs the benchmarks' jobs
 
 
 def test_wire_core_runs_on_a_tiny_payload(tmp_path):

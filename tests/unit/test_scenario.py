@@ -209,6 +209,7 @@ def test_neighbour_active_window():
 
 # ------------------------------------------------------------ real burner process
 
+@pytest.mark.slow  # starts processes
 def test_burner_is_pinned_beside_its_target_burns_and_stops_cleanly():
     """What the burner does, not how fast: it runs on exactly the target's CPUs, uses CPU
     time, and is gone after stop(). (How much it slows a neighbour depends on the host's
@@ -240,6 +241,7 @@ def test_burner_share_must_be_in_zero_one(share):
         start_burner(os.getpid(), share=share)
 
 
+@pytest.mark.slow  # starts processes
 def test_burner_dies_with_the_process_that_started_it():
     parent = subprocess.Popen(
         [sys.executable, "-c", "import os, sys, time\n"

@@ -11,7 +11,7 @@ from equipoise.data import load_dataset
 from equipoise.reference import train_reference
 from equipoise.launch.threads import run_threads
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]  # real jobs, in threads
 
 
 @pytest.fixture(scope="module")
