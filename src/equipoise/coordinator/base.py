@@ -45,6 +45,7 @@ from .server_manager import ServerManager, ServerSettings
 from .snapshots import SnapshotSettings, Snapshots, State
 from .stats import RunStats, check_report
 from ..protocol.optimizer import OptimizerSpec, user_schedule
+from ..protocol.steps import StepTotals
 
 log = logging.getLogger("equipoise.coordinator")
 
@@ -482,16 +483,16 @@ class Coordinator:
         self._wind_down()
         evals = self.snapshots.results()
         histogram: dict[int, int] = {}  # σ of every gradient applied, over all servers
-        steps, compensated = [0, 0.0, 0.0, 0.0], 0  # async_scaling's steps, DC-ASGD's corrections
+        steps, compensated = StepTotals(), 0  # async_scaling's steps, DC-ASGD's corrections
         applied: dict[int, int] = {}  # gradients applied to each block in all
         forwarded = 0  # no barrier: pushes whose handed-over blocks an old owner sent on
         for rank, ack in self.servers.broadcast(Message("stop", {"reason": "job finished"}), "ack").items():
             applied.update({int(k): int(n) for k, n in ack.fields.get("block_gradients", [])})
             for sigma, count in ack.fields.get("histogram", []):
                 histogram[int(sigma)] = histogram.get(int(sigma), 0) + int(count)
-            got = ack.fields.get("steps", [])
-            if isinstance(got, list) and len(got) == 4 and all(isinstance(x, (int, float)) for x in got):
-                steps = [a + b for a, b in zip(steps, got)]
+            got = StepTotals.from_wire(ack.fields.get("steps"))
+            if got is not None:
+                steps += got
             compensated += int(ack.fields.get("compensated", 0))
             forwarded += int(ack.fields.get("forwarded", 0))
         summary = self.stats.summary(self.cfg, self.total, evals[-1] if evals else {},
@@ -507,9 +508,8 @@ class Coordinator:
             # gradient, gradients in flight at a rollback's snapshot.
             summary["lost_updates"] = max([self.plans - n for n in counts] + [0])
             summary["forwarded"] = forwarded
-        if steps[0]:  # async_scaling = "bsp": how the servers stepped, on average over updates
-            summary["async_steps"] = {"updates": steps[0], "delay_mean": steps[1] / steps[0],
-                                      "momentum_mean": steps[2] / steps[0], "lr_factor_mean": steps[3] / steps[0]}
+        if steps.updates:  # async_scaling = "bsp": how the servers stepped, on average over updates
+            summary["async_steps"] = steps.means()
         if self.cfg.delay_compensation != "none":
             summary["dc_compensated"] = compensated
         if self.cfg.protocol == "lbbsp":

@@ -16,6 +16,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from ..clock import SYSTEM, Clock
 from ..policy.placement import Block
@@ -29,6 +30,8 @@ from .fragments import FragmentHandling, Fragments, count_field
 from .handover import Forwarding
 from .replica import Replication
 from .moves import BlockMoves, _nbytes
+from ..protocol.steps import StepTotals
+from .clipping import NormWait
 from .store import OptimizerSpec, ParameterStore, Prepared, Push, PushError
 
 log = logging.getLogger("equipoise.server")
@@ -74,7 +77,7 @@ class Server(BlockMoves, EagerUpdates, FragmentHandling):
         self.pushes: dict[int, Push] = {}  # the tensors of the pushes `sync` holds, by token
         self.held: list[_Held] = []
         self.reads: dict[int, dict[int, dict]] = {}  # delay compensation: worker -> read stamp -> weights
-        self.steps = [0, 0.0, 0.0, 0.0]  # async_scaling: updates, Σ delay τ̄, Σ momentum, Σ lr factor
+        self.steps = StepTotals()  # async_scaling: how the updates stepped
         self.compensated = 0  # delay compensation: gradients corrected with the weights they read
         self.block_grads: dict[int, int] = {}  # gradients applied to each block held, in all (they move with it)
         # When each block's value was last computed (clock.now(); eager_update: the update
@@ -92,10 +95,17 @@ class Server(BlockMoves, EagerUpdates, FragmentHandling):
         self.bucket: TokenBucket | None = None
         self.busy_s, self.bytes = 0.0, 0
         self.refusals = QuietLog(log)  # the first refusal of each kind per peer, then counts
-        # clip_grad_norm under a barrier: the update combined, waiting for the global norm
-        # (update, group, prepared, its blocks' gradient norms), and the coordinator's request
-        self.clipping: tuple[Update, list[Push], Prepared, dict[int, float]] | None = None
-        self.norm_req: tuple[bytes, int] | None = None
+        # Every message type a server handles, and its handler (tests/unit/test_server_hardening.py
+        # checks it against the wire schema and SENDERS).
+        self.handlers: dict[str, Callable[[bytes, Message], None]] = {
+            "ping": self._on_ping, "init": self._on_init, "stop": self._on_stop, "straggle": self._on_straggle,
+            "flush": self._on_flush, "members": self._on_members, "lose": self._on_lose, "expect": self._on_expect,
+            "norm_req": self._on_norm_req, "clip": self._on_clip, "pull": self._on_pull,
+            "state_req": self._on_state_req, "push": self._on_push, "fragment": self._on_fragment,
+            "replicate": self._on_replicate, "replica": self._on_replica, "replica_ack": self._on_replica_ack,
+            "replica_req": self._on_replica_req, "stats_req": self._on_stats_req, "migrate": self._on_migrate,
+            "adopt": self._on_adopt, "forward": self._on_forward}
+        self.norms: NormWait | None = None  # clip_grad_norm: an update waiting for the global norm
 
     def serve(self) -> None:
         """Register with the coordinator, then handle messages until `stop`. Raises
@@ -135,7 +145,7 @@ class Server(BlockMoves, EagerUpdates, FragmentHandling):
             self.listener.send(peer, Message("error", {"message": f"server {self.rank} does not accept "
                                                        f"{msg.type!r} from a {msg.origin}"}))
             return
-        handler = getattr(self, f"_on_{msg.type}", None)
+        handler = self.handlers.get(msg.type)
         if handler is None:
             return self._refuse(peer, f"server {self.rank} does not accept {msg.type!r} messages")
         if self.store is None and msg.type not in ("init", "stop", "ping"):
@@ -186,7 +196,7 @@ class Server(BlockMoves, EagerUpdates, FragmentHandling):
         self.block_grads = {b.key: counts.get(b.key, 0) for b in blocks}
         self.handover.reset()
         self.fragments.clear()
-        self.clipping = self.norm_req = None
+        self.norms = NormWait(store, self.sync, self.pushes, self.listener.send)
         if self.replication is not None:
             self.replication.reset(store.version)
         self.listener.send(peer, Message("ready", {"rank": self.rank}))
@@ -198,7 +208,7 @@ class Server(BlockMoves, EagerUpdates, FragmentHandling):
             "version": sync.published() if sync else 0,
             "histogram": [[s, n] for s, n in sorted(sync.histogram.items())] if sync else [],
             "unapplied": sync.unapplied if sync else 0,
-            "steps": list(self.steps), "compensated": self.compensated,
+            "steps": self.steps.to_wire(), "compensated": self.compensated,
             "block_gradients": sorted(self.block_grads.items()), "forwarded": self.handover.sent}))
 
     def _straggle(self, f: dict) -> None:
@@ -240,7 +250,7 @@ class Server(BlockMoves, EagerUpdates, FragmentHandling):
         """Membership changed: the new group size applies at once (a softsync group that
         the smaller size completes is applied now), and under SSP a worker that stopped
         (`retired`) no longer holds the clock back."""
-        self._unstash()
+        self.norms.release_group()
         self.sync.members(int(msg.fields["workers"]), [int(w) for w in msg.fields.get("retired", [])])
         self._apply_ready()
         self.listener.send(peer, Message("ack", {"version": self.sync.published()}))
@@ -252,7 +262,7 @@ class Server(BlockMoves, EagerUpdates, FragmentHandling):
         how many of its gradients this server applied in all, and its version."""
         f = msg.fields
         worker = int(f["worker"])
-        self._unstash()
+        self.norms.release_group()
         for token in self.sync.lose(worker, int(f["workers"]), drop=bool(f.get("drop", True))):
             self.pushes.pop(token, None)
         self.held = [h for h in self.held if h.worker != worker]
@@ -266,7 +276,7 @@ class Server(BlockMoves, EagerUpdates, FragmentHandling):
     def _on_expect(self, peer: bytes, msg: Message) -> None:
         """How many pushes the update from `version` waits for (null: one per worker)."""
         pushes = msg.fields.get("pushes")
-        self._unstash()
+        self.norms.release_group()
         self.sync.expect(int(msg.fields["version"]), None if pushes is None else int(pushes))
         self.store.early = {}  # the group changes: blocks computed ahead would not be taken
         self._apply_ready()
@@ -275,26 +285,14 @@ class Server(BlockMoves, EagerUpdates, FragmentHandling):
     def _apply_ready(self, release: bool = True) -> None:
         """Apply every complete group; then (if `release`) answer what it made ready.
         With clip_grad_norm under a barrier a complete group is only combined: it waits
-        for the global norm (`_on_norm_req`, `_on_clip`)."""
-        while self.clipping is None and (update := self.sync.next_update()) is not None:
-            if self.store.spec.clip > 0 and self.sync.policy.barrier():
-                group = [self.pushes.pop(t) for t in update.tokens]
-                prepared = self.store.prepare(group, list(update.sigmas))
-                self.clipping = (update, group, prepared, self.store.grad_norms(prepared, self.store.blocks))
-                self._answer_norm()
+        for the global norm (server/clipping.py)."""
+        while self.norms.waiting is None and (update := self.sync.next_update()) is not None:
+            if self.norms.active():
+                self.norms.hold(update)
                 break
             self._apply(update)
         if release:
             self._release()
-
-    def _unstash(self) -> None:
-        """The group changes (a worker lost, a new count of pushes): an update combined
-        for clipping goes back to pending, as if never taken, for `sync` to judge again."""
-        if self.clipping is not None:
-            update, group, _, _ = self.clipping
-            self.clipping = None
-            self.pushes.update(zip(update.tokens, group))
-            self.sync.pending[:0] = list(update.pushes)
 
     def _on_norm_req(self, peer: bytes, msg: Message) -> None:
         """The coordinator asks for the gradient norms of this server's blocks in the
@@ -303,21 +301,7 @@ class Server(BlockMoves, EagerUpdates, FragmentHandling):
         if version is None or version < self.sync.published():
             raise PushError(f"server {self.rank}: norm request for version {version!r}, "
                             f"already at {self.sync.published()}")
-        self.norm_req = (peer, version)
-        self._answer_norm()
-
-    def _answer_norm(self) -> None:
-        if self.norm_req is None:
-            return
-        peer, version = self.norm_req
-        if not self.store.blocks or not any(b.kind == "param" for b in self.store.blocks.values()):
-            norms = {}  # nothing to clip: no update waits here
-        elif self.clipping is not None and self.sync.published() == version:
-            norms = self.clipping[3]
-        else:
-            return  # the update is not complete yet
-        self.norm_req = None
-        self.listener.send(peer, Message("norm", {"version": version, "norms": sorted(norms.items())}))
+        self.norms.ask(peer, version)
 
     def _on_clip(self, peer: bytes, msg: Message) -> None:
         """The global gradient norm of the update from `version`: clip, step, go on."""
@@ -325,13 +309,12 @@ class Server(BlockMoves, EagerUpdates, FragmentHandling):
         norm = msg.fields.get("norm")
         if isinstance(norm, bool) or not isinstance(norm, (int, float)) or not math.isfinite(norm) or norm < 0:
             raise PushError(f"server {self.rank}: clip norm = {norm!r} is not a finite number ≥ 0")
-        if self.clipping is not None:
+        if self.norms.waiting is not None:
             if version != self.sync.published():
                 raise PushError(f"server {self.rank}: clip for version {version!r}, the update waiting is "
                                 f"from {self.sync.published()}")
-            update, group, prepared, _ = self.clipping
-            self.clipping = None
-            self._apply(update, group, prepared, float(norm))
+            w = self.norms.take()
+            self._apply(w.update, w.group, w.prepared, float(norm))
             self._apply_ready(release=False)
         self.listener.send(peer, Message("ack", {"version": self.sync.published()}))
         self._release()
@@ -420,11 +403,7 @@ class Server(BlockMoves, EagerUpdates, FragmentHandling):
         self._count(group)
         self.compensated += store.compensated - before
         if store.last_step is not None:
-            step, totals = store.last_step, self.steps
-            totals[0] += 1
-            totals[1] += step.delay
-            totals[2] += step.momentum
-            totals[3] += step.lr_factor
+            self.steps.add(store.last_step)
         self.sync.on_applied(update)
         if self.replication is not None and self.replication.backup is not None:
             self._record()
