@@ -176,7 +176,8 @@ class Config:
         kwargs: dict[str, Any] = {}
         for key, value in values.items():
             if key not in known:
-                raise ConfigError(f"unknown config key {key!r} (known keys: {', '.join(known)})")
+                raise ConfigError(f"unknown config key {key!r}{_suggest(str(key), list(known))} "
+                                  "(every key: docs/configuration.md)")
             kwargs[key] = (_coerce_resources(key, value) if key in RESOURCE_KEYS
                            else _coerce_target(value) if key == "target"
                            else _coerce_args(key, value) if key in ARGS_KEYS
@@ -654,6 +655,16 @@ def _coerce_target(value: Any) -> dict:
 def _choice(key: str, value: str, options: tuple[str, ...]) -> None:
     if value not in options:
         raise ConfigError(f"{key} = {value!r} is not one of {', '.join(options)}")
+
+
+def _suggest(key: str, known: list[str]) -> str:
+    """ "; did you mean …?" naming the known keys closest to `key` (a torch user's `clip`
+    finds `clip_grad_norm`), or ""."""
+    import difflib
+
+    close = [k for k in known if key.lower() in k] if len(key) >= 3 else []
+    close += [k for k in difflib.get_close_matches(key.lower(), known, n=3, cutoff=0.6) if k not in close]
+    return f"; did you mean {' or '.join(close[:3])}?" if close else ""
 
 
 def _at_least(key: str, value: float, low: float) -> None:

@@ -9,6 +9,22 @@ def test_defaults_are_the_default_job():
     assert c.total_iterations(60000) == 469  # one epoch at batch 128
 
 
+def test_the_default_job_is_examples_default_toml_and_torch_defaults_elsewhere():
+    """A key PyTorch also has takes PyTorch's default (momentum 0, as torch.optim.SGD);
+    the default job (no config given) sets its own 0.9, which examples/default.toml
+    writes out: the two are one job."""
+    from pathlib import Path
+
+    from equipoise.api import resolve_config
+
+    assert Config().momentum == 0.0
+    default = resolve_config()
+    assert default.momentum == 0.9 and resolve_config(workers=2).momentum == 0.9
+    example = Path(__file__).resolve().parents[2] / "examples" / "default.toml"
+    assert Config.load(example) == default
+    assert "momentum 0.9" in default.optimizer_line() and "no clipping" in default.optimizer_line()
+
+
 def test_toml_then_overrides(tmp_path):
     f = tmp_path / "job.toml"
     f.write_text('protocol = "asp"\nworkers = 3\nlr = 0.1\n')
@@ -122,3 +138,12 @@ def test_resources_may_be_given_per_rank_and_server_speeds_inform_the_oracle():
         counts.append(sorted(table[b.key] for b in blocks).count(1))
     assert counts[0] == 1 and counts[1] in (2, 3)
 
+
+
+@pytest.mark.parametrize("key, hint", [("clip", "clip_grad_norm"), ("momentom", "momentum"), ("zzz", None)])
+def test_an_unknown_key_names_the_keys_it_may_have_meant(key, hint):
+    with pytest.raises(ConfigError) as exc:
+        Config.from_dict({key: 1})
+    message = str(exc.value)
+    assert f"unknown config key {key!r}" in message and "\n" not in message
+    assert (f"did you mean {hint}" in message) if hint else "did you mean" not in message
