@@ -1,0 +1,48 @@
+"""The measurement tables of docs/psld.md (``python -m benchmarks.tables`` writes them with the
+others): the single-block cases, the dynamic case and the sweep of cases nobody tuned on."""
+
+from typing import Any
+
+from benchmarks.tables_format import count, grid, load, num, one_file, rng
+
+PRESET_COLUMNS = [("s/iteration, whole run", ("iteration_s",), rng),
+                  ("s/iteration, settled", ("settled_iteration_s",), rng),
+                  ("samples/s", ("samples_per_s",), rng), ("block moves", ("moves",), lambda s: rng(s, count))]
+
+
+def preset(name: str) -> str:
+    """A preset's placements (median (min–max) over its interleaved rounds), then PSLD's ratios."""
+    case = load(name)["cases"][0]
+    placements = grid(name, case["summary"].items(), PRESET_COLUMNS, "placement")
+    ratios = " · ".join(f"{k}: **{rng(v)}**" for k, v in case["ratios"].items())
+    return placements + f"\n\nPSLD's ratios, per round then median (min–max): {ratios}."
+
+
+def unseen_rows(d: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for c in d["cases"]:
+        r = c["ratios"]
+        rows.append([str(c["case"]), c["shape"], str(c["servers"]), num(c["bandwidth"]), num(c["factor"]),
+                     f"{c['slow']} ({c['where']})", c["protocol"],
+                     c["scenario"] + (f" → {c['switch_to']}" if c["switch_to"] is not None else ""),
+                     rng(r["psld speed-up × greedy"]), rng(r["psld × oracle"]), rng(r["psld settled × oracle"]),
+                     count(c["runs"]["psld"][0]["moves"])])
+    return rows
+
+
+def unseen() -> str:
+    d = load("bench_psld_unseen")
+    o = d["overall"]
+    g, t = o["psld speed-up × greedy, per case"], o["psld × oracle (whole run), per case"]
+    head = ["case", "blocks", "servers", "link MB/s", "slowdown", "slow server", "protocol", "scenario",
+            "psld speed-up × greedy", "psld × oracle (s/iteration)", "settled × oracle", "moves"]
+    return one_file("bench_psld_unseen", head, unseen_rows(d)) + (
+        f"\n\nPSLD ≥ 1.0× greedy in **{o['cases psld ≥ 1.0× greedy']} of {g['n']}** cases; speed-up over greedy "
+        f"{rng(g)}; whole run at {num(t['median'])}× the oracle's seconds per iteration (median; "
+        f"{num(1 / t['median'])}× its speed); worst case {o['worst case']}.")
+
+
+def psld_tables() -> dict[str, str]:
+    return {"psld-single-block": preset("bench_psld_single-block"),
+            "psld-single-block-ssp": preset("bench_psld_single-block-ssp"),
+            "psld-dynamic": preset("bench_psld_dynamic"), "psld-unseen": unseen()}
