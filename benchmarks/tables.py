@@ -338,7 +338,21 @@ def workload_tables():
             ["byte-unigram entropy of the validation text", loss(learn["unigram_entropy_nats"]), ""]]),
         "lm-seeds": one_file("bench_workloads_lm-seeds", ["seed", "equipoise BSP", "plain PyTorch", "difference"], [
             [r["seed"], num(r["equipoise_val_loss"]), num(r["plain_pytorch_val_loss"]), signed(
-                r["equipoise_val_loss"] - r["plain_pytorch_val_loss"])] for r in seeds["runs"]])}
+                r["equipoise_val_loss"] - r["plain_pytorch_val_loss"])] for r in seeds["runs"]]),
+        "lm-recipe": lm_recipe_table()}
+
+
+def lm_recipe_table() -> str:
+    """nanoGPT's recipe, equipoise BSP and plain PyTorch per seed, beside the Adam recipe's loss at each seed."""
+    d, adam = load("bench_workloads_lm-recipe"), {r["seed"]: r for r in load("bench_workloads_lm-seeds")["runs"]}
+    steps = d["spec"]["iterations"]
+    return one_file("bench_workloads_lm-recipe", [
+        "seed", "equipoise BSP, nanoGPT's recipe", "plain PyTorch, the same recipe", "difference",
+        f"steps clipped (equipoise / plain, of {steps})", "equipoise, Adam at a constant lr (lm-seeds)"], [
+        [r["seed"], num(r["equipoise_val_loss"]), num(r["plain_pytorch_val_loss"]),
+         signed(r["equipoise_val_loss"] - r["plain_pytorch_val_loss"]),
+         f"{r['equipoise_clipped_steps']} / {r['plain_pytorch_clipped_steps']}",
+         num(adam[r["seed"]]["equipoise_val_loss"]) if r["seed"] in adam else "–"] for r in d["runs"]])
 
 
 TESTBED_DDP = {"ddp": "DDP", "equipoise": "equipoise BSP", "equipoise_pipelined": "pipelined",
