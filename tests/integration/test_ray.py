@@ -164,6 +164,32 @@ def test_a_project_folders_functions_train_in_ray_actors(cluster, tmp_path, monk
     assert _gone(summary)
 
 
+def test_a_spec_the_actors_cannot_import_fails_before_any_role_starts(cluster, tmp_path, monkeypatch):
+    """A spec by module name that only this process's sys.path finds: every actor tries
+    to import the user's specs before a role starts, so the job fails in one line naming
+    the spec and the actor, and releases what it held."""
+    import textwrap
+
+    from equipoise.config import ConfigError
+
+    from .test_project_folder import HELPER, WLM
+
+    proj = tmp_path / "hidden"
+    proj.mkdir()
+    (proj / "helper.py").write_text(textwrap.dedent(HELPER))
+    (proj / "wlm_hidden.py").write_text(textwrap.dedent(WLM))
+    monkeypatch.syspath_prepend(str(proj))
+    cfg = {**BASE, "launcher": "ray", "workers": 2, "global_batch": 16, "iterations": 3,
+           "dataset": "wlm_hidden:datasets", "model": "wlm_hidden:model", "loss": "wlm_hidden:loss"}
+    free = ray.available_resources().get("CPU", 0)
+    with pytest.raises(ConfigError) as exc:
+        equipoise.train(cfg, out=tmp_path / "run")
+    message = str(exc.value)
+    assert "\n" not in message and "cannot import 'wlm_hidden'" in message and "Ray actor" in message, message
+    # the job's placement group and actors are gone: the cluster's CPUs are free again
+    wait_for(lambda: ray.available_resources().get("CPU", 0) >= free, 30, "the job's CPUs released")
+
+
 def test_a_job_the_cluster_can_never_hold_is_refused_at_once_one_it_cannot_hold_now_waits(cluster, tmp_path):
     """Asking for a GPU of a cluster without one is a user mistake, reported before any
     placement group is made; a job that fits the cluster (5 of its 6 CPUs) but not what

@@ -40,6 +40,18 @@ class _Role:
     def locate(self) -> dict:
         return self.where
 
+    def check_specs(self, specs: dict) -> str | None:
+        """Import each of the user's specs (config key -> spec) here, where the role will
+        run: None, or the one-line error of the first that fails."""
+        from ..spec import resolve
+
+        for key, value in specs.items():
+            try:
+                resolve(value, key)
+            except ValueError as exc:
+                return f"{exc} (imported in the Ray actor {self.name} on {self.where['hostname']})"
+        return None
+
     def share(self, cfg: dict) -> list:
         """Load the dataset from this node's disk into this node's object store; the
         reference is wrapped in a list so that Ray hands it over unresolved."""

@@ -96,6 +96,7 @@ class RayPeers(LaunchedPeers):
             for i, (role, rank) in enumerate(names):
                 self._create(role, rank, i)
             self._locate(self.cfg.timeout)
+            self._check_specs()
             if cfg.ray_data == "path" and cfg.dataset in DATASETS:
                 self._share()
             for role, rank in names:
@@ -155,6 +156,25 @@ class RayPeers(LaunchedPeers):
         except self.ray.exceptions.RayError as exc:
             raise JobError(f"a Ray actor of the job failed to start: {exc}") from None
         self.where.update(zip(names, found))
+
+    def _check_specs(self) -> None:
+        """Every actor imports the user's specs before any role starts: a spec the
+        driver imports and an actor cannot is a ConfigError in one line, before start."""
+        from ..config_toml import USER_CODE
+        from ..spec import is_spec
+
+        specs = {k: getattr(self.cfg, k) for k in USER_CODE if is_spec(getattr(self.cfg, k))}
+        if not specs:
+            return
+        refs = [self.actors[n].check_specs.remote(specs) for n in sorted(self.actors)]
+        try:
+            errors = self.ray.get(refs, timeout=self.cfg.timeout)
+        except self.ray.exceptions.GetTimeoutError:
+            raise JobError(f"the job's Ray actors did not import the user's code within {self.cfg.timeout:.0f} s") \
+                from None
+        error = next((e for e in errors if e), None)
+        if error:
+            raise ConfigError(error)
 
     def _share(self) -> None:
         """ray_data = "path": the first worker on each node loads the dataset for that node."""
