@@ -63,8 +63,6 @@ def train(config: ConfigLike = None, *, out: str | Path | None = None,
         ckpt = None
     for advice in cfg.warnings():
         warnings.warn(advice, EquipoiseWarning, stacklevel=2)
-    if cfg.progress:
-        print(f"equipoise: {cfg.optimizer_line()}", file=sys.stderr)
     data = check_workload(cfg)
     if cfg.launcher != "ray":
         check_specs_as_workers(cfg)
@@ -76,6 +74,8 @@ def train(config: ConfigLike = None, *, out: str | Path | None = None,
         preflight(cfg)
     else:  # the workers run here: the devices they ask for must be here
         check_devices(cfg)
+    if cfg.progress:  # once the job is known to start: a refused one prints its error alone
+        print(f"equipoise: {cfg.optimizer_line()}", file=sys.stderr)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.toml").write_text(to_toml(cfg.to_dict()), encoding="utf-8")
     try:
