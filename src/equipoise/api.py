@@ -99,9 +99,9 @@ def check_specs_as_workers(cfg: Config) -> None:
     would not import in a worker: tried in a child started as the workers are (the same
     environment and working directory, none of this process's sys.path)."""
     from .launch.local import child_env
-    from .spec import check_in_child, is_spec
+    from .spec import check_in_child
 
-    specs = {k: getattr(cfg, k) for k in USER_CODE if is_spec(getattr(cfg, k))}
+    specs = cfg.user_specs()
     if specs:
         error = check_in_child(specs, child_env(cfg), min(cfg.timeout, 120.0))
         if error is not None:

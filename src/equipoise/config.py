@@ -348,6 +348,11 @@ class Config:
         """Gradients per update under n-softsync: c = ⌊λ/n⌋ (n = 0 means n = λ)."""
         return max(1, self.workers // (self.softsync_n or self.workers))
 
+    def user_specs(self) -> dict[str, str]:
+        """The keys naming the user's code by spec, and their specs (imported where the
+        workers run before a job starts)."""
+        return {k: getattr(self, k) for k in USER_CODE if ":" in getattr(self, k)}
+
     def optimizer_line(self) -> str:
         """The job's effective optimizer in one line, as printed at start."""
         parts = [f"lr {self.lr:g}"]

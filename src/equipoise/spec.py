@@ -174,21 +174,30 @@ def check_in_child(specs: dict[str, str], env: dict[str, str], timeout: float) -
     return lines[0] if done.stdout.strip() else one_line(lines[-1] if lines else f"exit {done.returncode}")
 
 
-def _check_main(argv: list[str]) -> int:
-    """`python -m equipoise.spec '{"model": "spec", ...}'`: import each; on the first
-    failure print its one line (naming the key and the spec) and exit 1."""
-    import json
-
-    for key, value in json.loads(argv[0]).items():
+def first_failure(specs: dict[str, str]) -> str | None:
+    """Import each spec (config key -> spec) here: the one-line error of the first that
+    fails (naming the key and the spec), or None."""
+    for key, value in specs.items():
         try:
             resolve(value, key)
         except ValueError as exc:
-            print(f"{exc} (imported as the workers import it: from {Path.cwd()}, with this PYTHONPATH)")
-            return 1
-    return 0
+            return str(exc)
+    return None
 
 
-__all__ = ["absolute_spec", "accepted_kwargs", "callable_spec", "check_in_child", "import_file", "is_spec",
+def _check_main(argv: list[str]) -> int:
+    """`python -m equipoise.spec '{"model": "spec", ...}'`: `first_failure`, printed
+    with where it was imported from, exit 1; else exit 0."""
+    import json
+
+    error = first_failure(json.loads(argv[0]))
+    if error is None:
+        return 0
+    print(f"{error} (imported as the workers import it: from {Path.cwd()}, with this PYTHONPATH)")
+    return 1
+
+
+__all__ = ["absolute_spec", "accepted_kwargs", "callable_spec", "check_in_child", "first_failure", "import_file", "is_spec",
            "one_line", "resolve"]
 
 if __name__ == "__main__":

@@ -43,14 +43,10 @@ class _Role:
     def check_specs(self, specs: dict) -> str | None:
         """Import each of the user's specs (config key -> spec) here, where the role will
         run: None, or the one-line error of the first that fails."""
-        from ..spec import resolve
+        from ..spec import first_failure
 
-        for key, value in specs.items():
-            try:
-                resolve(value, key)
-            except ValueError as exc:
-                return f"{exc} (imported in the Ray actor {self.name} on {self.where['hostname']})"
-        return None
+        error = first_failure(specs)
+        return None if error is None else f"{error} (imported in the Ray actor {self.name} on {self.where['hostname']})"
 
     def share(self, cfg: dict) -> list:
         """Load the dataset from this node's disk into this node's object store; the

@@ -160,10 +160,7 @@ class RayPeers(LaunchedPeers):
     def _check_specs(self) -> None:
         """Every actor imports the user's specs before any role starts: a spec the
         driver imports and an actor cannot is a ConfigError in one line, before start."""
-        from ..config_toml import USER_CODE
-        from ..spec import is_spec
-
-        specs = {k: getattr(self.cfg, k) for k in USER_CODE if is_spec(getattr(self.cfg, k))}
+        specs = self.cfg.user_specs()
         if not specs:
             return
         refs = [self.actors[n].check_specs.remote(specs) for n in sorted(self.actors)]
