@@ -93,9 +93,13 @@ def _instrument_server() -> dict[str, list[float]]:
     L = zmq_transport._ZmqListener
     L.send = timer(L.send, lambda a, o: f"server: encode+send {a[2].type}")
     # a streamed exchange (EquipoiseClient(parts > 1)): per fragment
-    S._on_fragment = timer(S._on_fragment, lambda a, o: "server: _on_fragment total (check+keep+ahead+early)")
-    S._speculate = timer(S._speculate, lambda a, o: "server: a block updated ahead (speculate)" if o
-                         else "server: _speculate with nothing ready")
+    from equipoise.server.ahead import AheadUpdates
+    from equipoise.server.fragments import FragmentPart
+
+    FragmentPart.on_fragment = timer(FragmentPart.on_fragment,
+                                     lambda a, o: "server: _on_fragment total (check+keep+ahead+early)")
+    AheadUpdates.speculate = timer(AheadUpdates.speculate, lambda a, o: "server: a block updated ahead (speculate)"
+                                   if o else "server: _speculate with nothing ready")
     return record
 
 

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 import torch
 
 from .config import (DEFAULT_JOB, USER_CODE, Config, ConfigError, EquipoiseWarning, absolute_specs, flatten_tables,
-                     read_toml, to_toml)
+                     read_toml)
 from .data import DataError
 from .models import build_model
 from .protocol.checkpoint import load_checkpoint
@@ -77,7 +77,7 @@ def train(config: ConfigLike = None, *, out: str | Path | None = None,
     if cfg.progress:  # once the job is known to start: a refused one prints its error alone
         print(f"equipoise: {cfg.optimizer_line()}", file=sys.stderr)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.toml").write_text(to_toml(cfg.to_dict()), encoding="utf-8")
+    (run_dir / "config.toml").write_text(cfg.to_toml(), encoding="utf-8")
     try:
         if cfg.launcher == "ray":
             from .launch.ray_cluster import run_ray

@@ -1,44 +1,29 @@
-"""Every setting of a training job, in one frozen dataclass.
+"""Every setting of a training job, in one frozen dataclass, read in groups.
 
 A `Config` is built from defaults, a TOML file and ``--set KEY=VALUE`` overrides, in that
-order. Validation happens once, in `Config.validate`, and every error is a `ConfigError`
-whose message is one line naming the key and the bad value, so the CLI can print it and
-exit with status 2.
+order. Its keys fall into groups (config_toml.GROUPS: scaling, training, optimizer, data,
+eval, batching, exchange, servers, failure, ray, observability, and apart from what a
+production job sets, emulation and sim); `Config.group(name)` is one group as a frozen
+dataclass of its own. Validation happens once, group by group (config_checks.py), and
+every error is a `ConfigError` whose message is one line naming the key and the bad
+value, so the CLI can print it and exit with status 2.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, make_dataclass
 from pathlib import Path
+from dataclasses import MISSING as _MISSING
 from typing import Any, Mapping, TypeVar
 
-from .config_toml import (TABLES, USER_CODE, ConfigError, absolute_specs, flatten_tables, parse_override,
-                          read_toml, to_toml)
+from .config_checks import (ARGS_KEYS, ASYNC_SCALINGS, AUTH_MODES, BATCH_POLICIES, BUILTIN_MODELS,  # noqa: F401
+                            DATASETS, DELAY_COMPENSATIONS, LAUNCHERS, LR_MODULATIONS, OPTIMIZERS, PLACEMENTS,
+                            PRECISIONS, PREDICTORS, PROTOCOLS, RAY_DATA, RAY_STRATEGIES, SCHEDULES, validate)
+from .config_toml import (GROUPS, USER_CODE, ConfigError, absolute_specs, flatten_tables, parse_override,
+                          read_toml, to_toml, to_toml_tables)
 
-PROTOCOLS = ("bsp", "asp", "lbbsp", "softsync", "ssp")
-LR_MODULATIONS = ("none", "per_gradient", "mean")
-ASYNC_SCALINGS = ("bsp", "none")  # as policy/staleness.py (config imports no torch)
-DELAY_COMPENSATIONS = ("none", "dc", "dc_adaptive")
-OPTIMIZERS = ("sgd", "adam", "adamw")
-SCHEDULES = ("constant", "step", "cosine")
-BUILTIN_MODELS = ("mlp", "mlp-deep", "cnn", "resnet20")
-DATASETS = ("fashion-mnist", "mnist", "digits", "cifar10", "synthetic")
-BATCH_POLICIES = ("proportional", "step", "model")
-PLACEMENTS = ("round_robin", "mxnet", "byteps", "greedy", "psld", "oracle")
-
-
-PREDICTORS = ("last", "ewma", "narx")
-AUTH_MODES = ("curve", "plain", "off")  # wire/auth.py describes them
-LAUNCHERS = ("local", "ray")
-RAY_STRATEGIES = ("SPREAD", "PACK", "STRICT_SPREAD", "STRICT_PACK")  # Ray's placement group strategies
-RAY_DATA = ("ship", "path")
 RESOURCE_KEYS = ("worker_resources", "server_resources")
-ARGS_KEYS = {"model_args": "model", "data_args": "dataset", "loss_args": "loss"}  # settings -> the spec they go to
-DEVICE_RE = re.compile(r"^(cpu|auto|cuda(:\d+)?)$")  # a worker's device: device.py
-PRECISIONS = ("32", "bf16-mixed")
 T = TypeVar("T")
 
 
@@ -183,7 +168,7 @@ class Config:
                            else _coerce_args(key, value) if key in ARGS_KEYS
                            else _coerce(key, value, known[key].default))
         cfg = cls(**kwargs)
-        cfg.validate()
+        validate(cfg)
         return cfg
 
     @classmethod
@@ -204,6 +189,19 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
 
+    def to_toml(self) -> str:
+        """Every key, each in its group's table: what a run directory's config.toml holds."""
+        return to_toml_tables(self.to_dict())
+
+    def group(self, name: str) -> Any:
+        """Group `name` (config_toml.GROUPS) as a frozen dataclass of its keys (flat names)."""
+        cls = _group_class(name)
+        return cls(**{f.name: getattr(self, f.name) for f in fields(cls)})
+
+    def validate(self) -> None:
+        """Every group's checks (config_checks.py); ConfigError at the first that fails."""
+        validate(self)
+
     # -- derived values ---------------------------------------------------------------
     def resources(self, role: str, rank: int) -> dict:
         """The Ray resources of `role` ("worker" or "server") `rank`: its table in a
@@ -217,131 +215,6 @@ class Config:
         if self.iterations > 0:
             return self.iterations
         return max(1, math.ceil(self.epochs * train_size / self.global_batch))
-
-    # -- validation -------------------------------------------------------------------
-    def validate(self) -> None:
-        _choice("protocol", self.protocol, PROTOCOLS)
-        _choice("optimizer", self.optimizer, OPTIMIZERS)
-        if ":" not in self.lr_schedule:
-            _choice("lr_schedule", self.lr_schedule, SCHEDULES + ("a spec 'file.py:function'",))
-        elif self.warmup_iterations:
-            raise ConfigError(f"warmup_iterations = {self.warmup_iterations} with lr_schedule = "
-                              f"{self.lr_schedule!r}: a user schedule gives the whole factor (warm-up included)")
-        if self.dataset not in DATASETS and ":" not in self.dataset:
-            raise ConfigError(f"dataset = {self.dataset!r} is neither one of {', '.join(DATASETS)} nor a "
-                              "provider spec 'file.py:function' or 'package.module:function'")
-        for key, target in ARGS_KEYS.items():
-            spec = getattr(self, target)
-            if getattr(self, key) and ":" not in spec:
-                raise ConfigError(f"{key} is for a {target} of the user's own ('file.py:function'); "
-                                  f"{target} = {spec or '(default)'!r} is built in")
-        for key in ("loss", "metrics", "collate"):
-            if getattr(self, key) and ":" not in getattr(self, key):
-                raise ConfigError(f"{key} = {getattr(self, key)!r} is not a 'file.py:function' or "
-                                  "'package.module:function' spec (\"\" for the default)")
-        if self.stop_at_target and not self.target:
-            raise ConfigError("stop_at_target = true needs a target, e.g. target = {metric = \"test_loss\", "
-                              "below = 1.6}")
-        _choice("batch_policy", self.batch_policy, BATCH_POLICIES)
-        _choice("predictor", self.predictor, PREDICTORS)
-        _choice("transport", self.transport, ("tcp", "ipc"))
-        _choice("auth", self.auth, AUTH_MODES)
-        _choice("lr_modulation", self.lr_modulation, LR_MODULATIONS)
-        _choice("async_scaling", self.async_scaling, ASYNC_SCALINGS)
-        _choice("delay_compensation", self.delay_compensation, DELAY_COMPENSATIONS)
-        _choice("placement", self.placement, PLACEMENTS)
-        _choice("launcher", self.launcher, LAUNCHERS)
-        _choice("ray_strategy", self.ray_strategy, RAY_STRATEGIES)
-        _choice("ray_data", self.ray_data, RAY_DATA)
-        self._validate_devices()
-        if self.launcher == "ray":
-            for key in ("cpu_limit", "neighbours"):
-                if getattr(self, key):
-                    raise ConfigError(f"{key} starts processes beside the workers on this machine: it needs "
-                                      "launcher = \"local\", not \"ray\"")
-            if self.transport != "tcp":
-                raise ConfigError(f"transport = {self.transport!r} is this machine only: launcher = \"ray\" "
-                                  "needs transport = \"tcp\"")
-        if self.model not in BUILTIN_MODELS and ":" not in self.model:
-            raise ConfigError(
-                f"model = {self.model!r} is neither one of {', '.join(BUILTIN_MODELS)} "
-                "nor a 'package.module:function' spec"
-            )
-        for key in ("workers", "servers", "global_batch", "threads", "min_batch", "max_message_mb"):
-            _at_least(key, getattr(self, key), 1)
-        for key in ("block_size", "fragment_kb", "iterations", "seed", "eval_every", "eval_samples",
-                    "checkpoint_every", "lr_step_size", "warmup_iterations",
-                    "max_batch", "worker_batch", "reference_batch", "softsync_n", "staleness_bound",
-                    "psld_max_servers", "worker_restarts", "snapshot_every", "loader_workers"):
-            _at_least(key, getattr(self, key), 0)
-        _at_least("heartbeat_s", self.heartbeat_s, 0.0)
-        _at_least("psld_interval", self.psld_interval, 1)
-        _at_least("eval_batch", self.eval_batch, 1)
-        if not 0.0 <= self.psld_epsilon <= 1.0:
-            raise ConfigError(f"psld_epsilon = {self.psld_epsilon!r} must be in [0, 1]")
-        for key in ("lr", "epochs", "timeout", "server_rate"):
-            _positive(key, getattr(self, key))
-        if not 0.0 <= self.hysteresis < 1.0:
-            raise ConfigError(f"hysteresis = {self.hysteresis!r} must be in [0, 1)")
-        for key in ("momentum", "weight_decay", "lr_gamma", "lr_min", "clip_grad_norm"):
-            _at_least(key, getattr(self, key), 0.0)
-        if not math.isfinite(self.clip_grad_norm):
-            raise ConfigError(f"clip_grad_norm = {self.clip_grad_norm!r} must be a finite number ≥ 0 (0: off)")
-        if self.lr_min > self.lr:
-            raise ConfigError(f"lr_min = {self.lr_min!r} is above lr = {self.lr!r}")
-        if self.workers > self.global_batch:
-            raise ConfigError(
-                f"workers = {self.workers} is more than global_batch = {self.global_batch}: "
-                "every worker needs at least one sample per iteration"
-            )
-        if self.replication not in (0, 1):
-            raise ConfigError(f"replication = {self.replication!r} must be 0 (a lost server is recovered from "
-                              "the in-memory snapshots of snapshot_every) or 1 (a backup on the next server)")
-        if self.replication and self.protocol not in ("bsp", "lbbsp"):
-            raise ConfigError(f"replication = 1 needs a barrier protocol (bsp, lbbsp), not {self.protocol!r}")
-        if self.tensorboard and importlib.util.find_spec("tensorboard") is None:
-            raise ConfigError("tensorboard = true needs the tensorboard package: pip install 'equipoise[tensorboard]'")
-        self._validate_protocol()
-        self._validate_lists()
-        self._validate_sim()
-
-    def _validate_protocol(self) -> None:
-        if self.softsync_n and self.protocol != "softsync":
-            raise ConfigError(f"softsync_n = {self.softsync_n} needs protocol = \"softsync\", "
-                              f"not {self.protocol!r}")
-        if self.softsync_n > self.workers:
-            raise ConfigError(f"softsync_n = {self.softsync_n} must be between 1 and workers = "
-                              f"{self.workers} (n = workers is async)")
-        if not (math.isfinite(self.dc_lambda) and self.dc_lambda >= 0):
-            raise ConfigError(f"dc_lambda = {self.dc_lambda!r} must be a finite number ≥ 0")
-        if self.delay_compensation != "none" and not self.dc_lambda > 0:
-            raise ConfigError(f"delay_compensation = {self.delay_compensation!r} needs dc_lambda > 0 "
-                              "(Zheng et al. use 0.04 for dc, 2.0 for dc_adaptive)")
-        if self.delay_compensation != "none" and self.protocol in ("bsp", "lbbsp"):
-            raise ConfigError(f"delay_compensation = {self.delay_compensation!r} needs a protocol without "
-                              f"a barrier (asp, softsync, ssp), not {self.protocol!r}: there every gradient "
-                              "is computed on the current weights")
-        if self.staleness_bound and self.protocol != "ssp":
-            raise ConfigError(f"staleness_bound = {self.staleness_bound} needs protocol = \"ssp\", "
-                              f"not {self.protocol!r}")
-        if self.overlap and self.forward_pull:
-            raise ConfigError("forward_pull = true needs overlap = false (with overlap the pull already "
-                              "arrives during the next step)")
-        if self.eager_update and not (self.backward_push and self.forward_pull and self.protocol in ("bsp", "lbbsp")):
-            raise ConfigError(f"eager_update = true needs backward_push = true, forward_pull = true and a barrier "
-                              f"protocol (bsp, lbbsp); here backward_push = {str(self.backward_push).lower()}, "
-                              f"forward_pull = {str(self.forward_pull).lower()}, protocol = {self.protocol!r}")
-        if self.clip_grad_norm and self.eager_update:
-            raise ConfigError("clip_grad_norm needs eager_update = false: a block updated as soon as its "
-                              "gradients are in cannot wait for the norm over every block")
-        if self.clip_grad_norm and self.backward_push and self.protocol not in ("bsp", "lbbsp"):
-            raise ConfigError(f"clip_grad_norm with protocol = {self.protocol!r} needs backward_push = false: "
-                              "without a barrier each push is clipped by its own norm, known only once "
-                              "backward has ended")
-        if self.overlap and self.protocol in ("bsp", "lbbsp"):
-            raise ConfigError(f"overlap = true needs a protocol without a barrier (asp, softsync, ssp), "
-                              f"not {self.protocol!r}: under a barrier the next weights do not exist "
-                              "until every worker has pushed")
 
     @property
     def softsync_c(self) -> int:
@@ -387,47 +260,6 @@ class Config:
                        "in clear; use auth = \"curve\" (encrypted) beyond loopback")
         return out
 
-    def _validate_lists(self) -> None:
-        if self.batch_split:
-            if len(self.batch_split) != self.workers:
-                raise ConfigError(
-                    f"batch_split = {list(self.batch_split)} has {len(self.batch_split)} entries "
-                    f"but workers = {self.workers}"
-                )
-            if any(x < 1 for x in self.batch_split) or sum(self.batch_split) != self.global_batch:
-                raise ConfigError(
-                    f"batch_split = {list(self.batch_split)} must be positive and sum to "
-                    f"global_batch = {self.global_batch}"
-                )
-        if self.slowdown:
-            if len(self.slowdown) != self.workers:
-                raise ConfigError(
-                    f"slowdown = {list(self.slowdown)} has {len(self.slowdown)} entries "
-                    f"but workers = {self.workers}"
-                )
-            if any(not (math.isfinite(f) and f >= 1.0) for f in self.slowdown):
-                raise ConfigError(f"slowdown = {list(self.slowdown)}: every factor must be ≥ 1")
-        if not (math.isfinite(self.slowdown_noise) and 0.0 <= self.slowdown_noise <= 1.0):
-            raise ConfigError(f"slowdown_noise = {self.slowdown_noise}: must be between 0 and 1")
-        if self.cpu_limit:
-            if len(self.cpu_limit) != self.workers or any(not (0.01 <= c <= 64) for c in self.cpu_limit):
-                raise ConfigError(f"cpu_limit = {list(self.cpu_limit)} needs one value per worker "
-                                  f"(workers = {self.workers}), each between 0.01 and 64 CPUs")
-        self._validate_scenario()
-        self._validate_membership()
-        self._validate_servers()
-        if self.min_batch * self.workers > self.global_batch:
-            raise ConfigError(f"min_batch = {self.min_batch} × workers = {self.workers} is more than "
-                              f"global_batch = {self.global_batch}")
-        if self.max_batch and self.max_batch < self.min_batch:
-            raise ConfigError(f"max_batch = {self.max_batch} is less than min_batch = {self.min_batch}")
-        if self.max_batch and self.max_batch * self.workers < self.global_batch:
-            raise ConfigError(
-                f"max_batch = {self.max_batch} × workers = {self.workers} cannot hold "
-                f"global_batch = {self.global_batch}"
-            )
-
-
     def slice(self, part: type[T]) -> T:
         """The settings a part of the runtime reads: a dataclass whose fields are a
         subset of this one's, filled from it (a part never sees the whole Config)."""
@@ -438,106 +270,22 @@ class Config:
         """What `Transport.listen` binds: the TCP host, or "ipc" for Unix sockets."""
         return "ipc" if self.transport == "ipc" else self.host
 
-    def _validate_scenario(self) -> None:
-        from .scenario import Scenario, Trace  # scenario.py imports nothing of ours
-        if self.trace:
-            try:
-                Trace.from_csv(self.trace)
-            except (ValueError, OSError) as exc:
-                raise ConfigError(f"trace = {self.trace!r}: {exc}") from None
-        try:
-            neighbours = Scenario.from_config({"neighbours": [dict(n) for n in self.neighbours]}).neighbours
-        except (ValueError, TypeError) as exc:
-            raise ConfigError(f"neighbours = {[dict(n) for n in self.neighbours]!r}: {exc}") from None
-        for n in neighbours:
-            if not 0 <= n.worker < self.workers:
-                raise ConfigError(f"neighbours: worker = {n.worker} is not a worker rank "
-                                  f"(workers = {self.workers})")
-
-    def _validate_sim(self) -> None:
-        for key in ("sim_compute_s", "sim_sample_s"):
-            v = getattr(self, key)
-            if len(v) not in (1, self.workers) or any(not (math.isfinite(x) and x >= 0) for x in v):
-                raise ConfigError(f"{key} = {list(v)} needs one value ≥ 0 for all workers or one per worker "
-                                  f"(workers = {self.workers})")
-        if not 0.0 <= self.sim_noise_shared_corr < 1.0:
-            raise ConfigError(f"sim_noise_shared_corr = {self.sim_noise_shared_corr!r} must be in [0, 1)")
-        if not 0.0 < self.sim_cpu_share <= 1.0:
-            raise ConfigError(f"sim_cpu_share = {self.sim_cpu_share!r} must be in (0, 1]")
-        for key in ("sim_noise", "sim_noise_shared", "sim_latency_s", "sim_link_mbps", "sim_server_mbps",
-                    "sim_host_cores", "sim_host_load", "sim_host_exchange", "sim_stretch_cpu"):
-            if not (math.isfinite(getattr(self, key)) and getattr(self, key) >= 0):
-                raise ConfigError(f"{key} = {getattr(self, key)!r} must be a finite number ≥ 0")
-
-    def _validate_servers(self) -> None:
-        for key, count in (("server_resources", self.servers), ("worker_resources", self.workers)):
-            got = getattr(self, key)
-            if isinstance(got, list) and len(got) != count:
-                raise ConfigError(f"{key} lists {len(got)} tables for {count} {key.split('_')[0]}s: give one per "
-                                  "rank (or one table for all)")
-        if self.server_speeds and (len(self.server_speeds) != self.servers or any(
-                not (math.isfinite(v) and v > 0) for v in self.server_speeds)):
-            raise ConfigError(f"server_speeds = {list(self.server_speeds)} needs one throughput > 0 per server "
-                              f"(servers = {self.servers})")
-        if self.server_slowdown:
-            if len(self.server_slowdown) != self.servers or any(
-                    not (math.isfinite(f) and f >= 1.0) for f in self.server_slowdown):
-                raise ConfigError(f"server_slowdown = {list(self.server_slowdown)} needs one factor ≥ 1 per "
-                                  f"server (servers = {self.servers})")
-        if self.server_bandwidth:
-            if len(self.server_bandwidth) != self.servers or any(
-                    not (math.isfinite(b) and b >= 0.0) for b in self.server_bandwidth):
-                raise ConfigError(f"server_bandwidth = {list(self.server_bandwidth)} needs one MB/s value ≥ 0 "
-                                  f"per server (servers = {self.servers}; 0 = no cap)")
-        if self.server_trace:
-            from .scenario import Trace
-            try:
-                Trace.from_csv(self.server_trace, column="server")
-            except (ValueError, OSError) as exc:
-                raise ConfigError(f"server_trace = {self.server_trace!r}: {exc}") from None
-        if self.psld_max_servers and self.psld_max_servers < self.servers:
-            raise ConfigError(f"psld_max_servers = {self.psld_max_servers} is less than servers = {self.servers}")
-        for i, ev in enumerate(self.server_events):
-            keys = set(ev)
-            ok = keys in ({"iteration", "add"}, {"iteration", "remove"}, {"iteration", "move", "to"})
-            if not ok or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ev.values()):
-                raise ConfigError(f"server_events[{i}] = {ev!r} must be {{iteration = N, add = COUNT}}, "
-                                  "{iteration = N, remove = RANK} or {iteration = N, move = BLOCK, to = RANK} "
-                                  "with non-negative integers")
-
-    def _validate_devices(self) -> None:
-        """Device and precision strings (whether this machine has the devices is asked
-        where the workers run: device.py)."""
-        for key, many in (("device", "devices"), ("eval_device", None)):
-            values = [getattr(self, key)] + (list(getattr(self, many)) if many else [])
-            for i, v in enumerate(values):
-                if not DEVICE_RE.match(v):
-                    name = key if i == 0 else f"{many}[{i - 1}]"
-                    raise ConfigError(f"{name} = {v!r} is not cpu, cuda, cuda:N or auto")
-        _choice("precision", self.precision, PRECISIONS)
-        for i, v in enumerate(self.precisions):
-            if v not in PRECISIONS:
-                raise ConfigError(f"precisions[{i}] = {v!r} is not one of {', '.join(PRECISIONS)}")
-        if any(not math.isfinite(x) or x < 0 for x in self.memory_limits):
-            raise ConfigError(f"memory_limits = {list(self.memory_limits)} must be finite GiB ≥ 0 (0: no limit)")
-        for key in ("devices", "precisions", "memory_limits"):
-            if getattr(self, key) and len(getattr(self, key)) != self.workers:
-                raise ConfigError(f"{key} has {len(getattr(self, key))} entries for {self.workers} workers: "
-                                  "give one per worker")
-
-    def _validate_membership(self) -> None:
-        if self.membership and self.protocol not in ("bsp", "lbbsp"):
-            raise ConfigError(f"membership events need protocol bsp or lbbsp, not {self.protocol!r}")
-        for i, ev in enumerate(self.membership):
-            keys = set(ev)
-            ok = keys in ({"iteration", "leave"}, {"iteration", "join"})
-            values = [v for v in ev.values()]
-            if not ok or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
-                raise ConfigError(f"membership[{i}] = {ev!r} must be {{iteration = N, leave = RANK}} "
-                                  "or {iteration = N, join = COUNT} with non-negative integers")
-
-
 # -- helpers ---------------------------------------------------------------------------
+
+_GROUP_CLASSES: dict[str, type] = {}
+
+
+def _group_class(name: str) -> type:
+    """The frozen dataclass of group `name`: its keys with Config's types and defaults."""
+    if name not in GROUPS:
+        raise KeyError(f"no config group {name!r} (groups: {', '.join(GROUPS)})")
+    if name not in _GROUP_CLASSES:
+        known = {f.name: f for f in fields(Config)}
+        spec = [(flat, known[flat].type, field(default=known[flat].default) if known[flat].default_factory
+                 is _MISSING else field(default_factory=known[flat].default_factory))
+                for flat in GROUPS[name].values()]
+        _GROUP_CLASSES[name] = make_dataclass(name.title() + "Settings", spec, frozen=True)
+    return _GROUP_CLASSES[name]
 
 def _derive_global_batch(values: Mapping[str, Any]) -> Mapping[str, Any]:
     """With `worker_batch` (μ) set, global_batch is μ × workers; giving both must agree."""
@@ -657,11 +405,6 @@ def _coerce_target(value: Any) -> dict:
     return {"metric": metric, **{k: float(v) for k, v in value.items() if k != "metric"}}
 
 
-def _choice(key: str, value: str, options: tuple[str, ...]) -> None:
-    if value not in options:
-        raise ConfigError(f"{key} = {value!r} is not one of {', '.join(options)}")
-
-
 def _suggest(key: str, known: list[str]) -> str:
     """ "; did you mean …?" naming the known keys closest to `key` (a torch user's `clip`
     finds `clip_grad_norm`), or ""."""
@@ -672,16 +415,6 @@ def _suggest(key: str, known: list[str]) -> str:
     return f"; did you mean {' or '.join(close[:3])}?" if close else ""
 
 
-def _at_least(key: str, value: float, low: float) -> None:
-    if not (value >= low):
-        raise ConfigError(f"{key} = {value!r} must be ≥ {low}")
+GROUPS["sim"].update({f.name[len("sim_"):]: f.name for f in fields(Config) if f.name.startswith("sim_")})
 
-
-def _positive(key: str, value: float) -> None:
-    if not (math.isfinite(value) and value > 0):
-        raise ConfigError(f"{key} = {value!r} must be a positive number")
-
-
-TABLES["sim"] = {f.name[len("sim_"):]: f.name for f in fields(Config) if f.name.startswith("sim_")}
-
-__all__ = ["TABLES", "flatten_tables", "Config", "ConfigError", "EquipoiseWarning", "parse_override", "read_toml", "to_toml", "PROTOCOLS"]
+__all__ = ["GROUPS", "flatten_tables", "Config", "ConfigError", "EquipoiseWarning", "parse_override", "read_toml", "to_toml", "PROTOCOLS"]

@@ -27,7 +27,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .config import DEVICE_RE, PRECISIONS
+from .config_checks import DEVICE_RE, PRECISIONS
 from .policy.placement import Block
 from .protocol.blocks import _flat, read_pushes, write_values
 

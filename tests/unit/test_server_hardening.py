@@ -164,14 +164,15 @@ def test_malformed_frames_are_logged_once_per_kind_by_the_transport(caplog):
 
 def test_the_handler_table_covers_the_schema_and_the_senders(server):
     """The server's one table of handlers: each type it handles is a wire type, every
-    type a worker or another server may send it is handled, and every `_on_*` method
-    is in the table (none reached only by name)."""
+    type a worker or another server may send it is handled, and every handler of the
+    core (`_on_*`) and of its parts (`on_*`) is in the table (none reached only by name)."""
     from equipoise.server.core import SENDERS
     from equipoise.wire.schema import SCHEMA
 
     table = server.handlers
     assert set(table) <= set(SCHEMA), sorted(set(table) - set(SCHEMA))
     assert set(SENDERS) <= set(table), sorted(set(SENDERS) - set(table))
-    methods = {name for name in dir(server) if name.startswith("_on_")}
-    assert {f.__name__ for f in table.values()} == methods
-    assert all(table[t].__name__ == f"_on_{t}" for t in table)
+    owners = [server, server.moves, server.ahead, server.streamed, server.backup]
+    methods = {(id(o), name) for o in owners for name in dir(o) if name.startswith(("_on_", "on_"))}
+    assert {(id(f.__self__), f.__name__) for f in table.values()} == methods
+    assert all(table[t].__name__ in (f"_on_{t}", f"on_{t}") for t in table)

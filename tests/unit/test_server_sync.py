@@ -177,11 +177,11 @@ def test_charge_sleeps_factor_minus_one_bytes_over_rate_on_the_injected_clock():
     server = Server(0, InMemoryTransport(), "nowhere", clock=clock)
     server._straggle({"factor": 3.0, "rate_mbps": 2.0})
     t0 = clock.now()
-    server._charge(500_000, t0)
+    server.charge(500_000, t0)
     # (3 − 1)·500000 B / 2e6 B/s = 0.5 s, every operand exact in binary floating point
     assert clock.now() - t0 == 0.5 and server.busy_s == 0.5 and server.bytes == 500_000
     server._straggle({"factor": 1.0})
-    server._charge(123, clock.now())
+    server.charge(123, clock.now())
     assert clock.now() == 100.5 and server.busy_s == 0.5 and server.bytes == 500_123
     server.listener.close()
 
@@ -192,9 +192,9 @@ def test_a_bandwidth_cap_delays_by_the_token_bucket_on_the_injected_clock():
     server._straggle({"factor": 1.0, "rate_mbps": 1000.0, "bandwidth_mbps": 4.0})
     # The bucket starts full with 5 ms at 4e6 B/s = 20,000 B of burst: 20,000 B pass at
     # once, 60,000 more wait 40,000 / 4e6 = 0.01 s (the debt) — exact in binary.
-    server._charge(20_000, clock.now())
+    server.charge(20_000, clock.now())
     assert clock.now() == 10.0
-    server._charge(40_000, clock.now())
+    server.charge(40_000, clock.now())
     assert clock.now() == 10.01 and server.bytes == 60_000
     server._straggle({"bandwidth_mbps": 0.0})  # 0 lifts the cap
     assert server.bucket is None

@@ -19,7 +19,6 @@ global sample stream at once.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from pathlib import Path
 from typing import Callable
@@ -45,6 +44,7 @@ from .server_manager import ServerManager, ServerSettings
 from .snapshots import SnapshotSettings, Snapshots, State
 from .stats import RunStats, check_report
 from ..protocol.optimizer import OptimizerSpec, user_schedule
+from ..protocol.fields import read_field
 from ..protocol.steps import StepTotals
 
 log = logging.getLogger("equipoise.coordinator")
@@ -307,15 +307,11 @@ class Coordinator:
     def _probes(self, worker: int, f: dict) -> None:
         """What a worker's probes measured, sent with its first plan request: the batch
         its device memory holds (`memory_cap`), a step's fixed seconds (`fixed_s`)."""
-        cap, fixed = f.get("memory_cap"), f.get("fixed_s")
-        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
-            raise ValueError(f"memory_cap = {cap!r} is not a batch size ≥ 1")
-        if fixed is not None and (isinstance(fixed, bool) or not isinstance(fixed, (int, float))
-                                  or not math.isfinite(fixed) or fixed < 0):
-            raise ValueError(f"fixed_s = {fixed!r} is not a finite number of seconds ≥ 0")
+        who = f"plan request of worker {worker}"
+        cap, fixed = read_field(f, "memory_cap", int, who=who, least=1), read_field(f, "fixed_s", float, who=who, least=0)
         if fixed is not None:
-            self.planner.set_fixed_cost(worker, float(fixed))
-            self._event("fixed_cost", self.iteration, worker=worker, seconds=float(fixed))
+            self.planner.set_fixed_cost(worker, fixed)
+            self._event("fixed_cost", self.iteration, worker=worker, seconds=fixed)
         if cap is not None:
             self.planner.set_memory_cap(worker, cap)
             self._event("memory_cap", self.iteration, worker=worker, cap=self.planner.memory_caps[worker],

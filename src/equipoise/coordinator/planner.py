@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Mapping
 
-from ..config import PREDICTORS
+from ..config_checks import PREDICTORS
 from ..policy import batching
 from ..policy.predict import Predictor, make_predictor, measured_speed
 

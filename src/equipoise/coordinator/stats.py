@@ -7,6 +7,7 @@ import time
 from collections import Counter
 
 from ..config import Config
+from ..protocol.fields import read_field
 
 REPORT_KEYS = ("iteration", "samples", "loss", "compute_s", "wait_s", "comm_s")
 
@@ -36,9 +37,7 @@ def check_report(worker: int, report: dict) -> list | None:
             and isinstance(e[4], list) and all(type(k) is int for k in e[4]) for e in timeline):
         raise ValueError(f"report of worker {worker}: timeline must list [kind, server, sent, arrived, blocks]")
     for key in ("count", "data_s", "gap_s"):  # optional: a worker's step and input pipeline
-        v = report.get(key, 0.0)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            raise ValueError(f"report of worker {worker}: {key} = {v!r} must be a finite number ≥ 0")
+        read_field(report, key, float, who=f"report of worker {worker}", least=0)
     return exchange
 
 

@@ -191,11 +191,14 @@ def _read_json(path: Path) -> dict:
 
 
 def _read_toml(path: Path) -> dict:
+    """A run's config.toml as flat keys (its group tables expanded); {} if unreadable."""
     import tomllib
+
+    from ..config_toml import ConfigError, flatten_tables
     try:
         with path.open("rb") as fh:
-            return tomllib.load(fh)
-    except (OSError, tomllib.TOMLDecodeError):
+            return flatten_tables(tomllib.load(fh))
+    except (OSError, tomllib.TOMLDecodeError, ConfigError):
         return {}
 
 

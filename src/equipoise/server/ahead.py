@@ -29,72 +29,73 @@ from __future__ import annotations
 
 from ..wire import Message
 from ..wire.names import pack
-from .moves import _nbytes
+from .parts import Core, nbytes as _nbytes
 from .store import Push
 
 
-class EagerUpdates:
-    """The server's side of `eager_update` (a mixin of `Server`)."""
+class AheadUpdates:
+    """The server's side of `eager_update`: a part built around the server's core."""
 
-    eager = False  # set by the coordinator's init
+    def __init__(self, core: Core):
+        self.core = core
 
-    def _members(self) -> list[Push] | None:
+    def members(self) -> list[Push] | None:
         """The pushes the update in progress will be made of, as far as they have come
         (a worker's fragments so far stand for its push), if every worker's has begun
         to come and nothing makes the group uncertain; None otherwise."""
-        sync = self.sync
-        if not self.eager or not sync.policy.barrier() or sync.expected is not None or self.handover.moved \
-                or self.replication is not None:
+        sync = self.core.sync
+        if not self.core.eager or not sync.policy.barrier() or sync.expected is not None or self.core.handover.moved \
+                or self.core.replication is not None:
             return None
         group: list[Push] = []
         for p in sync.pending:
             if p.part:  # a lost worker's share: the group is being cut again
                 return None
-            group.append(self.pushes[p.token])
+            group.append(self.core.pushes[p.token])
         pushed = {p.worker for p in sync.pending}
-        for worker, parts in self.fragments.items():
+        for worker, parts in self.core.fragments.items():
             if worker in pushed or worker in sync.lost or parts.tags is None or parts.version != sync.version:
                 continue
             t = parts.tags
             group.append(Push(worker, sync.version, t["samples"], parts.tensors, t["start"], t.get("count")))
         return group if len(group) == sync.policy.group_size(sync.workers) else None
 
-    def _speculate(self, keys) -> bool:
+    def speculate(self, keys) -> bool:
         """Compute ahead the update of each block of `keys` whose gradients are all in;
         True if any was."""
-        group = self._members()
+        group = self.members()
         if group is None:
             return False
-        store = self.store
+        store = self.core.store
         ready = sorted(k for k in keys if k in store.blocks and k not in store.early
                        and all(k in p.tensors for p in group))
         if ready:
             store.speculate(group, ready)
-            self.early_at.update(dict.fromkeys(ready, self.clock.now()))
+            self.core.early_at.update(dict.fromkeys(ready, self.core.clock.now()))
         return bool(ready)
 
-    def _send_early(self, h) -> None:
+    def send_early(self, h) -> None:
         """Send a pull held for the next version the blocks computed ahead that it has
         not got yet, in parts, marked `early`."""
-        store = self.store
-        if h.early is None or h.min_version != self.sync.version + 1 or not store.early:
+        store = self.core.store
+        if h.early is None or h.min_version != self.core.sync.version + 1 or not store.early:
             return
         new = {k: e.value for k, e in sorted(store.early.items()) if k not in h.early}
         if not new:
             return
-        t0 = self.clock.now()
+        t0 = self.core.clock.now()
         for part in split(new, h.part_bytes):
-            self._charge(_nbytes(part.values()), t0)
+            self.core.charge(_nbytes(part.values()), t0)
             msg = Message("params", {"version": h.min_version, "held_s": 0.0, "early": True, "last": False,
-                                     **self._applied_s(h, part, self.early_at)}, pack(part))
-            store.lend(list(part.values()), self.listener.send(h.peer, msg))
+                                     **self.core.applied_s(h, part, self.core.early_at)}, pack(part))
+            store.lend(list(part.values()), self.core.listener.send(h.peer, msg))
             h.early.update(part)
-            t0 = self.clock.now()
+            t0 = self.core.clock.now()
 
-    def _kept(self, h) -> bool:
+    def kept(self, h) -> bool:
         """Whether every block sent to `h` early is the published value (its update took
         the speculation's result)."""
-        return all(self.store.values.get(k) is t for k, t in h.early.items())
+        return all(self.core.store.values.get(k) is t for k, t in h.early.items())
 
 
 def split(values: dict, part_bytes: int) -> list[dict]:
@@ -111,4 +112,4 @@ def split(values: dict, part_bytes: int) -> list[dict]:
     return parts
 
 
-__all__ = ["EagerUpdates", "split"]
+__all__ = ["AheadUpdates", "split"]

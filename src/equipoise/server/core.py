@@ -15,7 +15,6 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
 from ..clock import SYSTEM, Clock
@@ -25,11 +24,13 @@ from ..wire import Message, Transport
 from ..wire.bandwidth import TokenBucket
 from ..wire.names import grads_of, pack, states_of, values_of
 from ..wire.transport import QuietLog, kind_of
-from .ahead import EagerUpdates, split
-from .fragments import FragmentHandling, Fragments, count_field
+from .ahead import AheadUpdates, split
+from .fragments import FragmentPart, Fragments, count_field
 from .handover import Forwarding
-from .replica import Replication
-from .moves import BlockMoves, _nbytes
+from .replica import BackupPart, Replication
+from .moves import BlockMoves
+from .parts import Held, nbytes as _nbytes
+from ..protocol.fields import FieldError, read_field
 from ..protocol.steps import StepTotals
 from .clipping import NormWait
 from .store import OptimizerSpec, ParameterStore, Prepared, Push, PushError
@@ -43,28 +44,19 @@ log = logging.getLogger("equipoise.server")
 MAX_HELD, MAX_HELD_PER_PEER, MAX_AHEAD = 4096, 16, 1 << 20
 READS_KEPT = 3  # delay compensation: the reads of each worker whose weights are kept
 
-# Who may send a server each message type (`Message.origin`, the job role an authenticating
-# transport vouches for; None, without authentication, passes). A type not listed here,
-# i.e. every control message, is the coordinator's alone.
+# Who may send a server each message type (`Message.origin`, the role an authenticating transport
+# vouches for; None, without authentication, passes); a type not listed is the coordinator's alone.
 SENDERS = {"push": {"worker"}, "fragment": {"worker"}, "pull": {"worker"}, "ping": {"coordinator", "server", "worker"},
            "adopt": {"coordinator", "server"},  # adopt: from the server handing its blocks over
            "forward": {"server"},  # a block's gradient that reached its old owner (no barrier)
            "replica": {"server"}, "replica_ack": {"server"}}  # replication = 1: primary <-> backup
 
 
-@dataclass
-class _Held:
-    peer: bytes
-    kind: str          # "pull" or "state"
-    min_version: int
-    since: float
-    worker: int = -1   # the pulling worker
-    part_bytes: int = 0  # forward_pull: the reply in parts of at least this many bytes, in key order
-    early: dict | None = field(default=None)  # eager_update: the blocks sent ahead of the reply (None: not asked)
-
-
-class Server(BlockMoves, EagerUpdates, FragmentHandling):
-    """One server's message handling; `serve` runs it until told to stop."""
+class Server:
+    """One server's message handling; `serve` runs it until told to stop. The core
+    (this class: what server/parts.py's `Core` names) and its parts: `moves` (blocks
+    in and out, PSLD's measurements), `ahead` (eager_update) and `streamed`
+    (backward_push's fragments)."""
 
     def __init__(self, rank: int, transport: Transport, coordinator: str, *, host: str = "127.0.0.1",
                  timeout: float = 120.0, clock: Clock = SYSTEM):
@@ -75,7 +67,7 @@ class Server(BlockMoves, EagerUpdates, FragmentHandling):
         self.store: ParameterStore | None = None
         self.sync: ServerSync | None = None
         self.pushes: dict[int, Push] = {}  # the tensors of the pushes `sync` holds, by token
-        self.held: list[_Held] = []
+        self.held: list[Held] = []
         self.reads: dict[int, dict[int, dict]] = {}  # delay compensation: worker -> read stamp -> weights
         self.steps = StepTotals()  # async_scaling: how the updates stepped
         self.compensated = 0  # delay compensation: gradients corrected with the weights they read
@@ -95,16 +87,21 @@ class Server(BlockMoves, EagerUpdates, FragmentHandling):
         self.bucket: TokenBucket | None = None
         self.busy_s, self.bytes = 0.0, 0
         self.refusals = QuietLog(log)  # the first refusal of each kind per peer, then counts
+        self.eager = False  # eager_update, set by the coordinator's init
+        self.moves = BlockMoves(self)
+        self.ahead = AheadUpdates(self)
+        self.streamed = FragmentPart(self, self.ahead)
+        self.backup = BackupPart(self)
         # Every message type a server handles, and its handler (tests/unit/test_server_hardening.py
         # checks it against the wire schema and SENDERS).
         self.handlers: dict[str, Callable[[bytes, Message], None]] = {
             "ping": self._on_ping, "init": self._on_init, "stop": self._on_stop, "straggle": self._on_straggle,
             "flush": self._on_flush, "members": self._on_members, "lose": self._on_lose, "expect": self._on_expect,
             "norm_req": self._on_norm_req, "clip": self._on_clip, "pull": self._on_pull,
-            "state_req": self._on_state_req, "push": self._on_push, "fragment": self._on_fragment,
-            "replicate": self._on_replicate, "replica": self._on_replica, "replica_ack": self._on_replica_ack,
-            "replica_req": self._on_replica_req, "stats_req": self._on_stats_req, "migrate": self._on_migrate,
-            "adopt": self._on_adopt, "forward": self._on_forward}
+            "state_req": self._on_state_req, "push": self._on_push, "fragment": self.streamed.on_fragment,
+            "replicate": self.backup.on_replicate, "replica": self.backup.on_replica,
+            "replica_ack": self.backup.on_replica_ack, "replica_req": self.backup.on_replica_req, "stats_req": self.moves.on_stats_req, "migrate": self.moves.on_migrate,
+            "adopt": self.moves.on_adopt, "forward": self.moves.on_forward}
         self.norms: NormWait | None = None  # clip_grad_norm: an update waiting for the global norm
 
     def serve(self) -> None:
@@ -158,7 +155,8 @@ class Server(BlockMoves, EagerUpdates, FragmentHandling):
             if isinstance(exc, SyncFault):
                 self._refuse(peer, f"server {self.rank}: {exc}")
             else:
-                self._refuse(peer, str(exc) if isinstance(exc, PushError) else f"{type(exc).__name__}: {exc}")
+                plain = isinstance(exc, (PushError, FieldError))
+                self._refuse(peer, str(exc) if plain else f"{type(exc).__name__}: {exc}")
 
     def _refuse(self, peer: bytes, reason: str) -> None:
         self.refusals(peer, kind_of(reason), "refused a message from %s: %s", peer.hex(), reason)
@@ -228,7 +226,7 @@ class Server(BlockMoves, EagerUpdates, FragmentHandling):
         self._straggle(msg.fields)
         self.listener.send(peer, Message("ack", {"version": self.sync.published()}))
 
-    def _charge(self, nbytes: int, since: float) -> None:
+    def charge(self, nbytes: int, since: float) -> None:
         """Emulate a slower server or link for `nbytes` handled — (factor − 1)·nbytes/rate
         more on `clock` — then book the busy time since `since` (a `clock.now()`)."""
         extra = (self.factor - 1.0) * nbytes / self.rate
@@ -242,8 +240,8 @@ class Server(BlockMoves, EagerUpdates, FragmentHandling):
         """Apply a half-filled softsync group (the end of a run): no gradient is lost."""
         update = self.sync.flush()
         if update is not None:
-            self._apply(update)
-            self._release()
+            self.apply(update)
+            self.release()
         self.listener.send(peer, Message("ack", {"version": self.sync.published()}))
 
     def _on_members(self, peer: bytes, msg: Message) -> None:
@@ -290,9 +288,9 @@ class Server(BlockMoves, EagerUpdates, FragmentHandling):
             if self.norms.active():
                 self.norms.hold(update)
                 break
-            self._apply(update)
+            self.apply(update)
         if release:
-            self._release()
+            self.release()
 
     def _on_norm_req(self, peer: bytes, msg: Message) -> None:
         """The coordinator asks for the gradient norms of this server's blocks in the
@@ -306,49 +304,42 @@ class Server(BlockMoves, EagerUpdates, FragmentHandling):
     def _on_clip(self, peer: bytes, msg: Message) -> None:
         """The global gradient norm of the update from `version`: clip, step, go on."""
         version = count_field(msg.fields, "version", None)
-        norm = msg.fields.get("norm")
-        if isinstance(norm, bool) or not isinstance(norm, (int, float)) or not math.isfinite(norm) or norm < 0:
-            raise PushError(f"server {self.rank}: clip norm = {norm!r} is not a finite number ≥ 0")
+        norm = read_field(msg.fields, "norm", float, who=f"server {self.rank}: clip", least=0, required=True)
         if self.norms.waiting is not None:
             if version != self.sync.published():
                 raise PushError(f"server {self.rank}: clip for version {version!r}, the update waiting is "
                                 f"from {self.sync.published()}")
             w = self.norms.take()
-            self._apply(w.update, w.group, w.prepared, float(norm))
+            self.apply(w.update, w.group, w.prepared, norm)
             self._apply_ready(release=False)
         self.listener.send(peer, Message("ack", {"version": self.sync.published()}))
-        self._release()
+        self.release()
 
-    def _stale(self, msg: Message) -> bool:
+    def is_stale(self, msg: Message) -> bool:
         """A worker's request of an epoch before the last rollback: dropped unanswered
         (the worker has abandoned it, or will on hearing of the rollback)."""
         return int(msg.fields.get("epoch", 0)) < self.epoch
 
     def _on_pull(self, peer: bytes, msg: Message) -> None:
-        if self._stale(msg):
+        if self.is_stale(msg):
             return
         part_kb = count_field(msg.fields, "part_kb", 0)
         early = {} if part_kb and msg.fields.get("early") is True else None  # it takes blocks computed ahead
-        self._hold(_Held(peer, "pull", int(msg.fields["min_version"]), self.clock.now(), int(msg.fields["worker"]),
+        self._hold(Held(peer, "pull", int(msg.fields["min_version"]), self.clock.now(), int(msg.fields["worker"]),
                          part_kb * 1024, early))
 
     def _on_state_req(self, peer: bytes, msg: Message) -> None:
-        self._hold(_Held(peer, "state", int(msg.fields["version"]), self.clock.now()))
+        self._hold(Held(peer, "state", int(msg.fields["version"]), self.clock.now()))
 
     def _on_push(self, peer: bytes, msg: Message) -> None:
-        if self._stale(msg):
+        if self.is_stale(msg):
             return
         t0 = self.clock.now()
         f = msg.fields
-        count = f.get("count")
-        if count is not None and (isinstance(count, bool) or not isinstance(count, (int, float))):
-            raise PushError(f"push from worker {f['worker']}: count = {count!r} is not a number")
-        read = f.get("read")
-        if read is not None and (isinstance(read, bool) or not isinstance(read, int) or read < 0):
-            raise PushError(f"push from worker {f['worker']}: read = {read!r} is not a sample count ≥ 0")
-        step = f.get("step")
-        if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
-            raise PushError(f"push from worker {f['worker']}: step = {step!r} is not a push number ≥ 0")
+        who = f"push from worker {f['worker']}"
+        count = read_field(f, "count", float, who=who, least=0)
+        read = read_field(f, "read", int, who=who, least=0)
+        step = read_field(f, "step", int, who=who, least=0)
         version = int(f["version"])
         if f.get("borrowed") is True and not self.sync.policy.barrier():
             # The worker read these weights from other servers (a block handed over to us
@@ -356,12 +347,13 @@ class Server(BlockMoves, EagerUpdates, FragmentHandling):
             version = min(version, self.sync.published())
         own = grads_of(msg.tensors)
         nbytes = _nbytes(own.values())
-        earlier, checked = self.fragments.take(int(f["worker"]), count_field(f, "seq", None), count_field(f, "fragments", 0))
+        earlier, checked = self.fragments.take(int(f["worker"]), count_field(f, "seq", None),
+                                               count_field(f, "fragments", 0))
         again = sorted(set(earlier) & set(own))
         if again:
             raise PushError(f"push from worker {f['worker']} repeats blocks {again[:5]} of its fragments")
         push = Push(int(f["worker"]), version, int(f["samples"]), {**earlier, **own},
-                    int(f.get("start", -1)), None if count is None else float(count),
+                    read_field(f, "start", int, who=who, least=-1, default=-1), count,
                     None if read is None else min(read, self.store.samples))
         away = self.handover.split(push, self.store.blocks)
         if push.tensors or not away:  # an empty push is refused here, as a push of wrong blocks
@@ -374,18 +366,18 @@ class Server(BlockMoves, EagerUpdates, FragmentHandling):
             token = self.sync.accept(push.worker, push.version, push.samples, int(f.get("part", 0)), step)
             self.pushes[token] = push
         if away:
-            self._forward(push, away, step)
+            self.moves.forward(push, away, step)
         self._apply_ready(release=False)  # after the ack
-        self._charge(nbytes, t0)
+        self.charge(nbytes, t0)
         self.listener.send(peer, Message("ack", {"version": self.sync.published(),
                                                  "staleness": self.sync.take_staleness(push.worker)}))
         try:
             if self.eager and push.tensors:  # blocks this push completed (its version still in progress)
-                self._speculate(own)
+                self.ahead.speculate(own)
         finally:
-            self._release()
+            self.release()
 
-    def _apply(self, update: Update, group: list[Push] | None = None, prepared: Prepared | None = None,
+    def apply(self, update: Update, group: list[Push] | None = None, prepared: Prepared | None = None,
                norm: float | None = None) -> None:
         """One update of the store, with σ of each gradient as `sync` measured it (the
         group combined already, and the global norm to clip it by, when clipping); with
@@ -400,53 +392,16 @@ class Server(BlockMoves, EagerUpdates, FragmentHandling):
         for k in {k for p in group for k in p.tensors if k in store.blocks}:
             self.applied_at[k] = self.early_at[k] if k in store.committed and k in self.early_at else now
         self.early_at = {}
-        self._count(group)
+        self.moves.count(group)
         self.compensated += store.compensated - before
         if store.last_step is not None:
             self.steps.add(store.last_step)
         self.sync.on_applied(update)
         if self.replication is not None and self.replication.backup is not None:
-            self._record()
-
-    # -- replication = 1 --------------------------------------------------------------
-    def _replication(self) -> Replication:
-        if self.replication is None:
-            self.replication = Replication(self.transport, self.rank, self.listener.address)
-            self.replication.reset(self.store.version if self.store else 0)
-        return self.replication
-
-    def _record(self) -> None:
-        store = self.store
-        self.replication.record(store.version, store.samples, store.values, store.optim_state())
-
-    def _on_replicate(self, peer: bytes, msg: Message) -> None:
-        """The coordinator names this server's backup ("": none); the current version
-        is forwarded at once."""
-        self._replication().set_backup(str(msg.fields["backup"]))
-        self._record()
-        self.listener.send(peer, Message("ack", {"version": self.sync.published()}))
-
-    def _on_replica(self, peer: bytes, msg: Message) -> None:
-        """A primary forwards a version it applied (this server is its backup)."""
-        self._replication().on_replica(msg)
-
-    def _on_replica_ack(self, peer: bytes, msg: Message) -> None:
-        """The backup has a version: it may be published."""
-        self._replication().on_ack(int(msg.fields["version"]))
-        self._release()
-
-    def _on_replica_req(self, peer: bytes, msg: Message) -> None:
-        """The coordinator reads back a state at `version`: this server's own, or a
-        primary's it backs."""
-        primary, version = int(msg.fields["primary"]), int(msg.fields["version"])
-        kept = self._replication().find(primary, version)
-        if kept is None:
-            raise KeyError(f"server {self.rank} holds no state of server {primary} at version {version}")
-        self.listener.send(peer, Message("state", {"version": kept.version, "samples": kept.samples,
-                                                   "blocks": 1}, kept.tensors))
+            self.backup.record()
 
     # -- deferred replies -------------------------------------------------------------
-    def _hold(self, held: _Held) -> None:
+    def _hold(self, held: Held) -> None:
         if self.store.blocks and not self.sync.pull_ready(held.min_version):  # to be held: bounded
             published = self.sync.published()
             if held.min_version - published > MAX_AHEAD:
@@ -457,10 +412,10 @@ class Server(BlockMoves, EagerUpdates, FragmentHandling):
                 raise PushError(f"server {self.rank}: too many requests held ({mine} from this peer, "
                                 f"{len(self.held)} in all); {held.kind} for version {held.min_version} refused")
         self.held.append(held)
-        self._release()
+        self.release()
 
-    def _release(self) -> None:
-        keep: list[_Held] = []
+    def release(self) -> None:
+        keep: list[Held] = []
         for h in self.held:
             # An empty server applies no updates, so its version stands still: it has
             # nothing to wait for.
@@ -470,10 +425,10 @@ class Server(BlockMoves, EagerUpdates, FragmentHandling):
             else:
                 keep.append(h)
                 if h.early is not None:
-                    self._send_early(h)
+                    self.ahead.send_early(h)
         self.held = keep
 
-    def _reply(self, h: _Held) -> None:
+    def _reply(self, h: Held) -> None:
         t0 = self.clock.now()
         store = self.store
         # No copy: the transport may read the tensors after send() returns, so they are lent
@@ -488,8 +443,8 @@ class Server(BlockMoves, EagerUpdates, FragmentHandling):
                 self._remember_read(h.worker, store.samples, values)
             if h.part_bytes:
                 return self._reply_in_parts(h, fields, values, t0)
-            msg = Message("params", {**fields, **self._applied_s(h, values)}, pack(values))
-            self._charge(_nbytes(values.values()), t0)
+            msg = Message("params", {**fields, **self.applied_s(h, values)}, pack(values))
+            self.charge(_nbytes(values.values()), t0)
         else:
             msg = Message("state", {"version": store.version, "samples": store.samples,
                                     "blocks": len(store.blocks),
@@ -497,25 +452,24 @@ class Server(BlockMoves, EagerUpdates, FragmentHandling):
                           pack(values, states=store.optim_state()))
         store.lend(list(values.values()), self.listener.send(h.peer, msg))
 
-
-    def _reply_in_parts(self, h: _Held, fields: dict, values: dict, t0: float) -> None:
+    def _reply_in_parts(self, h: Held, fields: dict, values: dict, t0: float) -> None:
         """A pull's weights as several `params` messages (`forward_pull`): the blocks in
         key order — the model's order, so the first layers' come first — in parts of at
         least `part_bytes`, each marked `last` or not, each through the emulated link on
         its own, so that the worker's forward can start on the first while the rest
         travel."""
         if h.early:  # eager_update: blocks sent ahead stand if the update took them, else all again
-            fields["kept"] = self._kept(h)
+            fields["kept"] = self.ahead.kept(h)
             if fields["kept"]:
                 values = {k: v for k, v in values.items() if k not in h.early}
         parts = split(values, h.part_bytes)
         for i, part in enumerate(parts):
-            self._charge(_nbytes(part.values()), t0)
-            msg = Message("params", {**fields, "last": i == len(parts) - 1, **self._applied_s(h, part)}, pack(part))
+            self.charge(_nbytes(part.values()), t0)
+            msg = Message("params", {**fields, "last": i == len(parts) - 1, **self.applied_s(h, part)}, pack(part))
             self.store.lend(list(part.values()), self.listener.send(h.peer, msg))
             t0 = self.clock.now()
 
-    def _applied_s(self, h: _Held, keys, at: dict[int, float] | None = None) -> dict:
+    def applied_s(self, h: Held, keys, at: dict[int, float] | None = None) -> dict:
         """A reply's `applied_s`: when the last of the blocks `keys` it carries was
         computed here, in seconds after the pull `h` arrived (negative if before); {}
         if none of them has been updated here yet (a block adopted since: its first

@@ -14,15 +14,15 @@ memory, or a push the worker never ended). At most `limit` workers' fragments ar
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
 
 from ..policy.sync import SyncFault
+from ..protocol.fields import read_field
 from ..wire import Message
 from ..wire.names import grads_of
-from .moves import _nbytes
+from .parts import Core, nbytes as _nbytes
 from .store import Push, PushError
 
 
@@ -90,32 +90,36 @@ class Fragments:
         return len(self._by_worker)
 
 
-class FragmentHandling:
-    """The server's handler of fragments (a mixin of `Server`)."""
+class FragmentPart:
+    """The server's handler of fragments: a part built around the server's core, with
+    `ahead` (eager_update) to compute blocks ahead as their gradients come in."""
 
-    def _on_fragment(self, peer: bytes, msg: Message) -> None:
+    def __init__(self, core: Core, ahead):
+        self.core, self.ahead = core, ahead
+
+    def on_fragment(self, peer: bytes, msg: Message) -> None:
         """Part of a push sent while the worker's backward runs (kept in `Fragments`):
         its blocks are checked now (size, dtype, finite: while the worker still
         computes) and kept until the push that ends it. A block handed over since is
         kept unchecked: the push's forwarding checks it. No reply, unless refused."""
-        if self._stale(msg):
+        if self.core.is_stale(msg):
             return
-        t0, f = self.clock.now(), msg.fields
+        t0, f = self.core.clock.now(), msg.fields
         worker, seq = int(f["worker"]), count_field(f, "seq", None)
-        if worker in self.sync.lost:
+        if worker in self.core.sync.lost:
             raise SyncFault(f"fragment of worker {worker}, which was declared lost")
         tensors = grads_of(msg.tensors)
-        mine = {k: t for k, t in tensors.items() if k in self.store.blocks}
-        stray = sorted(k for k in tensors if k not in mine and k not in self.handover.moved)
+        mine = {k: t for k, t in tensors.items() if k in self.core.store.blocks}
+        stray = sorted(k for k in tensors if k not in mine and k not in self.core.handover.moved)
         if stray or not tensors:
             raise PushError(f"fragment of worker {worker} has wrong blocks (unexpected {stray[:5]})")
         if mine:
-            self.store.check(Push(worker, 0, 1, mine), partial=True)
-        self.fragments.add(worker, seq, tensors, checked=set(mine), version=self.sync.version,
+            self.core.store.check(Push(worker, 0, 1, mine), partial=True)
+        self.core.fragments.add(worker, seq, tensors, checked=set(mine), version=self.core.sync.version,
                            tags=_fragment_tags(f))
-        self._charge(_nbytes(tensors.values()), t0)
-        if self.eager and mine and self._speculate(mine):
-            self._release()
+        self.core.charge(_nbytes(tensors.values()), t0)
+        if self.core.eager and mine and self.ahead.speculate(mine):
+            self.core.release()
 
 
 def _fragment_tags(f: dict) -> dict | None:
@@ -123,26 +127,15 @@ def _fragment_tags(f: dict) -> dict | None:
     None if it has none."""
     if "samples" not in f:
         return None
-    samples, start, count = f["samples"], f.get("start", -1), f.get("count")
-    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-        raise PushError(f"fragment of worker {f.get('worker')}: samples = {samples!r} is not a count ≥ 1")
-    if isinstance(start, bool) or not isinstance(start, int) or start < -1:
-        raise PushError(f"fragment of worker {f.get('worker')}: start = {start!r} is not a position ≥ 0 "
-                        "(or -1: none)")
-    if count is not None and (isinstance(count, bool) or not isinstance(count, (int, float))
-                              or not (math.isfinite(count) and count >= 0)):
-        raise PushError(f"fragment of worker {f.get('worker')}: count = {count!r} is not a finite number ≥ 0")
-    return {"samples": samples, "start": start, **({} if count is None else {"count": float(count)})}
+    who = f"fragment of worker {f.get('worker')}"
+    count = read_field(f, "count", float, who=who, least=0)
+    return {"samples": read_field(f, "samples", int, who=who, least=1, required=True),
+            "start": read_field(f, "start", int, who=who, least=-1, default=-1), **({} if count is None else {"count": count})}
 
 
 def count_field(f: dict, name: str, default):
-    """Field `name` of a push, an int ≥ 0 (`default` if absent); PushError otherwise."""
-    x = f.get(name, default)
-    if x is default:
-        return x
-    if isinstance(x, bool) or not isinstance(x, int) or x < 0:
-        raise PushError(f"request of worker {f.get('worker')}: {name} = {x!r} is not a count ≥ 0")
-    return x
+    """Field `name` of a request, an int ≥ 0 (`default` if absent); FieldError otherwise."""
+    return read_field(f, name, int, who=f"request of worker {f.get('worker')}", least=0, default=default)
 
 
-__all__ = ["FragmentHandling", "Fragments", "count_field"]
+__all__ = ["FragmentPart", "Fragments", "count_field"]

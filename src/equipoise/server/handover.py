@@ -1,10 +1,10 @@
 """A server's side of a block hand-over without a barrier (asp, softsync, ssp): the
 blocks it handed to other servers, and the forwarding of the gradients of those blocks
 that still reach it from workers routing by an older table (docs/psld.md, "Without a
-barrier"). The server fences a block and hands it over (`Server._on_migrate`); from then
+barrier"). The server fences a block and hands it over (`BlockMoves.on_migrate`); from then
 on `Forwarding` takes such gradients out of a push (`split`), checks them (`check`) and
 sends them on to the block's new owner (`send`), which applies them on their own
-(`Server._on_forward`).
+(`BlockMoves.on_forward`).
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import torch
 
 from ..wire import Connection, Message, Transport
 from ..wire.names import pack
+from .parts import Core
 
 
 @dataclass(frozen=True)
@@ -90,4 +91,49 @@ class Replication:
         self.backup, self._acks = None, {}
 
 
-__all__ = ["Replication", "Version"]
+class BackupPart:
+    """The server's handlers of replication: a part built around its core (the core
+    holds the `Replication`, made on the first replication message)."""
+
+    def __init__(self, core: Core):
+        self.core = core
+
+    def replication(self) -> Replication:
+        core = self.core
+        if core.replication is None:
+            core.replication = Replication(core.transport, core.rank, core.listener.address)
+            core.replication.reset(core.store.version if core.store else 0)
+        return core.replication
+
+    def record(self) -> None:
+        """Forward the store's current version to the backup."""
+        store = self.core.store
+        self.core.replication.record(store.version, store.samples, store.values, store.optim_state())
+
+    def on_replicate(self, peer: bytes, msg: Message) -> None:
+        """The coordinator names this server's backup ("": none); the current version
+        is forwarded at once."""
+        self.replication().set_backup(str(msg.fields["backup"]))
+        self.record()
+        self.core.listener.send(peer, Message("ack", {"version": self.core.sync.published()}))
+
+    def on_replica(self, peer: bytes, msg: Message) -> None:
+        """A primary forwards a version it applied (this server is its backup)."""
+        self.replication().on_replica(msg)
+
+    def on_replica_ack(self, peer: bytes, msg: Message) -> None:
+        """The backup has a version: it may be published."""
+        self.replication().on_ack(int(msg.fields["version"]))
+        self.core.release()
+
+    def on_replica_req(self, peer: bytes, msg: Message) -> None:
+        """The coordinator reads back a state at `version`: this server's own, or a
+        primary's it backs."""
+        primary, version = int(msg.fields["primary"]), int(msg.fields["version"])
+        kept = self.replication().find(primary, version)
+        if kept is None:
+            raise KeyError(f"server {self.core.rank} holds no state of server {primary} at version {version}")
+        self.core.listener.send(peer, Message("state", {"version": kept.version, "samples": kept.samples,
+                                                        "blocks": 1}, kept.tensors))
+
+__all__ = ["BackupPart", "Replication", "Version"]

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..config import Config, ConfigError, to_toml
+from ..config import Config, ConfigError
 from ..coordinator.stats import RunStats
 from ..telemetry.metrics import MetricsWriter
 from .calibrate import calibrate as fit, write_calibration
@@ -42,7 +42,7 @@ def simulate(config: Any = None, *, out: str | Path | None = None, calibrate: st
     if write:
         run_dir = _new_run_dir(out or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-sim-{cfg.protocol}", cfg)
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.toml").write_text(to_toml(cfg.to_dict()), encoding="utf-8")
+        (run_dir / "config.toml").write_text(cfg.to_toml(), encoding="utf-8")
         if fitted is not None:
             write_calibration(run_dir / "calibration.json", fitted)
     writer = MetricsWriter(run_dir / "metrics.jsonl") if run_dir is not None else None

@@ -281,10 +281,12 @@ def _ended(run_dir: Path, state: ClusterState) -> str | None:
 
 def _total(run_dir: Path) -> int | None:
     import tomllib
+
+    from ..config_toml import ConfigError, flatten_tables
     try:
         with (run_dir / "config.toml").open("rb") as fh:
-            iterations = tomllib.load(fh).get("iterations")
-    except (OSError, tomllib.TOMLDecodeError):
+            iterations = flatten_tables(tomllib.load(fh)).get("iterations")
+    except (OSError, tomllib.TOMLDecodeError, ConfigError):
         return None
     return iterations if isinstance(iterations, int) and iterations > 0 else None
 

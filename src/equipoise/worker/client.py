@@ -13,7 +13,6 @@ tickets are kept until those are waited.
 from __future__ import annotations
 
 import itertools
-import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ import torch
 from ..policy.placement import Block
 from ..wire import Connection, Message, PeerTimeout, Transport, wait_readable
 from ..wire.names import grad_name, values_of
+from ..protocol.fields import read_field
 
 _REPLY = {"push": "ack", "pull": "params"}
 
@@ -239,10 +239,8 @@ class PSClient:
                 pulled.versions[r] = int(reply.fields["version"])
                 held[id(conn)] = float(reply.fields["held_s"])
                 pulled.held_s = max(pulled.held_s, held[id(conn)])
-                read = reply.fields.get("read")
+                read = read_field(reply.fields, "read", int, who="", least=0)
                 if read is not None:
-                    if isinstance(read, bool) or not isinstance(read, int):
-                        raise TypeError(f"read = {read!r}")
                     pulled.reads[r] = read
             except (KeyError, TypeError, ValueError) as exc:
                 raise ClientError(f"{self.who}: {conn.address} sent malformed params "
@@ -417,11 +415,12 @@ class PSClient:
         for the latest of them): placed that long after the pull was sent, which is early
         by the pull's own trip to the server, so never after the weights' arrival (and
         never after now, should the two machines' clocks run at different rates)."""
-        applied = reply.fields.get("applied_s")
+        try:
+            applied = read_field(reply.fields, "applied_s", float, who="")
+        except ValueError as exc:
+            raise ClientError(f"{self.who}: {conn.address} sent malformed params ({exc})") from None
         if applied is None or ticket not in self._sent_at:
             return
-        if isinstance(applied, bool) or not isinstance(applied, (int, float)) or not math.isfinite(applied):
-            raise ClientError(f"{self.who}: {conn.address} sent malformed params (applied_s = {applied!r})")
         try:
             keys = sorted(values_of(reply.tensors))
         except (KeyError, TypeError, ValueError) as exc:
