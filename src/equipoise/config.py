@@ -17,7 +17,7 @@ from pathlib import Path
 from dataclasses import MISSING as _MISSING
 from typing import Any, Mapping, TypeVar
 
-from .config_checks import (ARGS_KEYS, ASYNC_SCALINGS, AUTH_MODES, BATCH_POLICIES, BUILTIN_MODELS,  # noqa: F401
+from .config_checks import (ARGS_KEYS, BARRIER_PROTOCOLS, ASYNC_SCALINGS, AUTH_MODES, BATCH_POLICIES, BUILTIN_MODELS,  # noqa: F401
                             DATASETS, DELAY_COMPENSATIONS, LAUNCHERS, LR_MODULATIONS, OPTIMIZERS, PLACEMENTS,
                             PRECISIONS, PREDICTORS, PROTOCOLS, RAY_DATA, RAY_STRATEGIES, SCHEDULES, validate)
 from .config_toml import (GROUPS, USER_CODE, ConfigError, absolute_specs, flatten_tables, parse_override,
@@ -215,6 +215,12 @@ class Config:
         if self.iterations > 0:
             return self.iterations
         return max(1, math.ceil(self.epochs * train_size / self.global_batch))
+
+    @property
+    def has_barrier(self) -> bool:
+        """Whether every update waits for every worker (bsp, lbbsp): the one place a
+        part asks it (policy/sync.py's protocols agree, from the same list)."""
+        return self.protocol in BARRIER_PROTOCOLS
 
     @property
     def softsync_c(self) -> int:

@@ -18,6 +18,7 @@ from .config_toml import GROUPS, ConfigError
 Config = Any  # a config.Config (not imported: config.py imports this module)
 
 PROTOCOLS = ("bsp", "asp", "lbbsp", "softsync", "ssp")
+BARRIER_PROTOCOLS = ("bsp", "lbbsp")  # the protocols with a barrier: every update waits for every worker
 LR_MODULATIONS = ("none", "per_gradient", "mean")
 ASYNC_SCALINGS = ("bsp", "none")  # as policy/staleness.py (config imports no torch)
 DELAY_COMPENSATIONS = ("none", "dc", "dc_adaptive")
@@ -81,7 +82,7 @@ def training(cfg: Config) -> None:
     if cfg.delay_compensation != "none" and not cfg.dc_lambda > 0:
         raise ConfigError(f"delay_compensation = {cfg.delay_compensation!r} needs dc_lambda > 0 "
                           "(Zheng et al. use 0.04 for dc, 2.0 for dc_adaptive)")
-    if cfg.delay_compensation != "none" and cfg.protocol in ("bsp", "lbbsp"):
+    if cfg.delay_compensation != "none" and cfg.protocol in BARRIER_PROTOCOLS:
         raise ConfigError(f"delay_compensation = {cfg.delay_compensation!r} needs a protocol without "
                           f"a barrier (asp, softsync, ssp), not {cfg.protocol!r}: there every gradient "
                           "is computed on the current weights")
@@ -109,7 +110,7 @@ def optimizer(cfg: Config) -> None:
     if cfg.clip_grad_norm and cfg.eager_update:
         raise ConfigError("clip_grad_norm needs eager_update = false: a block updated as soon as its "
                           "gradients are in cannot wait for the norm over every block")
-    if cfg.clip_grad_norm and cfg.backward_push and cfg.protocol not in ("bsp", "lbbsp"):
+    if cfg.clip_grad_norm and cfg.backward_push and cfg.protocol not in BARRIER_PROTOCOLS:
         raise ConfigError(f"clip_grad_norm with protocol = {cfg.protocol!r} needs backward_push = false: "
                           "without a barrier each push is clipped by its own norm, known only once "
                           "backward has ended")
@@ -175,11 +176,11 @@ def exchange(cfg: Config) -> None:
     if cfg.overlap and cfg.forward_pull:
         raise ConfigError("forward_pull = true needs overlap = false (with overlap the pull already "
                           "arrives during the next step)")
-    if cfg.eager_update and not (cfg.backward_push and cfg.forward_pull and cfg.protocol in ("bsp", "lbbsp")):
+    if cfg.eager_update and not (cfg.backward_push and cfg.forward_pull and cfg.protocol in BARRIER_PROTOCOLS):
         raise ConfigError(f"eager_update = true needs backward_push = true, forward_pull = true and a barrier "
                           f"protocol (bsp, lbbsp); here backward_push = {str(cfg.backward_push).lower()}, "
                           f"forward_pull = {str(cfg.forward_pull).lower()}, protocol = {cfg.protocol!r}")
-    if cfg.overlap and cfg.protocol in ("bsp", "lbbsp"):
+    if cfg.overlap and cfg.protocol in BARRIER_PROTOCOLS:
         raise ConfigError(f"overlap = true needs a protocol without a barrier (asp, softsync, ssp), "
                           f"not {cfg.protocol!r}: under a barrier the next weights do not exist "
                           "until every worker has pushed")
@@ -215,7 +216,7 @@ def failure(cfg: Config) -> None:
     if cfg.replication not in (0, 1):
         raise ConfigError(f"replication = {cfg.replication!r} must be 0 (a lost server is recovered from "
                           "the in-memory snapshots of snapshot_every) or 1 (a backup on the next server)")
-    if cfg.replication and cfg.protocol not in ("bsp", "lbbsp"):
+    if cfg.replication and cfg.protocol not in BARRIER_PROTOCOLS:
         raise ConfigError(f"replication = 1 needs a barrier protocol (bsp, lbbsp), not {cfg.protocol!r}")
 
 
@@ -270,7 +271,7 @@ def emulation(cfg: Config) -> None:
     for n in neighbours:
         if not 0 <= n.worker < cfg.workers:
             raise ConfigError(f"neighbours: worker = {n.worker} is not a worker rank (workers = {cfg.workers})")
-    if cfg.membership and cfg.protocol not in ("bsp", "lbbsp"):
+    if cfg.membership and cfg.protocol not in BARRIER_PROTOCOLS:
         raise ConfigError(f"membership events need protocol bsp or lbbsp, not {cfg.protocol!r}")
     for i, ev in enumerate(cfg.membership):
         ok = set(ev) in ({"iteration", "leave"}, {"iteration", "join"})

@@ -193,3 +193,13 @@ def test_the_role_packages_import_no_other_role_package():
             if len(other) > 1 and other[1] in ROLES and other[1] != parts[1]:
                 crossings.append(f"{module}:{line} imports {target}")
     assert not crossings, "\n".join(crossings)
+
+
+def test_no_module_is_over_500_lines():
+    """A module a newcomer can read whole: none of src/ over 500 lines."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "src" / "equipoise"
+    long = {str(p.relative_to(root)): n for p in root.rglob("*.py")
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > 500}
+    assert not long, long

@@ -39,17 +39,13 @@ from ..protocol.checkpoint import Checkpoint, CheckpointError
 from .recovery import Memory, Recovery, plan_message
 from .planner import PlanSettings, Planner
 from .assignments import Assignments
-from .rpc import JobError, PeerLost, Peers, Rpc
+from .rpc import JobError, OriginCheck, PeerLost, Peers, Rpc
 from .server_manager import ServerManager, ServerSettings
 from .snapshots import SnapshotSettings, Snapshots, State
-from .stats import RunStats, check_report
+from .stats import RunStats, ServerTotals, check_report
 from ..protocol.optimizer import OptimizerSpec, user_schedule
-from ..protocol.fields import read_field
-from ..protocol.steps import StepTotals
 
 log = logging.getLogger("equipoise.coordinator")
-
-_SENT_BY = {"plan_req": "worker", "table_req": "worker"}  # requests only workers send
 
 
 class Coordinator:
@@ -96,7 +92,7 @@ class Coordinator:
                          "delay_compensation": cfg.delay_compensation, "dc_lambda": cfg.dc_lambda,
                          "eager_update": cfg.eager_update},
             control_path=self.run_dir / "control.jsonl", event=self._event, record=self.metrics.write,
-            elapsed=self.stats.elapsed, await_hello=self.await_hello)
+            elapsed=self.stats.elapsed, await_hello=self.await_hello, epoch=lambda: self.epoch)
         self.servers.barrier = self.barrier_paced
         self.planner = Planner(cfg.slice(PlanSettings), list(range(cfg.workers)))
         self.blocks: list[Block] = []
@@ -113,7 +109,7 @@ class Coordinator:
         self.recovery = Recovery(cfg, self.servers, peers, self, recovers_servers=self.recovers_servers,
                                  event=self._event, elapsed=self.stats.elapsed, note=self.display.note)
         self.plans = 0  # no barrier: plans handed out (each is one gradient for every server)
-        self._refused: set[tuple[str, str]] = set()  # (role, message type) refused and logged once
+        self._origins = OriginCheck(log)  # a message's authenticated role against what it claims
         peers.tolerate("worker")
         if self.recovers_servers and (cfg.snapshot_every or cfg.replication):
             peers.tolerate("server")
@@ -304,18 +300,12 @@ class Coordinator:
             if msg.type == "hello" and wanted(msg):
                 return peer
 
-    def _probes(self, worker: int, f: dict) -> None:
-        """What a worker's probes measured, sent with its first plan request: the batch
-        its device memory holds (`memory_cap`), a step's fixed seconds (`fixed_s`)."""
-        who = f"plan request of worker {worker}"
-        cap, fixed = read_field(f, "memory_cap", int, who=who, least=1), read_field(f, "fixed_s", float, who=who, least=0)
+    def _probes(self, worker: int, f: dict) -> None:  # a worker's, with its first plan request
+        fixed, cap = self.planner.take_probes(worker, f)
         if fixed is not None:
-            self.planner.set_fixed_cost(worker, fixed)
             self._event("fixed_cost", self.iteration, worker=worker, seconds=fixed)
         if cap is not None:
-            self.planner.set_memory_cap(worker, cap)
-            self._event("memory_cap", self.iteration, worker=worker, cap=self.planner.memory_caps[worker],
-                        source="probe")
+            self._event("memory_cap", self.iteration, worker=worker, cap=cap, source="probe")
 
     def _keep_plan_req(self, peer: bytes, f: dict) -> None:
         """A plan request that came while a hello was awaited: its report is collected
@@ -340,17 +330,10 @@ class Coordinator:
         """The next message, unless its sender's authenticated role (`origin`) contradicts
         what it claims: a hello's role, or a worker's request from another role."""
         got = self.listener.recv(timeout=timeout)
-        if got is None or got[1].origin is None:
+        refusal = None if got is None else self._origins.refusal(got[1])
+        if refusal is None:
             return got
-        peer, msg = got
-        claimed = msg.fields.get("role") if msg.type == "hello" else _SENT_BY.get(msg.type, msg.origin)
-        if claimed == msg.origin:
-            return got
-        if (msg.origin, msg.type) not in self._refused:
-            self._refused.add((msg.origin, msg.type))
-            log.warning("refused a %r from a %s claiming to be a %s", msg.type, msg.origin, claimed)
-        self.listener.send(peer, Message("error", {"message": f"a {msg.origin} may not send {msg.type!r} "
-                                                              f"as a {claimed}"}))
+        self.listener.send(got[0], refusal)
         return None
 
     def _welcome(self, rank: int) -> Message:
@@ -478,36 +461,24 @@ class Coordinator:
     def _finish(self, start: float) -> dict:
         self._wind_down()
         evals = self.snapshots.results()
-        histogram: dict[int, int] = {}  # σ of every gradient applied, over all servers
-        steps, compensated = StepTotals(), 0  # async_scaling's steps, DC-ASGD's corrections
-        applied: dict[int, int] = {}  # gradients applied to each block in all
-        forwarded = 0  # no barrier: pushes whose handed-over blocks an old owner sent on
-        for rank, ack in self.servers.broadcast(Message("stop", {"reason": "job finished"}), "ack").items():
-            applied.update({int(k): int(n) for k, n in ack.fields.get("block_gradients", [])})
-            for sigma, count in ack.fields.get("histogram", []):
-                histogram[int(sigma)] = histogram.get(int(sigma), 0) + int(count)
-            got = StepTotals.from_wire(ack.fields.get("steps"))
-            if got is not None:
-                steps += got
-            compensated += int(ack.fields.get("compensated", 0))
-            forwarded += int(ack.fields.get("forwarded", 0))
+        totals = ServerTotals.of(self.servers.broadcast(Message("stop", {"reason": "job finished"}), "ack"))
         summary = self.stats.summary(self.cfg, self.total, evals[-1] if evals else {},
-                                     wall_s=time.time() - start, staleness=histogram)
+                                     wall_s=time.time() - start, staleness=totals.histogram)
         summary["resumed_from"] = self.resume.iteration if self.resume else None
         summary["target"] = self.snapshots.settings.target or None
         summary["time_to_target"] = self.snapshots.reached
         summary["recovered"] = self.recovery.recovered  # lost_updates: 0 under a barrier (stats), counted below without
         if not self.barrier_paced:  # each plan is one gradient owed to every block
-            counts = list(applied.values()) or [0]
+            counts = list(totals.applied.values()) or [0]
             summary["gradients"] = {"owed": self.plans, "applied_min": min(counts), "applied_max": max(counts)}
             # Owed and never applied, on the block short of most: a lost worker's last
             # gradient, gradients in flight at a rollback's snapshot.
             summary["lost_updates"] = max([self.plans - n for n in counts] + [0])
-            summary["forwarded"] = forwarded
-        if steps.updates:  # async_scaling = "bsp": how the servers stepped, on average over updates
-            summary["async_steps"] = steps.means()
+            summary["forwarded"] = totals.forwarded
+        if totals.steps.updates:  # async_scaling = "bsp": how the servers stepped, on average over updates
+            summary["async_steps"] = totals.steps.means()
         if self.cfg.delay_compensation != "none":
-            summary["dc_compensated"] = compensated
+            summary["dc_compensated"] = totals.compensated
         if self.cfg.protocol == "lbbsp":
             summary["predictor_mape"] = self.planner.mape()
             summary["predictor"] = self.cfg.predictor

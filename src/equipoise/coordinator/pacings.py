@@ -31,9 +31,9 @@ def make_coordinator(cfg: Config, run_dir: Path, transport: Transport, listener:
                      peers: Peers, resume: Checkpoint | None = None,
                      on_tick: Callable[[float], None] | None = None) -> "Coordinator":
     """The coordinator of `cfg.protocol`: barrier pacing or stream pacing."""
-    barrier = make_sync_policy(cfg.protocol, softsync_n=cfg.softsync_n or cfg.workers,
-                               staleness_bound=cfg.staleness_bound, lr_modulation=cfg.lr_modulation).barrier()
-    kind = BarrierCoordinator if barrier else StreamCoordinator
+    make_sync_policy(cfg.protocol, softsync_n=cfg.softsync_n or cfg.workers,  # a bad protocol fails here
+                     staleness_bound=cfg.staleness_bound, lr_modulation=cfg.lr_modulation)
+    kind = BarrierCoordinator if cfg.has_barrier else StreamCoordinator
     return kind(cfg, run_dir, transport, listener, data, peers=peers, resume=resume, on_tick=on_tick)
 
 

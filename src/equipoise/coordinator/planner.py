@@ -17,6 +17,7 @@ from typing import Mapping
 from ..config_checks import PREDICTORS
 from ..policy import batching
 from ..policy.predict import Predictor, make_predictor, measured_speed
+from ..protocol.fields import read_field
 
 
 class CapError(ValueError):
@@ -77,6 +78,19 @@ class Planner:
         worker that starts again after a rollback sends its probe's cap again)."""
         self.memory_caps[worker] = max(1, min(int(cap), self.memory_caps.get(worker, int(cap))))
         self._set_caps()
+
+    def take_probes(self, worker: int, f: dict) -> tuple[float | None, int | None]:
+        """What a worker's probes measured, sent with its first plan request: the batch
+        its device memory holds (`memory_cap`), a step's fixed seconds (`fixed_s`).
+        Returns the fixed seconds and the worker's cap now (None: not sent); FieldError
+        (a ValueError) naming a malformed one, and nothing taken."""
+        who = f"plan request of worker {worker}"
+        cap, fixed = read_field(f, "memory_cap", int, who=who, least=1), read_field(f, "fixed_s", float, who=who, least=0)
+        if fixed is not None:
+            self.set_fixed_cost(worker, fixed)
+        if cap is not None:
+            self.set_memory_cap(worker, cap)
+        return fixed, None if cap is None else self.memory_caps[worker]
 
     def set_fixed_cost(self, worker: int, seconds: float) -> None:
         """`worker`'s step takes `seconds` whatever its batch (its probe): its compute is

@@ -185,7 +185,7 @@ class Recovery:
         mem = self.memory
         self.epoch += 1
         self.servers.restore(replacements or {}, mem.table, mem.state.values, mem.state.optim,
-                             mem.state.version, mem.state.samples, mem.state.gradients, epoch=self.epoch,
+                             mem.state.version, mem.state.samples, mem.state.gradients,
                              active=self.plan.active())  # whose clocks SSP keeps from the restart on
         self.plan.restart_from(mem, self.epoch)
 

@@ -10,6 +10,31 @@ from typing import Protocol
 from ..wire import Connection, Message, PeerTimeout
 
 
+_SENT_BY = {"plan_req": "worker", "table_req": "worker"}  # requests only workers send
+
+
+class OriginCheck:
+    """The coordinator's check of a message against its sender's authenticated role
+    (`Message.origin`): a hello's claimed role, or a worker's request from another
+    role, is refused; each (role, type) refused is logged once."""
+
+    def __init__(self, log):
+        self.log = log
+        self._refused: set[tuple[str, str]] = set()
+
+    def refusal(self, msg: Message) -> Message | None:
+        """The error to answer `msg` with if its origin contradicts what it claims, else None."""
+        if msg.origin is None:
+            return None
+        claimed = msg.fields.get("role") if msg.type == "hello" else _SENT_BY.get(msg.type, msg.origin)
+        if claimed == msg.origin:
+            return None
+        if (msg.origin, msg.type) not in self._refused:
+            self._refused.add((msg.origin, msg.type))
+            self.log.warning("refused a %r from a %s claiming to be a %s", msg.type, msg.origin, claimed)
+        return Message("error", {"message": f"a {msg.origin} may not send {msg.type!r} as a {claimed}"})
+
+
 class JobError(RuntimeError):
     """The job cannot go on (a peer died, timed out or refused); the message names it."""
 

@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Callable
 
 from ..policy.placement import Block, placement_blocks
-from ..policy.psld import (AddServer, MoveBlock, Psld, RemoveServer, ServerAction, fixed_cost, parse_control,
+from ..policy.psld import (AddServer, MoveBlock, Psld, RemoveServer, ServerAction, fixed_cost,
                           server_rates, server_share)
 from ..scenario import BlockMove, Scenario, ServerRemove
 from ..wire import Message, PeerTimeout, Transport, names
+from .control import ControlFile
 from .pool import ServerPool
 from .rpc import JobError, Peers, Rpc
 from ..protocol.optimizer import global_norm
@@ -63,14 +64,16 @@ class ServerManager:
     def __init__(self, settings: ServerSettings, scenario: Scenario, transport: Transport, rpc: Rpc,
                  peers: Peers, *, init_fields: dict, control_path: Path,
                  event: Callable[..., None], record: Callable[[dict], None], elapsed: Callable[[], float],
-                 await_hello: Callable[[str, Callable[[Message], bool]], bytes]):
+                 await_hello: Callable[[str, Callable[[Message], bool]], bytes], epoch: Callable[[], int]):
         """`init_fields` are the protocol and optimizer fields of every server's init;
         `event(name, t, **fields)` and `record(dict)` write metrics.jsonl; `elapsed()`
-        is the training time so far;
-        `await_hello(what, wanted)` waits at a barrier for a hello `wanted` accepts."""
+        is the training time so far; `await_hello(what, wanted)` waits at a barrier for a
+        hello `wanted` accepts; `epoch()` is the coordinator's rollbacks so far (its
+        recovery's), told to every server initialised."""
         self.settings, self.scenario, self.transport, self.rpc, self.peers = settings, scenario, transport, rpc, peers
-        self.init_fields, self.control_path = init_fields, control_path
+        self.init_fields = init_fields
         self._event, self._record, self._elapsed, self._await_hello = event, record, elapsed, await_hello
+        self.epoch = epoch
         self.pool: ServerPool | None = None
         self.psld: Psld | None = None
         self.workers = 0  # active workers, for the init of a joining server
@@ -78,7 +81,7 @@ class ServerManager:
         self.done_at: int | None = None  # the barrier whose server work is done
         self.table_at = 0  # the iteration the last table change took effect
         self._barrier_at: dict[int, float] = {}
-        self._control_offset = 0
+        self.control = ControlFile(control_path)  # the user's requests (`equipoise ctl`)
         self._straggle_sent: dict[int, dict] = {}
         self._added: set[int] = set()  # servers added while training ran
         self._spawning: dict[int, float] = {}  # started, not yet joined: rank -> start time
@@ -87,7 +90,6 @@ class ServerManager:
         self._rates: dict[int, float] = {}  # last measured bytes/s per server
         self.share = 1.0  # the part of the last interval's wall time its slowest server took
         self.backup_of: dict[int, int] = {}  # replication = 1: primary rank -> backup rank
-        self.epoch = 0  # the coordinator's rollbacks, told to every server it initialises
         self._exchange_s: dict[int, float] = {}  # workers' exchange seconds with each server since `_measure`
         self.barrier = True  # whether changes happen at barriers (else while workers run)
 
@@ -125,21 +127,20 @@ class ServerManager:
         tensors = names.pack(values={k: values[k] for k in keys}, states=names.states_for(optim, keys))
         extra = {"ranks": list(self.ranks)} if self.ranks is not None else {}
         return Message("init", {**self.init_fields, "blocks": [b.to_list() for b in mine], "version": version,
-                                "samples": samples, "workers": self.workers, "epoch": self.epoch,
+                                "samples": samples, "workers": self.workers, "epoch": self.epoch(),
                                 "block_gradients": [[k, int((gradients or {}).get(k, 0))] for k in keys],
                                 **extra,
                                 "straggler": self.scenario.server_straggle(rank, 0.0, 0)}, tensors)
 
     def restore(self, addresses: dict[int, str], table: list[int], values: dict, optim: dict,
-                version: int, samples: int, gradients: dict[int, int] | None = None, *, epoch: int,
+                version: int, samples: int, gradients: dict[int, int] | None = None, *,
                 active: list[int]) -> None:
-        """Every server starts again from a snapshot, in rollback `epoch`, counting the
+        """Every server starts again from a snapshot, in the rollback epoch `epoch()`, counting the
         workers `active`: the replacements at `addresses` (rank → address) and the
         survivors alike get their blocks of `table` with the snapshot's values and
         optimizer state, and `gradients`, the gradients applied to each block by then (by
         block key). Replies to requests a loss interrupted are skipped while waiting for
         the servers to be ready."""
-        self.epoch = epoch
         self.active(active)
         pool = self.pool
         for rank, address in addresses.items():
@@ -328,7 +329,8 @@ class ServerManager:
                 actions.append(RemoveServer(ev.server))
             elif ev.iteration == t and isinstance(ev, BlockMove):
                 actions.append(MoveBlock(ev.block, None, ev.to))
-        actions += self._control_actions(t)
+        actions += self.control.actions(
+            lambda line, reason: self._event("control_refused", t, line=line[:200], reason=reason))
         actions += self._arrived_servers()
         if t > 0 and t % interval == 0:
             throughput, iteration_s = self._measure(t)
@@ -437,26 +439,6 @@ class ServerManager:
             "share": self.share,
             "iteration_s": iteration_s, "table_version": self.pool.version})
         return throughput, iteration_s
-
-    def _control_actions(self, t: int) -> list[ServerAction]:
-        """Requests a user appended to run_dir/control.jsonl while the job runs
-        (`equipoise ctl`); a malformed line is reported and skipped."""
-        try:
-            with self.control_path.open("rb") as fh:
-                fh.seek(self._control_offset)
-                data = fh.read()
-        except FileNotFoundError:
-            return []
-        end = data.rfind(b"\n") + 1  # only whole lines
-        self._control_offset += end
-        out = []
-        for line in data[:end].decode("utf-8", "replace").splitlines():
-            try:
-                out.append(parse_control(line))
-            except ValueError as exc:
-                log.warning("control.jsonl: %s", exc)
-                self._event("control_refused", t, line=line[:200], reason=str(exc))
-        return out
 
     # -- servers started while training runs ------------------------------------------------
     def _start_server(self) -> int:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 
 from ..config import Config
 from ..protocol.fields import read_field
+from ..protocol.steps import StepTotals
 
 REPORT_KEYS = ("iteration", "samples", "loss", "compute_s", "wait_s", "comm_s")
 
@@ -39,6 +41,35 @@ def check_report(worker: int, report: dict) -> list | None:
     for key in ("count", "data_s", "gap_s"):  # optional: a worker's step and input pipeline
         read_field(report, key, float, who=f"report of worker {worker}", least=0)
     return exchange
+
+
+@dataclass
+class ServerTotals:
+    """What the servers' stop acknowledgements say of the whole job, summed: σ of every
+    gradient applied, async_scaling's steps, DC-ASGD's corrections, the gradients applied
+    to each block, and (no barrier) pushes whose handed-over blocks an old owner sent on."""
+
+    histogram: dict[int, int] = field(default_factory=dict)
+    steps: StepTotals = field(default_factory=StepTotals)
+    compensated: int = 0
+    applied: dict[int, int] = field(default_factory=dict)
+    forwarded: int = 0
+
+    @classmethod
+    def of(cls, acks: dict) -> "ServerTotals":
+        """The totals of every server's stop `ack` (rank → message)."""
+        out = cls()
+        for ack in acks.values():
+            f = ack.fields
+            out.applied.update({int(k): int(n) for k, n in f.get("block_gradients", [])})
+            for sigma, count in f.get("histogram", []):
+                out.histogram[int(sigma)] = out.histogram.get(int(sigma), 0) + int(count)
+            got = StepTotals.from_wire(f.get("steps"))
+            if got is not None:
+                out.steps += got
+            out.compensated += int(f.get("compensated", 0))
+            out.forwarded += int(f.get("forwarded", 0))
+        return out
 
 
 class RunStats:

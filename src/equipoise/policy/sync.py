@@ -45,6 +45,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from ..config_checks import BARRIER_PROTOCOLS
 from .staleness import ASYNC_SCALINGS, DELAY_COMPENSATIONS
 
 LR_MODULATIONS = ("none", "per_gradient", "mean")
@@ -193,7 +194,7 @@ def make_sync_policy(protocol: str, *, softsync_n: int = 1, staleness_bound: int
         raise ValueError(f"dc_lambda = {dc_lambda!r} must be a finite number ≥ 0")
     stale = dict(lr_modulation=lr_modulation, async_scaling=async_scaling,
                  delay_compensation=delay_compensation, dc_lambda=float(dc_lambda))
-    if protocol in ("bsp", "lbbsp"):
+    if protocol in BARRIER_PROTOCOLS:
         return BSP(name=protocol, lr_modulation=lr_modulation)
     if protocol == "asp":
         return ASP(**stale)

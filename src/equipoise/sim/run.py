@@ -68,7 +68,7 @@ def _check_simulable(cfg: Config) -> None:
                           "cannot run: describe the stragglers with slowdown or trace")
     if cfg.overlap:
         raise ConfigError("overlap = true is not simulated (exchanges are simulated one at a time)")
-    if (cfg.placement == "psld" or cfg.server_events) and cfg.protocol not in ("bsp", "lbbsp"):
+    if (cfg.placement == "psld" or cfg.server_events) and not cfg.has_barrier:
         raise ConfigError(f"placement = \"psld\" and server_events are simulated at barriers only (bsp, "
                           f"lbbsp), not under {cfg.protocol}: a real job hands blocks over while workers run")
 

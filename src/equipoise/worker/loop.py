@@ -29,36 +29,16 @@ from ..models import build_model
 from ..policy.placement import Block
 from ..policy.sync import make_sync_policy
 from ..scenario import Scenario
-from ..wire import Message, PeerTimeout, Transport
+from ..wire import Message, Transport
 from .probes import fixed_cost, memory_cap
 from ..device import DeviceError, DeviceLink, OutOfMemory, autocast, check_precision, resolve, set_deterministic
 from ..device import to_device, worker_device, worker_precision
-from .client import ClientError, PSClient, Pulled, Ticket
+from .client import PSClient, Pulled, Ticket
 from .forward_pull import ForwardPull
 from .backward_push import BackwardPush
 from ..workload import SampleError, StepError, load_workload
+from .coordinator_link import CoordinatorLink, Reset, WorkerError, oom_report
 from .stretch import Stretch, noise_seed
-
-
-def _clamp01(x: float) -> float:
-    return min(1.0, max(0.0, x))
-
-
-class WorkerError(ClientError):
-    """A fault of this worker's step (non-finite loss, a bad plan); names the worker."""
-
-
-def _unsplittable(oom: OutOfMemory) -> WorkerError:
-    return WorkerError(f"{oom}; without a barrier its slice cannot be split again: lower max_batch")
-
-
-class Reset(Exception):
-    """The coordinator rolled the job back (a server was lost): start again from the
-    plan it will send, on the block table `msg` carries."""
-
-    def __init__(self, msg: Message):
-        super().__init__("reset")
-        self.msg = msg
 
 
 class Worker:
@@ -73,15 +53,13 @@ class Worker:
         if self.depth not in (0, 1):
             raise WorkerError(f"worker {rank}: overlap = {cfg.overlap!r} exchanges in flight; "
                               f"only 0 and 1 are supported")
-        self.coord = transport.connect(coordinator)
+        self.coord = CoordinatorLink(transport.connect(coordinator), rank, cfg.timeout)
         self.proc = psutil.Process()
         self.policy = make_sync_policy(cfg.protocol, softsync_n=cfg.softsync_n or cfg.workers,
                                        staleness_bound=cfg.staleness_bound)
         self._pending_staleness: list[int] = []
-        self.epoch = 0  # rollbacks so far: plan requests carry it, older ones are ignored
         self.memory_cap: int | None = None  # the batch this worker's device memory holds (its probe)
         self.fixed_s: float | None = None  # LB-BSP: a step's cost that does not grow with its batch (its probe)
-        self._inbox: deque[Message] = deque()  # coordinator messages read while waiting for servers
         self.client: PSClient | None = None  # the servers' client, from the coordinator's welcome on
         self.early: BackwardPush | None = None  # backward_push: the hooks that stream a step's gradients
         self.lazy: ForwardPull | None = None  # forward_pull: the hooks that take a pull's weights as they come
@@ -91,6 +69,12 @@ class Worker:
         self._pulled: tuple[dict[int, int], dict[int, int], float] | None = None  # forward_pull: finished by a step
         # Neighbours are real processes the launcher runs; the worker only emulates factors.
         self.scenario = Scenario.of(cfg)
+
+    @property
+    def epoch(self) -> int:
+        """Rollbacks so far (the client's, which tags every request with it): plan
+        requests carry it, older ones are ignored."""
+        return self.client.epoch if self.client is not None else 0
 
     def run(self) -> None:
         cfg = self.cfg
@@ -111,9 +95,8 @@ class Worker:
         self.blocks = [Block.from_list(r) for r in welcome.fields["blocks"]]
         # the least a part of a streamed push or pull carries (fragment_kb 0: the largest block)
         self.part_kb = cfg.fragment_kb or max(1, max((b.nbytes for b in self.blocks), default=1024) // 1024)
-        self.epoch = int(welcome.fields.get("epoch", 0))
-        self.client = PSClient(self.transport, self.rank, self.blocks, cfg.timeout, interrupt=self._look)
-        self.client.epoch = self.epoch
+        self.client = PSClient(self.transport, self.rank, self.blocks, cfg.timeout, interrupt=self.coord.look)
+        self.client.epoch = int(welcome.fields.get("epoch", 0))
         try:
             self.client.set_table(welcome.fields["table"], welcome.fields["servers"])
             self.model = build_model(cfg.model, data.input_shape, data.num_classes, cfg.model_args).to(self.device)
@@ -122,7 +105,7 @@ class Worker:
                 self.early = BackwardPush(self.model, self.blocks, self.link, self.part_kb * 1024)
             if cfg.forward_pull:
                 self.lazy = ForwardPull(self.model, self.blocks, self.link, self.client, cfg.timeout)
-            self.barrier = self.policy.barrier()
+            self.barrier = cfg.has_barrier
             self.model.train()
             self.stretch = Stretch(self.model, noise=cfg.slowdown_noise, seed=noise_seed(cfg.seed, self.rank))
             self._mem_total = psutil.virtual_memory().total
@@ -138,9 +121,9 @@ class Worker:
                     return self._loop(data, sampler)
                 except Reset as reset:  # start again from the plan the coordinator sends
                     f = reset.msg.fields
-                    self.epoch, self._pending_staleness = int(f["epoch"]), []
-                    self._inbox.clear()
-                    self.client.reset(f["table"], f["servers"], self.epoch)
+                    self._pending_staleness = []
+                    self.coord.inbox.clear()
+                    self.client.reset(f["table"], f["servers"], int(f["epoch"]))
         finally:
             if self.loader is not None:
                 self.loader.close()
@@ -208,7 +191,7 @@ class Worker:
                 if self._lazy_armed():
                     versions, reads, _ = self._finish_pull()
                 if not self.barrier:
-                    raise _unsplittable(oom) from None
+                    raise WorkerError.unsplittable(oom) from None
                 plan, versions, exchange = self._out_of_memory(oom, data, sampler, f, versions, step)
                 step += 1
                 if plan.fields["stop"]:
@@ -257,7 +240,7 @@ class Worker:
             try:
                 loss, count, measured = self._step(data, sampler, f)
             except OutOfMemory as oom:
-                raise _unsplittable(oom) from None
+                raise WorkerError.unsplittable(oom) from None
             push, pull, versions, t3 = self._send(f, versions, reads, count, step, measured, len(in_flight))
             step += 1
             with self.stretch.local():  # σ of the acks collected so far rides on the next report
@@ -344,7 +327,7 @@ class Worker:
             table = self._request(Message("table_req", {"worker": self.rank, "epoch": self.epoch}), "table")
             versions = self._plan_table(table, versions, 0)
         pull = self._pull(self.policy.pull_version(step + 1, f["iteration"]))
-        self.coord.send(self._plan_req(step + 1, self._oom_report(f, oom, versions)))
+        self.coord.send(self._plan_req(step + 1, oom_report(f, oom, versions)))
         plan = self._recv_coord("plan")
         while plan.fields.get("recover"):
             plan = self._recover(data, sampler, plan, versions, step + 1)
@@ -353,12 +336,6 @@ class Worker:
             return plan, versions, {}
         versions = self._plan_table(plan, versions, 0)
         return plan, versions, self._exchange_times(t3, held, plan)
-
-    def _oom_report(self, f: dict, oom: OutOfMemory, versions: dict[int, int]) -> dict:
-        return {"iteration": f["iteration"], "start": f["start"], "samples": f["size"], "oom": True,
-                "part": int(f.get("part", 0)), "message": str(oom), "loss": 0.0, "count": 0.0,
-                "compute_s": 0.0, "wait_s": 0.0, "comm_s": 0.0, "staleness": [],
-                "version": min(versions.values(), default=0)}
 
     def _recover(self, data, sampler: SliceSampler, plan: Message, versions: dict[int, int],
                  step: int) -> Message:
@@ -371,7 +348,7 @@ class Worker:
         try:
             loss, count, measured = self._step(data, sampler, f)
         except OutOfMemory as oom:
-            self.coord.send(self._plan_req(step, self._oom_report(f, oom, versions)))
+            self.coord.send(self._plan_req(step, oom_report(f, oom, versions)))
             return self._recv_coord("plan")
         pushes = self.link.read()
         ticket = self.client.push(pushes, versions, f["size"], part=int(f["part"]),
@@ -430,7 +407,7 @@ class Worker:
         if self._lazy_armed():  # the rest of the weights, before the time is read
             self._pulled = self._finish_pull()
         t2 = time.perf_counter()
-        cpu = _clamp01((time.process_time() - cpu0) / max(t2 - t1, 1e-9))
+        cpu = min(1.0, max(0.0, (time.process_time() - cpu0) / max(t2 - t1, 1e-9)))
         waited = self.lazy.take_wait() if self.lazy is not None else 0.0
         # gap_s: from the end of the last backward to this forward's start (the exchange
         # and the plan between, unless they are hidden)
@@ -512,40 +489,10 @@ class Worker:
         return self._recv_coord(expect)
 
     def _recv_coord(self, expect: str) -> Message:
-        """The coordinator's next message (Reset if it rolled the job back; replies of an
-        earlier epoch, sent before a rollback, are skipped)."""
-        deadline = time.monotonic() + self.cfg.timeout
-        while True:
-            if self._inbox:
-                msg = self._inbox.popleft()
-            else:
-                try:
-                    left = deadline - time.monotonic()
-                    # server replies that come meanwhile are read (and timed) as they come
-                    if left > 0 and self.client is not None and not self.client.wait_beside(self.coord, min(left, 0.2)):
-                        continue
-                    msg = self.coord.recv(timeout=max(0.001, deadline - time.monotonic()))
-                except PeerTimeout:
-                    raise WorkerError(f"worker {self.rank}: no {expect!r} from the coordinator within "
-                                      f"{self.cfg.timeout:g}s") from None
-            if msg.fields.get("reset"):
-                raise Reset(msg)
-            if int(msg.fields.get("epoch", self.epoch)) >= self.epoch:
-                break
+        """The coordinator's next message (Reset if it rolled the job back); a plan's
+        slice is prefetched at once."""
+        beside = self.client.wait_beside if self.client is not None else None
+        msg = self.coord.recv(expect, self.epoch, beside)
         if msg.type == "plan" and not msg.fields.get("stop") and self.loader is not None:
             self.loader.prefetch(int(msg.fields["start"]), int(msg.fields["size"]))
-        if msg.type != expect:
-            raise WorkerError(f"worker {self.rank}: expected {expect!r} from the coordinator, got {msg.type!r}"
-                              + (f": {msg.fields.get('message')}" if msg.type == "error" else ""))
         return msg
-
-    def _look(self) -> None:
-        """While waiting for servers: keep what the coordinator sent; a reset ends the wait."""
-        while True:
-            try:
-                msg = self.coord.recv(timeout=0)
-            except PeerTimeout:
-                return
-            if msg.fields.get("reset"):
-                raise Reset(msg)
-            self._inbox.append(msg)
