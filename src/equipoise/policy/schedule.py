@@ -4,7 +4,7 @@ Progress is measured in global-batch iterations: samples applied so far divided 
 global batch X. A server computes the rate from its own sample count before each step, so
 every server, every protocol and the single-process reference agree on it.
 
-The schedules are torch.optim.lr_scheduler's, in closed form (tests/unit/test_schedule.py
+The schedules are torch.optim.lr_scheduler's, in closed form (tests/unit/policy/test_schedule.py
 steps torch's classes beside them): ``step`` is StepLR, ``cosine`` CosineAnnealingLR over
 the iterations after the warm-up (``floor``: its eta_min), a user schedule LambdaLR (a
 function of the iteration returning the factor of the base rate). A warm-up of W

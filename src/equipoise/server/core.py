@@ -92,7 +92,7 @@ class Server:
         self.ahead = AheadUpdates(self)
         self.streamed = FragmentPart(self, self.ahead)
         self.backup = BackupPart(self)
-        # Every message type a server handles, and its handler (tests/unit/test_server_hardening.py
+        # Every message type a server handles, and its handler (tests/unit/server/test_hardening.py
         # checks it against the wire schema and SENDERS).
         self.handlers: dict[str, Callable[[bytes, Message], None]] = {
             "ping": self._on_ping, "init": self._on_init, "stop": self._on_stop, "straggle": self._on_straggle,
