@@ -36,7 +36,7 @@ from ..wire import Listener, Message, Transport
 from ..workload import as_workload
 from ..protocol.blocks import model_tensors, read_values
 from ..protocol.checkpoint import Checkpoint, CheckpointError
-from .recovery import Memory, Recovery, plan_message
+from .recovery import Memory, Plan, Recovery, plan_message
 from .planner import PlanSettings, Planner
 from .assignments import Assignments
 from .rpc import JobError, OriginCheck, PeerLost, Peers, Rpc
@@ -69,10 +69,8 @@ class Coordinator:
         self.iteration = resume.iteration if resume else 0
         self.cursor = resume.cursor if resume else self.iteration * cfg.global_batch
         self.display = ProgressDisplay(self.total, cfg.progress, start=self.iteration)
-        # clip_grad_norm under a barrier: the iteration whose update waits for its norm,
-        # and each iteration's norm (before clipping) until its record is written
-        self.clip_due: int | None = None
-        self.grad_norms: dict[int, float] = {}
+        self.clip_due: int | None = None  # clip_grad_norm, barrier: the iteration whose update awaits its norm
+        self.grad_norms: dict[int, float] = {}  # and each iteration's norm (before clipping) until its record
         self.tensorboard = TensorBoardLog(self.run_dir / "tensorboard") if cfg.tensorboard else None
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl",  # the display and TensorBoard see every record
                                      [self.display.record] + ([self.tensorboard.record] if self.tensorboard else []))
@@ -106,7 +104,9 @@ class Coordinator:
         self.known_table: dict[int, int] = {}  # the table version each worker was sent
         self.events_done: set[int] = set()  # scenario membership events applied
         self.assign = Assignments()  # barrier: the slices of the iteration in flight
-        self.recovery = Recovery(cfg, self.servers, peers, self, recovers_servers=self.recovers_servers,
+        plan = Plan(lambda: self.iteration, self.drop_worker, self.active, self.after_loss, self.restart_from,
+                    self.await_hello)  # what recovery may ask of the plan and do to it: never the coordinator
+        self.recovery = Recovery(cfg, self.servers, peers, plan, recovers_servers=self.recovers_servers,
                                  event=self._event, elapsed=self.stats.elapsed, note=self.display.note)
         self.plans = 0  # no barrier: plans handed out (each is one gradient for every server)
         self._origins = OriginCheck(log)  # a message's authenticated role against what it claims
@@ -354,7 +354,7 @@ class Coordinator:
     def _event(self, name: str, t: int, **fields) -> None:
         self.snapshots.event(name, t, **fields)
 
-    # -- the Plan recovery acts through (losses.py) --------------------------------------
+    # -- the Plan recovery acts through (recovery.py) ------------------------------------
     @property
     def epoch(self) -> int:
         """Rollbacks so far; a plan request of an earlier epoch is stale."""

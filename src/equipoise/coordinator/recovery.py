@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable
 
 from ..config import Config
 from ..wire import Message
@@ -39,29 +39,27 @@ class Memory:
     plans: int = 0  # no barrier: plans handed out before it (each one gradient for every server)
 
 
-class Plan(Protocol):
-    """What recovery asks of the coordinator's plan."""
+@dataclass(frozen=True)
+class Plan:
+    """What recovery asks of the coordinator's plan and does to it, handed over one
+    function each (recovery never holds the coordinator itself)."""
 
-    iteration: int
-
-    def drop_worker(self, worker: int, reason: str) -> tuple[bool, list[int]] | None:
-        """`worker` is lost: it no longer counts. (whether its pushes of the iteration in
-        flight had all been acknowledged, the active workers), or None if it had been
-        told to stop already; JobError if no worker is left to finish the job."""
-
-    def active(self) -> list[int]:
-        """The ranks of the workers not stopped."""
-
-    def after_loss(self, worker: int, delivered: bool, active: list[int], replies: dict[int, Message]) -> str:
-        """The servers forgot `worker` (`replies`: what each had applied): finish the
-        iteration in flight without it; returns what was done."""
-
-    def restart_from(self, memory: Memory, epoch: int) -> None:
-        """Every server restarted from `memory`: the plan goes back there and every
-        worker is told to start again from it, in `epoch`."""
-
-    def await_hello(self, what: str, wanted: Callable[[Message], bool]) -> bytes | None:
-        """Wait up to `timeout` for the hello `wanted` accepts; its sender."""
+    iteration: Callable[[], int]
+    """The iteration in flight."""
+    drop_worker: Callable[[int, str], tuple[bool, list[int]] | None]
+    """`worker` is lost: it no longer counts. (whether its pushes of the iteration in
+    flight had all been acknowledged, the active workers), or None if it had been told
+    to stop already; JobError if no worker is left to finish the job."""
+    active: Callable[[], list[int]]
+    """The ranks of the workers not stopped."""
+    after_loss: Callable[[int, bool, list[int], dict[int, Message]], str]
+    """The servers forgot `worker` (`replies`: what each had applied): finish the
+    iteration in flight without it; returns what was done."""
+    restart_from: Callable[[Memory, int], None]
+    """Every server restarted from `memory`: the plan goes back there and every worker
+    is told to start again from it, in `epoch`."""
+    await_hello: Callable[[str, Callable[[Message], bool]], bytes | None]
+    """Wait up to `timeout` for the hello `wanted` accepts; its sender."""
 
 
 class Recovery:
@@ -126,13 +124,13 @@ class Recovery:
             return self.fail_over(failure)
         self.replacing[failure.rank] = ""
         self.peers.spawn("server", failure.rank)
-        first, now = self.memory.iteration, self.plan.iteration
+        first, now = self.memory.iteration, self.plan.iteration()
         self.record(failure, f"replaced; every server rolled back to the snapshot of iteration {first}, "
                              f"iterations {first}–{now - 1} replayed", replayed=[first, now])
 
     def record(self, failure: Failure, action: str, iteration: int | None = None, **extra) -> None:
         """In summary.json's `recovered`, a `failure` event, the log and the progress line."""
-        t = self.plan.iteration if iteration is None else iteration
+        t = self.plan.iteration() if iteration is None else iteration
         entry = {"role": failure.role, "rank": failure.rank, "reason": failure.reason, "iteration": t,
                  "seen_s": round(self._elapsed(), 3), "action": action, **extra}
         self.recovered.append(entry)
@@ -152,7 +150,7 @@ class Recovery:
         starts again from the newest version every block still has (the start of the
         iteration in flight, or its end if it was complete and replicated everywhere),
         and the workers replay from there. New backups are named among the survivors."""
-        lost, now = failure.rank, self.plan.iteration
+        lost, now = failure.rank, self.plan.iteration()
         if lost not in self.servers.backup_of:
             raise JobError(f"server{lost} {failure.reason}, and it had no backup")
         for version in (now, now - 1):
