@@ -15,7 +15,7 @@ from .config import (DEFAULT_JOB, USER_CODE, Config, ConfigError, EquipoiseWarni
                      read_toml)
 from .data import DataError
 from .models import build_model
-from .protocol.checkpoint import load_checkpoint
+from .protocol.checkpoint import load_checkpoint, write_atomic
 from .launch.local import run_local
 from .spec import callable_spec, one_line
 from .telemetry.metrics import json_safe
@@ -77,7 +77,7 @@ def train(config: ConfigLike = None, *, out: str | Path | None = None,
     if cfg.progress:  # once the job is known to start: a refused one prints its error alone
         print(f"equipoise: {cfg.optimizer_line()}", file=sys.stderr)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.toml").write_text(cfg.to_toml(), encoding="utf-8")
+    write_atomic(run_dir / "config.toml", cfg.to_toml())
     try:
         if cfg.launcher == "ray":
             from .launch.ray_cluster import run_ray
@@ -231,4 +231,4 @@ def _new_run_dir(out: str | Path | None, cfg: Config) -> Path:
 
 
 def _write_summary(run_dir: Path, summary: dict) -> None:
-    (run_dir / "summary.json").write_text(json.dumps(json_safe(summary), indent=2) + "\n", encoding="utf-8")
+    write_atomic(run_dir / "summary.json", json.dumps(json_safe(summary), indent=2) + "\n")

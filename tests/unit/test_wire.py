@@ -216,6 +216,10 @@ def test_raw_header_helper_is_valid():
         (with_header(x=[["x", "int32"]]), "[name, dtype, shape]"),
         (with_header(x=[[1, "int32", [2, 3]]]), "name"),
         (with_header(x=[["x", "int32", [0] * 65]]), "dims"),
+        # a zero beside huge dimensions: storage sized by multiplying them all overflows
+        ([raw_header(x=[["x", "float32", [2**62, 2**62, 0]]]), b""], "overflows"),
+        ([raw_header(x=[["x", "uint8", [2**31, 2**31, 2**31, 0]]]), b""], "overflows"),
+        ([raw_header(x=[["x", "float32", [2**62]]]), b"\0" * 8], "overflows"),
         (with_header(x="x"), "tensor list"),
         ([raw_header(), *encode(GOOD)[1:], b""], "1 tensors but 2 frames"),
         ([raw_header()], "1 tensors but 0 frames"),
@@ -311,12 +315,14 @@ def test_random_bytes_only_raise_wire_error(frames):
             "x": st.lists(
                 st.lists(plain, max_size=3)
                 | st.tuples(st.text(max_size=2), st.sampled_from(sorted(DTYPES)),
-                            st.lists(st.integers(-2, 3), max_size=3)),
+                            # small, zero, and huge dimensions whose products overflow
+                            st.lists(st.integers(-2, 3) | st.sampled_from([0, 2**31, 2**32 + 1, 2**61, 2**62,
+                                                                            2**62 + 1, 2**63]), max_size=4)),
                 max_size=3,
             ),
         },
     ),
-    st.lists(st.binary(max_size=16), max_size=3),
+    st.lists(st.binary(max_size=16) | st.just(b""), max_size=3),
 )
 def test_structured_fuzz_only_raises_wire_error(header, tail):
     try:

@@ -190,6 +190,7 @@ class Coordinator:
         """Handle what was lost, then one message (or none within 0.1 s)."""
         self.recovery.handle(self.peers.lost())
         self.rpc.tick(None, "")
+        self.snapshots.check()  # a failed evaluation (the user's metrics) ends the job now
         if self.snapshots.reached is not None and self.cfg.stop_at_target:
             self._stop_at_target()
         if self.on_tick is not None and self.stats.t_start is not None:
@@ -198,23 +199,23 @@ class Coordinator:
         if got is None:
             return self._check_stalled()
         peer, msg = got
-        if self.servers.note_hello(msg) or self.recovery.note_replacement(msg):
-            return
-        if msg.type == "table_req":
-            self._on_table_req(peer, msg.fields)
-        elif msg.type == "plan_req":
-            self._on_plan_req(peer, msg.fields)
-        else:
-            self.listener.send(peer, Message("error", {"message": f"coordinator does not accept {msg.type!r} now"}))
+        try:
+            if self.servers.note_hello(msg) or self.recovery.note_replacement(msg):
+                return
+            handler = {"table_req": self._on_table_req, "plan_req": self._on_plan_req}.get(msg.type)
+            if handler is None:
+                raise ValueError(f"coordinator does not accept {msg.type!r} now")
+            handler(peer, msg.fields)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, ArithmeticError) as exc:
+            # A bad message never stops the coordinator: refused, logged (bounded), and on.
+            self._origins.refuse(self.listener, peer, f"{msg.type}: {type(exc).__name__}: {exc}")
 
     def _on_table_req(self, peer: bytes, f: dict) -> None:
         if int(f.get("epoch", 0)) != self.epoch:
             return  # sent before a rollback: the reset tells the worker the table
-        try:
-            self.known_table[int(f["worker"])] = self.servers.version
-        except (KeyError, TypeError, ValueError) as exc:
-            self.listener.send(peer, Message("error", {"message": f"bad table request: {exc}"}))
-            return
+        if int(f["worker"]) not in self.workers:  # no state for a rank nobody registered
+            raise ValueError(f"unknown worker {f['worker']!r}")
+        self.known_table[int(f["worker"])] = self.servers.version
         reply = self.servers.table_reply()
         reply.fields["epoch"] = self.epoch
         self.listener.send(peer, reply)
@@ -237,10 +238,9 @@ class Coordinator:
             if worker in self.stopped:  # with overlap, a request sent ahead of the stop
                 return self._stop(worker)
             self._advance(worker)
-        except (KeyError, TypeError, ValueError) as exc:
-            log.warning("refused a plan request from %s: %s: %s", peer.hex(), type(exc).__name__, exc)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             self.waiting = {w: v for w, v in self.waiting.items() if v[0] != peer}
-            self.listener.send(peer, Message("error", {"message": f"bad plan request: {exc}"}))
+            raise ValueError(f"bad plan request: {type(exc).__name__}: {exc}") from None
 
     def _advance(self, worker: int) -> None:
         """A plan request of `worker` is waiting: answer what can be answered."""
@@ -314,14 +314,13 @@ class Coordinator:
         with a stop if its worker has stopped (a lost one's must not count as waiting)."""
         try:
             worker, report = int(f["worker"]), f.get("report")
+            if worker not in self.workers:
+                return
             self._probes(worker, f)
             if f.get("step", 0) > 0 and report and not report.get("oom"):
                 self._collect(worker, report)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            log.warning("refused a plan request from %s: %s: %s", peer.hex(), type(exc).__name__, exc)
-            return
-        if worker not in self.workers:
-            return
+            return self._origins.refuse(self.listener, peer, f"bad plan request: {type(exc).__name__}: {exc}")
         self.waiting[worker] = (peer, time.monotonic())
         if worker in self.stopped:
             self._stop(worker)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..wire import Connection, Message, PeerTimeout
+from ..wire.transport import QuietLog, kind_of
 
 
 _SENT_BY = {"plan_req": "worker", "table_req": "worker"}  # requests only workers send
@@ -21,6 +22,13 @@ class OriginCheck:
     def __init__(self, log):
         self.log = log
         self._refused: set[tuple[str, str]] = set()
+        self._quiet = QuietLog(log)  # other refusals: bounded, whoever sends them
+
+    def refuse(self, listener, peer: bytes, reason: str) -> None:
+        """Answer `peer` with an error naming `reason`; log it (the first of its kind
+        from that peer, then counts)."""
+        self._quiet(peer, kind_of(reason), "refused a message from %s: %s", peer.hex(), reason)
+        listener.send(peer, Message("error", {"message": reason[:500]}))
 
     def refusal(self, msg: Message) -> Message | None:
         """The error to answer `msg` with if its origin contradicts what it claims, else None."""

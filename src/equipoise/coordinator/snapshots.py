@@ -7,8 +7,10 @@ on a thread of its own so training goes on meanwhile.
 
 from __future__ import annotations
 
+import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -19,7 +21,10 @@ from torch import nn
 from ..telemetry.metrics import MetricsWriter
 from ..wire import Message, names
 from ..protocol.blocks import write_values
-from ..protocol.checkpoint import Checkpoint, save_checkpoint
+from ..protocol.checkpoint import Checkpoint, save_checkpoint, tensor_bytes, write_atomic
+from .rpc import JobError
+
+log = logging.getLogger("equipoise.coordinator")
 
 
 @dataclass(frozen=True)
@@ -52,7 +57,7 @@ class Snapshots:
         self.settings, self.run_dir, self.data = settings, Path(run_dir), data
         self.metrics, self.new_model, self.total = metrics, new_model, total
         self._evals = ThreadPoolExecutor(1, thread_name_prefix="eval")
-        self._pending: list[Future] = []
+        self._pending: list[tuple[int, Future]] = []  # (iteration, its evaluation)
         self._taken_at: int | None = None
         self.reached: dict | None = None  # when the target was first met (an eval's thread sets it)
 
@@ -93,9 +98,9 @@ class Snapshots:
         if t >= self.total:
             model = self.new_model()
             write_values(model, blocks, state.values)  # a plain state_dict: load with weights_only=True
-            torch.save(model.state_dict(), self.run_dir / "model.pt")
+            write_atomic(self.run_dir / "model.pt", tensor_bytes(model.state_dict()))
         if want_eval:
-            self._pending.append(self._evals.submit(self._evaluate, t, blocks, state.values, elapsed))
+            self._pending.append((t, self._evals.submit(self._evaluate, t, blocks, state.values, elapsed)))
 
     def replay_from(self, t: int) -> None:
         """The job rolled back to iteration t: the snapshots from t on are due again."""
@@ -129,12 +134,35 @@ class Snapshots:
             self.event("target", t, **{k: v for k, v in self.reached.items() if k != "iteration"})
         return record
 
+    def check(self) -> None:
+        """Raise now, as a JobError naming the iteration and the exception, if an
+        evaluation failed (the user's metrics function or evaluation set): the job ends at
+        once, not after training."""
+        for t, f in self._pending:
+            if f.done() and f.exception() is not None:
+                exc = f.exception()
+                raise JobError(f"evaluation at iteration {t} failed: {type(exc).__name__}: "
+                               f"{str(exc).splitlines()[0] if str(exc) else ''}")
+
     def results(self) -> list[dict]:
-        """Every evaluation's record, in order (waits for those still running)."""
-        return [f.result(timeout=max(60.0, self.settings.timeout)) for f in self._pending]
+        """Every evaluation's record, in order, waiting at most `timeout` for those still
+        running; one that is later is reported (an event) and left out, never a reason
+        to fail a job that has finished training."""
+        self.check()
+        out = []
+        for t, f in self._pending:
+            try:
+                out.append(f.result(timeout=max(60.0, self.settings.timeout)))
+            except FutureTimeout:
+                log.warning("the evaluation at iteration %d did not finish within %.0f s: left out", t,
+                            max(60.0, self.settings.timeout))
+                self.event("eval_timed_out", t)
+        self.check()
+        return out
 
     def close(self) -> None:
-        self._evals.shutdown(wait=True)
+        """Stop evaluating: one still running (a hung metrics function) is not waited for."""
+        self._evals.shutdown(wait=False, cancel_futures=True)
 
 
 def meets(target: dict, record: dict) -> bool:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from ..config import Config
 from ..protocol.fields import read_field
 from ..protocol.steps import StepTotals
+from .rpc import JobError
 
 REPORT_KEYS = ("iteration", "samples", "loss", "compute_s", "wait_s", "comm_s")
 
@@ -59,9 +60,14 @@ class ServerTotals:
     def of(cls, acks: dict) -> "ServerTotals":
         """The totals of every server's stop `ack` (rank → message)."""
         out = cls()
-        for ack in acks.values():
+        owner: dict[int, int] = {}
+        for rank, ack in acks.items():
             f = ack.fields
-            out.applied.update({int(k): int(n) for k, n in f.get("block_gradients", [])})
+            for k, n in f.get("block_gradients", []):
+                if int(k) in owner:  # a block has one owner at the end: two counts would hide a loss
+                    raise JobError(f"block {k}'s gradients are counted by server {owner[int(k)]} and by "
+                                     f"server {rank}: the count cannot be trusted")
+                owner[int(k)], out.applied[int(k)] = rank, int(n)
             for sigma, count in f.get("histogram", []):
                 out.histogram[int(sigma)] = out.histogram.get(int(sigma), 0) + int(count)
             got = StepTotals.from_wire(f.get("steps"))

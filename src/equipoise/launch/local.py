@@ -35,6 +35,7 @@ from ..coordinator.rpc import JobError, LaunchedPeers
 from .cgroup import CpuLimit
 
 MISSED_BEATS = 3  # heartbeats missed before a process counts as lost
+MAX_RANK, MAX_BEATING = 1 << 20, 4096  # bounds on what a beat may name, and on the names kept
 
 
 class Heartbeats:
@@ -59,10 +60,15 @@ class Heartbeats:
             peer, msg = got
             try:
                 if msg.type == "beat":
-                    self.last[f"{msg.fields['role']}{int(msg.fields['rank'])}"] = time.monotonic()
+                    role, rank = msg.fields["role"], int(msg.fields["rank"])
+                    name = f"{role}{rank}"
+                    if role not in ("worker", "server") or not 0 <= rank < MAX_RANK or (
+                            name not in self.last and len(self.last) >= MAX_BEATING):
+                        raise ValueError(f"not a process of this job: {name[:40]!r}")
+                    self.last[name] = time.monotonic()
                     self.listener.send(peer, Message("beat", {"role": "coordinator", "rank": 0}))
-            except (KeyError, TypeError, ValueError):
-                pass  # not a beat we understand: nothing to answer
+            except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError):
+                pass  # not a beat we understand: nothing to answer, nothing kept
 
     def quiet(self, name: str, now: float) -> float | None:
         """Seconds since `name`'s last beat, if that is more than MISSED_BEATS periods

@@ -20,7 +20,7 @@ from typing import Callable
 from ..clock import SYSTEM, Clock
 from ..policy.placement import Block
 from ..policy.sync import ServerSync, SyncFault, Update, make_sync_policy
-from ..wire import Message, Transport
+from ..wire import Message, PeerTimeout, Transport
 from ..wire.bandwidth import TokenBucket
 from ..wire.names import grads_of, pack, states_of, values_of
 from ..wire.transport import QuietLog, kind_of
@@ -149,8 +149,10 @@ class Server:
             return self._refuse(peer, f"server {self.rank} is not initialised yet")
         try:
             handler(peer, msg)
-        except (ValueError, KeyError, TypeError, IndexError, ArithmeticError, AttributeError) as exc:
-            # A bad message never stops a server: the sender gets the reason, we go on.
+        except (ValueError, KeyError, TypeError, IndexError, ArithmeticError, AttributeError, RuntimeError,
+                PeerTimeout) as exc:
+            # A bad message never stops a server: the sender gets the reason, we go on. (torch
+            # raises RuntimeError on tensors no check foresaw; a peer a handler waits on may time out.)
             log.debug("handling %s failed", msg.type, exc_info=True)
             if isinstance(exc, SyncFault):
                 self._refuse(peer, f"server {self.rank}: {exc}")

@@ -19,6 +19,9 @@ from ..wire.names import pack
 from .parts import Core
 
 
+MAX_PRIMARIES = 64  # primaries one backup acknowledges: a bound on the connections a message can open
+
+
 @dataclass(frozen=True)
 class Version:
     """One server's blocks at `version`: values and optimizer state as wire tensors
@@ -50,15 +53,16 @@ class Replication:
             self.backup.close()
         self.backup = self.transport.connect(address) if address else None
 
-    def record(self, version: int, samples: int, values: dict, state: dict) -> None:
-        """Keep a copy of this server's state at `version` and forward it to the backup."""
+    def record(self, version: int, samples: int, values: dict, state: dict, epoch: int = 0) -> None:
+        """Keep a copy of this server's state at `version` and forward it to the backup,
+        tagged with the job's rollback `epoch` (its ack echoes it: a late one is stale)."""
         own = Version(version, samples, {k: t.clone() for k, t in pack(values=values, states=state).items()})
         self.own.append(own)
         if self.backup is None:
             self.confirmed = version
             return
         self.backup.send(Message("replica", {"primary": self.rank, "version": version, "samples": samples,
-                                             "reply_to": self.address}, own.tensors))
+                                             "reply_to": self.address, "epoch": epoch}, own.tensors))
 
     def on_replica(self, msg: Message) -> None:
         """Keep a primary's forwarded version and acknowledge it to the primary."""
@@ -67,9 +71,12 @@ class Replication:
         self.replicas.setdefault(primary, deque(maxlen=2)).append(
             Version(version, int(f["samples"]), dict(msg.tensors)))
         address = str(f["reply_to"])
+        if address not in self._acks and len(self._acks) >= MAX_PRIMARIES:
+            raise ValueError(f"server {self.rank} already acknowledges {MAX_PRIMARIES} primaries")
         if address not in self._acks:
             self._acks[address] = self.transport.connect(address)
-        self._acks[address].send(Message("replica_ack", {"version": version, "backup": self.rank}))
+        self._acks[address].send(Message("replica_ack", {"version": version, "backup": self.rank,
+                                                         "epoch": int(f.get("epoch", 0))}))
 
     def on_ack(self, version: int) -> None:
         self.confirmed = max(self.confirmed, int(version))
@@ -108,7 +115,8 @@ class BackupPart:
     def record(self) -> None:
         """Forward the store's current version to the backup."""
         store = self.core.store
-        self.core.replication.record(store.version, store.samples, store.values, store.optim_state())
+        self.core.replication.record(store.version, store.samples, store.values, store.optim_state(),
+                                     self.core.epoch)
 
     def on_replicate(self, peer: bytes, msg: Message) -> None:
         """The coordinator names this server's backup ("": none); the current version
@@ -118,11 +126,16 @@ class BackupPart:
         self.core.listener.send(peer, Message("ack", {"version": self.core.sync.published()}))
 
     def on_replica(self, peer: bytes, msg: Message) -> None:
-        """A primary forwards a version it applied (this server is its backup)."""
-        self.replication().on_replica(msg)
+        """A primary forwards a version it applied (this server is its backup); one of
+        an epoch before the last rollback is dropped."""
+        if not self.core.is_stale(msg):
+            self.replication().on_replica(msg)
 
     def on_replica_ack(self, peer: bytes, msg: Message) -> None:
-        """The backup has a version: it may be published."""
+        """The backup has a version: it may be published (unless the ack is of an epoch
+        before the last rollback: then it says nothing of what the backup holds now)."""
+        if self.core.is_stale(msg):
+            return
         self.replication().on_ack(int(msg.fields["version"]))
         self.core.release()
 

@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 import zmq
 from zmq.utils import z85
 
+from .transport import QuietLog
+
 ROLES = ("coordinator", "server", "worker")
 ZAP_DOMAIN = b"equipoise"
 _ZAP_ENDPOINT = "inproc://zeromq.zap.01"
@@ -136,6 +138,9 @@ def secure_connection(sock: zmq.Socket, keys: JobKeys) -> None:
         sock.plain_password = keys.client[1].encode()
 
 
+MAX_REFUSED = 256  # refused credentials remembered and named one by one
+
+
 class ZapHandler:
     """Answers the ZAP requests of one ZeroMQ context in a daemon thread.
 
@@ -143,12 +148,15 @@ class ZapHandler:
     handshake ever finds it missing), accepts a peer whose credential is in
     ``keys.allowed`` with its role as User-Id, and refuses any other with status 400,
     logging one warning per refused credential (not per attempt: a refused DEALER keeps
-    reconnecting).
+    reconnecting). Bounded: at most MAX_REFUSED credentials are remembered (then each
+    refusal is counted in QuietLog's lines), so rotating credentials fills neither the
+    log nor the memory.
     """
 
     def __init__(self, ctx: zmq.Context, keys: JobKeys) -> None:
         self.keys = keys
         self.refused: set[bytes] = set()
+        self._quiet = QuietLog(log)  # refusals past MAX_REFUSED: a few lines a minute, counts
         self._stop = threading.Event()
         self._sock = ctx.socket(zmq.REP)
         self._sock.linger = 0
@@ -175,11 +183,16 @@ class ZapHandler:
         role, why = self._role(mechanism, creds)
         if role is not None and domain == ZAP_DOMAIN:
             return [b"1.0", request_id, b"200", b"OK", role.encode(), b""]
-        seen = mechanism + b"\0" + (creds[0] if creds else b"")
-        if seen not in self.refused:
+        seen = mechanism[:16] + b"\0" + (creds[0][:64] if creds else b"")
+        who = address.decode(errors="replace")[:64] or "?"
+        if seen in self.refused:
+            pass
+        elif len(self.refused) < MAX_REFUSED:
             self.refused.add(seen)
-            log.warning("refused a connection from %s: %s", address.decode(errors="replace") or "?",
-                        why or f"ZAP domain {domain!r}")
+            log.warning("refused a connection from %s: %s", who, why or f"ZAP domain {domain[:40]!r}")
+        else:
+            self._quiet("*", "refused", "refused connections with more than %d distinct credentials; "
+                        "further ones are counted, not named (the last from %s)", MAX_REFUSED, who)
         return [b"1.0", request_id, b"400", b"not a peer of this job", b"", b""]
 
     def _role(self, mechanism: bytes, creds: list[bytes]) -> tuple[str | None, str]:

@@ -216,6 +216,11 @@ def _parse_entry(entry: Any) -> tuple[str, torch.dtype, tuple[int, ...]]:
         raise WireError(f"tensor {name!r} shape is not a list of non-negative ints")
     if len(shape) > MAX_DIMS or any(d > MAX_DIM for d in shape):
         raise WireError(f"tensor {name!r} has more than {MAX_DIMS} dims or a huge dim")
+    # Storage is sized by multiplying every dimension, zeros included in any order: a
+    # zero beside huge ones overflows it before the zero is reached. The product of the
+    # non-zero dimensions, in bytes, must fit in MAX_DIM.
+    if math.prod(d for d in shape if d) * DTYPES[dtype_name].itemsize > MAX_DIM:
+        raise WireError(f"tensor {name!r} of shape {shape[:8]} overflows an element count")
     return name, DTYPES[dtype_name], tuple(shape)
 
 
@@ -265,7 +270,12 @@ def decode(frames: Sequence[Any], *, max_bytes: int = DEFAULT_MAX_BYTES) -> Mess
         expected = math.prod(shape) * dtype.itemsize
         if view.nbytes != expected:
             raise WireError(f"tensor {name!r} frame has {view.nbytes} bytes, expected {expected}")
-        tensors[name] = _make_tensor(view, name, dtype, shape)
+        try:
+            tensors[name] = _make_tensor(view, name, dtype, shape)
+        except WireError:
+            raise
+        except Exception as exc:  # torch's own refusal of what passed the checks: still the message's fault
+            raise WireError(f"tensor {name!r} cannot be built ({type(exc).__name__}: {str(exc)[:120]})") from None
     return Message(header["t"], header["f"], tensors)
 
 

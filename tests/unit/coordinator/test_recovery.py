@@ -216,3 +216,17 @@ def test_a_reports_exchange_seconds_go_to_the_server_manager_and_a_malformed_lis
     for bad in ([[0, -1.0]], [[0]], "x", [["0", 1.0]], [[0, float("nan")]]):
         with pytest.raises(ValueError, match="server_s"):
             coord._collect(2, {**report, "start": 16, "server_s": bad})
+
+
+def test_the_servers_final_counts_are_summed_and_a_block_counted_twice_fails_loudly():
+    from equipoise.coordinator.rpc import JobError
+    from equipoise.coordinator.stats import ServerTotals
+    from equipoise.wire import Message
+
+    def ack(blocks, hist):
+        return Message("ack", {"version": 3, "block_gradients": blocks, "histogram": hist, "forwarded": 1})
+
+    totals = ServerTotals.of({0: ack([[0, 5], [2, 5]], [[0, 4]]), 1: ack([[1, 5]], [[0, 2], [1, 1]])})
+    assert totals.applied == {0: 5, 1: 5, 2: 5} and totals.histogram == {0: 6, 1: 1} and totals.forwarded == 2
+    with pytest.raises(JobError, match="block 2's gradients are counted by server 0 and by server 1"):
+        ServerTotals.of({0: ack([[0, 5], [2, 5]], []), 1: ack([[2, 4]], [])})

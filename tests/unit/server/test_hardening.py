@@ -11,7 +11,7 @@ import torch
 from equipoise.server import core as server_mod
 from equipoise.server.core import MAX_AHEAD, MAX_HELD_PER_PEER, Server
 from equipoise.server.store import OptimizerSpec
-from equipoise.wire import InMemoryTransport, Message
+from equipoise.wire import InMemoryTransport, Message, PeerTimeout
 from equipoise.wire.transport import QuietLog, kind_of
 
 pytestmark = pytest.mark.timeout(60)
@@ -176,3 +176,36 @@ def test_the_handler_table_covers_the_schema_and_the_senders(server):
     methods = {(id(o), name) for o in owners for name in dir(o) if name.startswith(("_on_", "on_"))}
     assert {(id(f.__self__), f.__name__) for f in table.values()} == methods
     assert all(table[t].__name__ in (f"_on_{t}", f"on_{t}") for t in table)
+
+
+@pytest.mark.parametrize("error", [RuntimeError("Storage size calculation overflowed"), PeerTimeout("slow peer")])
+def test_a_handler_that_raises_what_torch_or_a_slow_peer_raise_is_refused_and_the_server_goes_on(server, error):
+    def boom(peer, msg):
+        raise error
+
+    server.handlers["ping"] = boom
+    server.handle(b"evil", Message("ping", {}))
+    peer, reply = server.sent.pop()
+    assert peer == b"evil" and reply.type == "error" and type(error).__name__ in reply.fields["message"]
+    assert not server.done
+
+
+def test_ten_thousand_refused_credentials_keep_memory_and_log_lines_bounded(caplog):
+    import logging
+
+    import zmq
+
+    from equipoise.wire.auth import MAX_REFUSED, ZapHandler, generate_keys
+
+    caplog.set_level(logging.WARNING, logger="equipoise.wire")
+    ctx = zmq.Context()
+    zap = ZapHandler(ctx, generate_keys("plain")["coordinator"])
+    try:
+        for i in range(10_000):
+            reply = zap.answer([b"1.0", b"%d" % i, b"equipoise", b"10.0.0.9", b"", b"PLAIN", b"user%d" % i, b"pw"])
+            assert reply[2] == b"400"
+        assert len(zap.refused) == MAX_REFUSED
+        assert len(caplog.records) <= MAX_REFUSED + 2
+    finally:
+        zap.close()
+        ctx.term()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from equipoise.server.replica import Replication
-from equipoise.wire import InMemoryTransport
+from equipoise.wire import InMemoryTransport, Message
 
 
 def test_a_version_waits_for_the_backup_and_a_server_alone_waits_for_nothing():
@@ -25,3 +25,21 @@ def test_a_version_waits_for_the_backup_and_a_server_alone_waits_for_nothing():
     finally:
         backup.close()
         transport.close()
+
+
+def test_a_replica_ack_of_an_epoch_before_the_last_rollback_is_dropped():
+    """After a rollback (epoch 2) a late ack of epoch 1 says nothing of what the backup
+    holds now: `confirmed` does not move; the same ack of epoch 2 moves it."""
+    from equipoise.server.core import Server
+    from equipoise.wire import InMemoryTransport
+
+    t = InMemoryTransport()
+    server = Server(0, t, "nowhere")
+    server.epoch = 2
+    server.replication = Replication(t, 0, server.listener.address)
+    server.backup.on_replica_ack(b"p", Message("replica_ack", {"version": 5, "backup": 1, "epoch": 1}))
+    assert server.replication.confirmed == 0
+    server.backup.on_replica_ack(b"p", Message("replica_ack", {"version": 5, "backup": 1, "epoch": 2}))
+    assert server.replication.confirmed == 5
+    server.listener.close()
+    t.close()
