@@ -1,5 +1,6 @@
 """The measurement tables of docs/psld.md (``python -m benchmarks.tables`` writes them with the
-others): the single-block cases, the dynamic case and the sweep of cases nobody tuned on."""
+others): the preset cases, the single-block cases, the dynamic case and the sweep of cases nobody
+tuned on."""
 
 from typing import Any
 
@@ -43,6 +44,8 @@ def unseen() -> str:
 
 
 def psld_tables() -> dict[str, str]:
-    return {"psld-single-block": preset("bench_psld_single-block"),
+    return {**{f"psld-{p}": preset(f"bench_psld_{p}") for p in ("full", "full-byteps", "full-mlp", "full-mlp-byteps",
+                                                                 "ssp")},
+            "psld-single-block": preset("bench_psld_single-block"),
             "psld-single-block-ssp": preset("bench_psld_single-block-ssp"),
             "psld-dynamic": preset("bench_psld_dynamic"), "psld-unseen": unseen()}

@@ -261,3 +261,32 @@ def test_a_killed_worker_actor_is_replaced_in_its_bundle(cluster, tmp_path):
     assert "worker_joined" in {r.get("event") for r in records(run_dir, "event")}
     assert_near_reference(cfg, run_dir)
     assert _gone(summary)
+
+
+def test_a_job_starting_its_own_ray_ignores_a_stale_state_file(tmp_path):
+    """Ray's ray_current_cluster file naming a head that is gone (a crashed head, an
+    earlier test's testbed) does not capture a job that starts its own instance: it runs,
+    and its summary names the instance it started. Run in a child, away from this
+    module's cluster; the state file is put back as it was."""
+    import subprocess
+    import sys
+
+    state = Path("/tmp/ray/ray_current_cluster")
+    before = state.read_bytes() if state.exists() else None
+    state.parent.mkdir(parents=True, exist_ok=True)
+    state.write_text("10.255.255.1:6379")  # nobody there
+    script = ("import equipoise, json, sys\n"
+              f"s = equipoise.train({{**{BASE!r}, 'launcher': 'ray', 'iterations': 4}}, out=sys.argv[1])\n"
+              "print(json.dumps(s['launcher']))\n")
+    try:
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "run")], capture_output=True,
+                              text=True, timeout=240, env=env)
+    finally:
+        if before is None:
+            state.unlink(missing_ok=True)
+        else:
+            state.write_bytes(before)
+    assert done.returncode == 0, done.stderr[-2000:]
+    launcher = json.loads(done.stdout.strip().splitlines()[-1])
+    assert launcher["address"].startswith("(started here: ") and "10.255.255.1" not in launcher["address"]

@@ -398,7 +398,9 @@ def _connect(cfg: Config) -> bool:
     else:  # as many CPUs as the job asks for: the local launcher also oversubscribes
         demand = (sum(cfg.resources("server", r).get("CPU", 0) for r in range(cfg.servers))
                   + sum(cfg.resources("worker", r).get("CPU", 0) for r in range(cfg.workers)))
-        ray.init(num_cpus=max(os.cpu_count() or 1, int(demand + 0.999)), **kwargs)
+        # address="local": a new instance, whatever Ray's state file (ray_current_cluster, in
+        # its temp folder) or RAY_ADDRESS names: a stale one would capture this job
+        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, int(demand + 0.999)), **kwargs)
     return True
 
 
@@ -462,7 +464,8 @@ def run_ray(cfg: Config, run_dir: Path, data, resume: Checkpoint | None = None) 
         peers = RayPeers(cfg, run_dir, listener.address, keys, beats, shipped)
         coord = make_coordinator(cfg, run_dir, transport, listener, data, peers=peers, resume=resume)
         summary = coord.run()
-        summary["launcher"] = {"kind": "ray", "address": cfg.ray_address or "(started here)",
+        started = f"(started here: {ray.get_runtime_context().gcs_address})" if not cfg.ray_address else ""
+        summary["launcher"] = {"kind": "ray", "address": cfg.ray_address or started,
                                "driver": {"ip": here, "hostname": socket.gethostname(), "pid": os.getpid()},
                                "startup_s": round(coord.started_at - t0, 3)}
         summary["nodes"] = peers.nodes()
