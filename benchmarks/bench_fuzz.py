@@ -9,7 +9,8 @@ BSP with one worker, SGD lr 1 without momentum) and then three kinds of peers:
 
 * fuzz peers: raw ZeroMQ DEALER sockets holding the job's "worker" keys, sending
   generated messages of the CATEGORIES below (garbage bytes, truncated and oversized
-  frames, valid headers with wrong fields, wrong dtypes, shapes and names, stale and
+  frames, valid headers with wrong fields, wrong dtypes, shapes (element counts that
+  overflow among them: a zero beside huge dimensions) and names, stale and
   future versions, replays of valid pushes, unknown types); "control" messages
   (coordinator messages with bad contents) come from a raw DEALER with the
   "coordinator" keys, a buggy coordinator, since the server reads them from no other role;
@@ -228,7 +229,11 @@ class Generator:
         r = self.rng
         f = {"worker": r.choice([0, 0, 1, -1, 2**63 - 1]), "version": self.other_version(),
              "samples": r.choice([1, 1, 0, -5, 2**63 - 1])}
-        kind = r.randrange(9)
+        kind = r.randrange(10)
+        if kind == 9:  # element counts that overflow: zeros beside huge dimensions, empty or short frames
+            shape = r.choice([[2**62, 2**62, 0], [0, 2**62, 2**62], [2**31, 2**31, 2**31, 0], [2**62],
+                              [2**40, 2**40], [2**61, 3]])
+            return [header("push", f, [entry(shape=shape)]), r.choice([b"", b"\0" * 8, self.tensor()])]
         if kind == 0:  # wrong dtype
             dtype = r.choice(["float64", "int32", "float16", "int64", "uint8", "int8"])
             return [header("push", f, [entry(dtype=dtype)]), self.tensor(dtype)]
