@@ -179,7 +179,7 @@ def run_unseen(preset: str, results_path: str | None = None, reps: int | None = 
     reps = base.reps if reps is None else reps
     drawn = random_cases(base.seed, n)
     specs = [case_spec(base, c) for c in drawn]
-    result: dict[str, Any] = {"preset": preset, "spec": asdict(base), "cases_drawn": n,
+    result: dict[str, Any] = {"preset": preset, "spec": asdict(replace(base, reps=reps)), "cases_drawn": n,
                               "loadavg_at_start": load_average(), "cases": []}
     with tempfile.TemporaryDirectory(prefix="bench-psld-") as name:
         tmp = Path(name)

@@ -4,7 +4,7 @@ tuned on."""
 
 from typing import Any
 
-from benchmarks.tables_format import count, grid, load, num, one_file, rng
+from benchmarks.tables_format import count, grid, load, num, one_file, rng, summ
 
 PRESET_COLUMNS = [("s/iteration, whole run", ("iteration_s",), rng),
                   ("s/iteration, settled", ("settled_iteration_s",), rng),
@@ -27,7 +27,7 @@ def unseen_rows(d: dict[str, Any]) -> list[list[str]]:
                      f"{c['slow']} ({c['where']})", c["protocol"],
                      c["scenario"] + (f" → {c['switch_to']}" if c["switch_to"] is not None else ""),
                      rng(r["psld speed-up × greedy"]), rng(r["psld × oracle"]), rng(r["psld settled × oracle"]),
-                     count(c["runs"]["psld"][0]["moves"])])
+                     rng(summ([r["moves"] for r in c["runs"]["psld"]]), count)])
     return rows
 
 

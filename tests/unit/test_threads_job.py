@@ -118,3 +118,19 @@ def test_the_model_tuner_gives_a_slowed_worker_less(tmp_path, digits):
     ref = train_reference(cfg, data=digits, splits=run_splits(tmp_path)).state_dict()
     got = final_values(tmp_path)
     assert all(torch.allclose(got[k], ref[k], atol=1e-5) for k in ref)
+
+
+def test_bsp_clipped_while_blocks_move_equals_the_reference(tmp_path, digits):
+    """clip_grad_norm under a barrier holds each update for the global norm on the
+    server's store: after a block moves (a new store), the next update must be combined
+    on the new one, and the run still equals clip_grad_norm_ on one process."""
+    cfg = job(clip_grad_norm=0.5, momentum=0.9, lr=0.2, iterations=12,
+              server_events=[{"iteration": 3, "move": 0, "to": 1}, {"iteration": 5, "add": 1},
+                             {"iteration": 7, "move": 1, "to": 2}])
+    summary = run_threads(cfg, tmp_path, digits)
+    assert summary["status"] == "completed"
+    records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert sum(r.get("event") == "block_moved" for r in records) == 2
+    ref = train_reference(cfg, data=digits).state_dict()
+    got = final_values(tmp_path)
+    assert all(torch.allclose(got[k], ref[k], atol=1e-5) for k in ref)

@@ -27,11 +27,16 @@ class Waiting:
 
 
 class NormWait:
-    def __init__(self, store: ParameterStore, sync: ServerSync, pushes: dict[int, Push],
+    def __init__(self, store: Callable[[], ParameterStore], sync: ServerSync, pushes: dict[int, Push],
                  send: Callable[[bytes, Message], None]):
-        self.store, self.sync, self.pushes, self.send = store, sync, pushes, send
+        """`store()` is the server's store now (a block move replaces it)."""
+        self._store, self.sync, self.pushes, self.send = store, sync, pushes, send
         self.waiting: Waiting | None = None
         self.request: tuple[bytes, int] | None = None  # (coordinator's peer, version) not yet answered
+
+    @property
+    def store(self) -> ParameterStore:
+        return self._store()
 
     def active(self) -> bool:
         """Whether complete updates wait for the norm (clipping under a barrier)."""

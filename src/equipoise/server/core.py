@@ -196,7 +196,7 @@ class Server:
         self.block_grads = {b.key: counts.get(b.key, 0) for b in blocks}
         self.handover.reset()
         self.fragments.clear()
-        self.norms = NormWait(store, self.sync, self.pushes, self.listener.send)
+        self.norms = NormWait(lambda: self.store, self.sync, self.pushes, self.listener.send)
         if self.replication is not None:
             self.replication.reset(store.version)
         self.listener.send(peer, Message("ready", {"rank": self.rank}))
