@@ -279,7 +279,9 @@ def test_a_job_starting_its_own_ray_ignores_a_stale_state_file(tmp_path):
               f"s = equipoise.train({{**{BASE!r}, 'launcher': 'ray', 'iterations': 4}}, out=sys.argv[1])\n"
               "print(json.dumps(s['launcher']))\n")
     try:
-        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        # RAY_AUTH_MODE disabled: a local instance would otherwise write ~/.ray/auth_token,
+        # which the testbed's `ray start` nodes then refuse (they run without it)
+        env = {**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, "RAY_AUTH_MODE": "disabled"}
         done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "run")], capture_output=True,
                               text=True, timeout=240, env=env)
     finally:
