@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 # What a test might leave behind that later runs would trip over: Ray's pointer to "the
-# current cluster" (a later ray.init() without an address joins whatever it names) and
+# current cluster" (a later ray.init() without an address joins whatever it names), the
+# token a local Ray instance writes (the testbed's `ray start` nodes then refuse it) and
 # the testbed's network namespaces. Recorded at the start; anything new at the end fails
 # the session, named.
 _RAY_STATE = Path("/tmp/ray/ray_current_cluster")
@@ -20,7 +21,9 @@ def _leftovers() -> dict[str, object]:
         netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         netns = ""
+    token = Path.home() / ".ray" / "auth_token"  # a local instance's: the testbed's nodes refuse it
     return {"ray state file": _RAY_STATE.read_text() if _RAY_STATE.exists() else None,
+            "ray auth token": str(token) if token.exists() else None,
             "testbed namespaces": sorted(line.split()[0] for line in netns.splitlines()
                                          if line.startswith("eqtb"))}
 
