@@ -464,8 +464,9 @@ def run_ray(cfg: Config, run_dir: Path, data, resume: Checkpoint | None = None) 
         peers = RayPeers(cfg, run_dir, listener.address, keys, beats, shipped)
         coord = make_coordinator(cfg, run_dir, transport, listener, data, peers=peers, resume=resume)
         summary = coord.run()
-        started = f"(started here: {ray.get_runtime_context().gcs_address})" if not cfg.ray_address else ""
-        summary["launcher"] = {"kind": "ray", "address": cfg.ray_address or started,
+        gcs = ray.get_runtime_context().gcs_address  # the instance used: started here, or the caller's
+        own = f"(started here: {gcs})" if started else f"(the caller's: {gcs})"
+        summary["launcher"] = {"kind": "ray", "address": cfg.ray_address or own,
                                "driver": {"ip": here, "hostname": socket.gethostname(), "pid": os.getpid()},
                                "startup_s": round(coord.started_at - t0, 3)}
         summary["nodes"] = peers.nodes()
