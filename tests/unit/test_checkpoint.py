@@ -49,6 +49,16 @@ def _write_meta(tmp_path, meta):
     (tmp_path / "checkpoint" / "meta.json").write_text(json.dumps(meta))
 
 
+def _state_with_its_digest(tmp_path, state: bytes):
+    """Write `state` as state.pt and its SHA-256 into meta.json: only the contents are wrong."""
+    import hashlib
+
+    (tmp_path / "checkpoint" / "state.pt").write_bytes(state)
+    meta = _meta(tmp_path)
+    meta["state_sha256"] = hashlib.sha256(state).hexdigest()
+    _write_meta(tmp_path, meta)
+
+
 def _one_line(exc_info, *needles):
     text = str(exc_info.value)
     assert "\n" not in text
@@ -84,22 +94,16 @@ def test_a_truncated_state_or_one_of_another_save_is_refused_by_its_digest(tmp_p
 
 
 def test_a_block_of_the_wrong_shape_is_named_even_with_a_matching_digest(tmp_path):
-    import hashlib
     from equipoise.protocol.checkpoint import tensor_bytes
 
     save_checkpoint(tmp_path, _ckpt(3))
-    state = tensor_bytes({"v0": torch.zeros(5), "s0.momentum": torch.ones(4)})
-    (tmp_path / "checkpoint" / "state.pt").write_bytes(state)
-    meta = _meta(tmp_path)
-    meta["state_sha256"] = hashlib.sha256(state).hexdigest()
-    _write_meta(tmp_path, meta)
+    _state_with_its_digest(tmp_path, tensor_bytes({"v0": torch.zeros(5), "s0.momentum": torch.ones(4)}))
     with pytest.raises(CheckpointError) as info:
         load_checkpoint(tmp_path)
     _one_line(info, "state.pt", "block 0 (w) should hold 4 elements of 4 bytes, has 5")
 
 
 def test_a_pickled_object_is_refused_not_unpickled(tmp_path):
-    import hashlib
     import pickle
 
     save_checkpoint(tmp_path, _ckpt(3))
@@ -108,11 +112,7 @@ def test_a_pickled_object_is_refused_not_unpickled(tmp_path):
         def __reduce__(self):
             return (exec, ("raise SystemExit('unpickled')",))
 
-    state = pickle.dumps({"v0": Boom()})
-    (tmp_path / "checkpoint" / "state.pt").write_bytes(state)
-    meta = _meta(tmp_path)
-    meta["state_sha256"] = hashlib.sha256(state).hexdigest()
-    _write_meta(tmp_path, meta)
+    _state_with_its_digest(tmp_path, pickle.dumps({"v0": Boom()}))
     with pytest.raises(CheckpointError) as info:
         load_checkpoint(tmp_path)
     _one_line(info, "state.pt", "unreadable")
