@@ -17,9 +17,7 @@ from pathlib import Path
 from dataclasses import MISSING as _MISSING
 from typing import Any, Mapping, TypeVar
 
-from .config_checks import (ARGS_KEYS, BARRIER_PROTOCOLS, ASYNC_SCALINGS, AUTH_MODES, BATCH_POLICIES, BUILTIN_MODELS,  # noqa: F401
-                            DATASETS, DELAY_COMPENSATIONS, LAUNCHERS, LR_MODULATIONS, OPTIMIZERS, PLACEMENTS,
-                            PRECISIONS, PREDICTORS, PROTOCOLS, RAY_DATA, RAY_STRATEGIES, SCHEDULES, validate)
+from .config_checks import ARGS_KEYS, BARRIER_PROTOCOLS, PROTOCOLS, validate
 from .config_toml import (GROUPS, USER_CODE, ConfigError, absolute_specs, flatten_tables, parse_override,
                           read_toml, to_toml, to_toml_tables)
 

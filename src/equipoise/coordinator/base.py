@@ -110,6 +110,7 @@ class Coordinator:
                                  event=self._event, elapsed=self.stats.elapsed, note=self.display.note)
         self.plans = 0  # no barrier: plans handed out (each is one gradient for every server)
         self._origins = OriginCheck(log)  # a message's authenticated role against what it claims
+        self._handlers = {"table_req": self._on_table_req, "plan_req": self._on_plan_req}
         peers.tolerate("worker")
         if self.recovers_servers and (cfg.snapshot_every or cfg.replication):
             peers.tolerate("server")
@@ -202,7 +203,7 @@ class Coordinator:
         try:
             if self.servers.note_hello(msg) or self.recovery.note_replacement(msg):
                 return
-            handler = {"table_req": self._on_table_req, "plan_req": self._on_plan_req}.get(msg.type)
+            handler = self._handlers.get(msg.type)
             if handler is None:
                 raise ValueError(f"coordinator does not accept {msg.type!r} now")
             handler(peer, msg.fields)
@@ -238,9 +239,9 @@ class Coordinator:
             if worker in self.stopped:  # with overlap, a request sent ahead of the stop
                 return self._stop(worker)
             self._advance(worker)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError):
             self.waiting = {w: v for w, v in self.waiting.items() if v[0] != peer}
-            raise ValueError(f"bad plan request: {type(exc).__name__}: {exc}") from None
+            raise  # refused by `_step`, naming the message type and the error
 
     def _advance(self, worker: int) -> None:
         """A plan request of `worker` is waiting: answer what can be answered."""
