@@ -21,7 +21,7 @@ from typing import Callable
 
 from ..policy.placement import Block, placement_blocks
 from ..policy.psld import (AddServer, MoveBlock, Psld, RemoveServer, ServerAction, fixed_cost,
-                          server_rates, server_share)
+                          interval_noise, server_rates, server_share)
 from ..scenario import BlockMove, Scenario, ServerRemove
 from ..wire import Message, PeerTimeout, Transport, names
 from .control import ControlFile
@@ -89,6 +89,7 @@ class ServerManager:
         self._planned: dict[int, int] = {}  # scenario additions started early: rank -> join iteration
         self._rates: dict[int, float] = {}  # last measured bytes/s per server
         self.share = 1.0  # the part of the last interval's wall time its slowest server took
+        self.noise = 0.0  # the relative standard error of the last interval's mean iteration time
         self.backup_of: dict[int, int] = {}  # replication = 1: primary rank -> backup rank
         self._exchange_s: dict[int, float] = {}  # workers' exchange seconds with each server since `_measure`
         self.barrier = True  # whether changes happen at barriers (else while workers run)
@@ -336,7 +337,7 @@ class ServerManager:
             throughput, iteration_s = self._measure(t)
             if self.psld is not None and not actions and iteration_s:
                 actions = self.psld.decide(self.pool.table, self.pool.serving(), throughput, iteration_s,
-                                           set(self._added), share=self.share)
+                                           set(self._added), share=self.share, noise=self.noise)
         return actions
 
     def _update_stragglers(self, t: int) -> None:
@@ -412,6 +413,9 @@ class ServerManager:
         # Wall time per iteration, any worker pause for migrations included: that is the
         # migrations' measured cost.
         iteration_s = (self._barrier_at[t] - since) / interval if since is not None else None
+        at = self._barrier_at
+        self.noise = interval_noise([at[i] - at[i - 1] for i in range(t - interval + 1, t + 1)
+                                     if i in at and i - 1 in at])
         # A server's time is the larger of its busy time (handling bytes, an emulated
         # slowdown included) and the mean time a worker spent in exchanges with it: a slow
         # link or a loaded host, which the kernel imposes and the server does not see.
@@ -436,7 +440,7 @@ class ServerManager:
                            for r in ranks],
             "bytes": [stats[r].fields["bytes"] for r in ranks],
             "throughput_mbps": [throughput.get(r, 0.0) / 1e6 for r in ranks], "fixed_s": fixed_s,
-            "share": self.share,
+            "share": self.share, "noise": self.noise,
             "iteration_s": iteration_s, "table_version": self.pool.version})
         return throughput, iteration_s
 

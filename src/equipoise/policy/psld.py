@@ -24,6 +24,13 @@ times with its next plan request). New trials:
   trial the placement stays as it is: a settled placement is not disturbed every other
   interval by a random move (and its undo), only now and then.
 
+Trials that keep failing back off: after k trials in a row undone while relieving the
+same server, none is started for 2^k decisions (at most ``max_hold``). Where no
+placement beats the one in force (the workers' compute decides, or the host's noise
+hides the difference), each trial costs its moves' pauses and an interval at a worse
+placement; backing off bounds that cost to a shrinking share of the run. A kept trial,
+or another server becoming the slowest (a slowdown that moved), ends the back-off.
+
 The destinations of an undone trial are rated, for ``memory`` decisions, as they
 measured under the trial's load: a lightly loaded server's rate is an extrapolation (its
 time is mostly the exchanges' fixed cost), so without this an undone trial is retried as
@@ -44,13 +51,18 @@ from __future__ import annotations
 import json
 import math
 import random
+import statistics
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 
 from .placement import exploit_moves, predicted_time, server_loads
 
 __all__ = ["MoveBlock", "AddServer", "RemoveServer", "ServerAction", "Psld", "fixed_cost", "parse_control",
-           "server_rates", "server_share"]
+           "server_rates", "server_share", "interval_noise", "NOISE_Z"]
+
+# A measured gain (the difference of two interval means) is believed beyond this many of
+# its standard errors: one-sided, a trial without effect is kept 5 times in 100.
+NOISE_Z = 1.645
 
 
 @dataclass(frozen=True)
@@ -80,6 +92,8 @@ class _Trial:
     actions: list[MoveBlock]
     undo: list[MoveBlock]
     before_s: float
+    noise: float = 0.0  # relative standard error of before_s
+    relieve: int | None = None  # the server whose time it was to cut
     pause_s: float = 0.0
     settle: int = 1  # intervals still to pass before it is judged (the moves' own: skipped)
 
@@ -89,13 +103,19 @@ class Psld:
 
     def __init__(self, sizes: Sequence[int], epsilon: float = 0.1, max_servers: int = 0,
                  threshold: float = 0.03, horizon: int = 50, tabu_decisions: int = 6,
-                 memory: int = 20, seed: int = 0) -> None:
+                 memory: int = 20, seed: int = 0, z: float = NOISE_Z, max_hold: int = 8) -> None:
         self.sizes = list(sizes)
         self.epsilon = epsilon
         self.max_servers = max_servers
         self.threshold = threshold
         self.horizon = horizon            # iterations a migration's pause is amortised over
         self.tabu_decisions = tabu_decisions
+        self.z = z
+        # Back-off: after `failures` trials in a row undone while relieving the same
+        # server (`held_for`), no new trial for `hold` more decisions (2, 4, 8, ... up to
+        # `max_hold`); a kept trial, or another server becoming the slowest, ends it.
+        self.max_hold = max_hold
+        self.failures, self.hold, self.held_for = 0, 0, None
         self.rng = random.Random(seed)
         self.trial: _Trial | None = None  # started, not yet judged
         self.log: list[dict] = []         # one record per judged trial
@@ -109,7 +129,8 @@ class Psld:
 
     def decide(self, table: Sequence[int], live: Sequence[int],
                throughput: Mapping[int, float], iteration_s: float,
-               added: Set[int] = frozenset(), share: float = 1.0) -> list[ServerAction]:
+               added: Set[int] = frozenset(), share: float = 1.0,
+               noise: float = 0.0) -> list[ServerAction]:
         """The actions to carry out now. ``table[k]`` is the server rank of block k,
         ``live`` the ranks running, ``throughput`` their measured bytes/s (missing for a
         server that handled nothing), ``iteration_s`` the mean iteration time since the
@@ -117,7 +138,10 @@ class Psld:
         iteration time the slowest server took (1: all of it): a cut of the predicted
         server time is worth a trial only if that much of it, times ``share``, exceeds
         ``threshold`` of the iteration time (where the workers' compute decides, moves
-        only cost pauses)."""
+        only cost pauses). ``noise`` is the relative standard error of ``iteration_s``
+        (``interval_noise``; 0: exact): a cut or a gain must exceed ``z`` standard errors
+        of the difference it is judged by, as well as ``threshold``."""
+        noise = noise if math.isfinite(noise) and noise > 0 else 0.0
         if self.trial is not None and self.trial.settle > 0:
             self.trial.settle -= 1  # the interval the moves were made in: it measures neither placement
             return []
@@ -125,15 +149,18 @@ class Psld:
         keep = True
         if trial is not None:
             gain = (trial.before_s - iteration_s - trial.pause_s / self.horizon) / trial.before_s
-            keep = gain > self.threshold
+            keep = gain > max(self.threshold, self.z * math.hypot(trial.noise, noise))
         self._remember(table, live, throughput, set() if keep else {a.dst for a in trial.actions})
         if trial is not None:
             self.log.append({"judged": trial.actions, "before_s": trial.before_s,
                              "after_s": iteration_s, "kept": keep})
             if not keep:
+                self.failures += 1
+                self.hold, self.held_for = min(2 ** self.failures, self.max_hold), trial.relieve
                 self.undone |= {a.dst for a in trial.actions}
                 self.tabu[frozenset(trial.actions)] = self.tabu_decisions  # do not retry at once
                 return list(trial.undo)
+            self.failures = self.hold = 0
             return []
         self.tabu = {k: n - 1 for k, n in self.tabu.items() if n > 1}
         empty = [r for r in live if r in added and r in self.undone and r not in table]
@@ -144,15 +171,23 @@ class Psld:
         speeds = [rates[r] for r in live]
         index = {r: i for i, r in enumerate(live)}
         owner = [index[s] for s in table]
+        loads = server_loads(self.sizes, owner, len(live))
+        slowest = live[max(range(len(live)), key=lambda i: (loads[i] / speeds[i], -i))]
+        if slowest != self.held_for:
+            self.failures, self.hold, self.held_for = 0, 0, None
+        if self.hold > 0:  # trials relieving this server kept failing: wait
+            self.hold -= 1
+            return []
         if self.rng.random() < self.epsilon:
-            return self._explore(table, live, rates, iteration_s)
+            return self._explore(table, live, rates, iteration_s, noise)
         moves, new_owner = exploit_moves(self.sizes, owner, speeds)
-        now = predicted_time(server_loads(self.sizes, owner, len(live)), speeds)
+        now = predicted_time(loads, speeds)
         then = predicted_time(server_loads(self.sizes, new_owner, len(live)), speeds)
         plan = tuple(MoveBlock(m.block, live[m.src], live[m.dst]) for m in moves)
         share = min(1.0, share) if math.isfinite(share) and share > 0 else 1.0
-        if plan and (now - then) * share > now * self.threshold and frozenset(plan) not in self.tabu:
-            return self._start(list(plan), iteration_s)
+        bar = max(self.threshold, self.z * math.sqrt(2) * noise)  # what its judgment could confirm
+        if plan and (now - then) * share > now * bar and frozenset(plan) not in self.tabu:
+            return self._start(list(plan), iteration_s, noise, slowest)
         return []  # nothing worth a trial (or the best plan was just undone): keep the placement
 
     def charge(self, pause_s: float) -> None:
@@ -162,7 +197,7 @@ class Psld:
             self.trial.pause_s += pause_s
 
     def _explore(self, table: Sequence[int], live: Sequence[int], rates: dict[int, float],
-                 iteration_s: float) -> list[ServerAction]:
+                 iteration_s: float, noise: float) -> list[ServerAction]:
         if self.max_servers and len(live) < self.max_servers and self.rng.random() < 0.5:
             return [AddServer()]
         loads = {r: 0 for r in live}
@@ -174,11 +209,12 @@ class Psld:
         if not blocks or not others:
             return []
         move = MoveBlock(self.rng.choice(blocks), slowest, self.rng.choice(others))
-        return self._start([move], iteration_s)
+        return self._start([move], iteration_s, noise, slowest)
 
-    def _start(self, actions: list[MoveBlock], iteration_s: float) -> list[ServerAction]:
+    def _start(self, actions: list[MoveBlock], iteration_s: float, noise: float,
+               relieve: int | None) -> list[ServerAction]:
         undo = [MoveBlock(a.block, a.dst, a.src) for a in reversed(actions)]
-        self.trial = _Trial(actions, undo, iteration_s)
+        self.trial = _Trial(actions, undo, iteration_s, noise, relieve=relieve)
         return list(actions)
 
     def _remember(self, table: Sequence[int], live: Sequence[int], throughput: Mapping[int, float],
@@ -237,6 +273,17 @@ def fixed_cost(nbytes: Mapping[int, float], seconds: Mapping[int, float], exchan
              if r in seconds and seconds[r] > 0 and b <= SMALL_EXCHANGE_BYTES * n * max(1, workers)]
     each = min(small) if small else (round_trip if math.isfinite(round_trip) else 0.0)
     return n * max(0.0, each)
+
+
+def interval_noise(durations: Sequence[float]) -> float:
+    """The relative standard error of an interval's mean iteration time, from the
+    ``durations`` of its iterations: stdev / sqrt(n) / mean; 0 for fewer than two.
+    Iterations that alternate long and short (a stream's plans arriving in pairs) make
+    it larger than the mean's true error: a bar raised on it errs towards not moving."""
+    d = [float(x) for x in durations if math.isfinite(x) and x >= 0]
+    if len(d) < 2 or sum(d) <= 0:
+        return 0.0
+    return statistics.stdev(d) / math.sqrt(len(d)) / statistics.fmean(d)
 
 
 def server_share(seconds: Mapping[int, float], interval: int, iteration_s: float | None) -> float:

@@ -103,7 +103,7 @@ def test_same_seed_same_decisions():
 
 
 def test_an_undone_trial_is_not_retried_at_once():
-    c = Psld(SIZES, epsilon=0.0, tabu_decisions=2)
+    c = Psld(SIZES, epsilon=0.0, tabu_decisions=2, max_hold=0)  # the tabu alone
     first = c.decide(TABLE, LIVE, SLOW0, 1.0)
     moves_interval(c, TABLE)
     assert first and c.decide(TABLE, LIVE, SLOW0, 1.0)  # judged: no gain, undone
@@ -295,3 +295,57 @@ def test_psld_empties_a_slow_server_when_its_only_block_is_better_elsewhere():
     for a in actions:
         then[a.block] = a.dst
     assert actions[0] == MoveBlock(0, 0, 1) and 0 not in then
+
+
+def test_interval_noise_is_the_relative_standard_error_of_the_mean():
+    from equipoise.policy.psld import interval_noise
+    # durations 1, 3: mean 2, stdev sqrt(2), n 2 -> sqrt(2) / sqrt(2) / 2 = 0.5
+    assert interval_noise([1.0, 3.0]) == pytest.approx(0.5)
+    assert interval_noise([2.0, 2.0, 2.0]) == 0.0
+    assert interval_noise([2.0]) == 0.0 and interval_noise([]) == 0.0
+
+
+def _judged(noise: float, after_s: float) -> list:
+    """A trial started at 1.0 s an iteration and judged at `after_s`, both intervals
+    measured with relative standard error `noise`; returns the judgment's actions."""
+    c = Psld(SIZES, epsilon=0.0)
+    table = list(TABLE)
+    actions = c.decide(table, LIVE, SLOW0, iteration_s=1.0, noise=noise)
+    assert actions
+    for a in actions:
+        table[a.block] = a.dst
+    c.decide(table, LIVE, SLOW0, iteration_s=9.0, noise=noise)  # the moves' interval
+    return c.decide(table, LIVE, SLOW0, iteration_s=after_s, noise=noise)
+
+
+def test_a_gain_within_the_measurements_noise_is_not_kept():
+    # 10% faster: kept when the intervals are exact; with 5% standard error on each
+    # interval the difference's error is 5% * sqrt(2) = 7.1%, and 10% is under
+    # 1.645 of it (11.6%): undone. 20% is beyond it: kept.
+    assert _judged(0.0, 0.9) == []
+    assert _judged(0.05, 0.9) != []
+    assert _judged(0.05, 0.8) == []
+
+
+def test_a_cut_the_judgment_could_not_confirm_starts_no_trial():
+    # SLOW0's best plan moves block 0 off server 0 (500 B at 25 B/s: 20 s) and cuts the
+    # predicted server time to 5 s, by 75%; with share 0.1 that is 7.5% of the iteration:
+    # a trial at 1% noise (bar: threshold 3% > 1.645 * 1.4%), none at 5% (bar 11.6%).
+    assert Psld(SIZES, epsilon=0.0).decide(list(TABLE), LIVE, SLOW0, 1.0, share=0.1, noise=0.01)
+    assert Psld(SIZES, epsilon=0.0).decide(list(TABLE), LIVE, SLOW0, 1.0, share=0.1, noise=0.05) == []
+
+
+def test_trials_that_keep_failing_back_off_until_another_server_is_slowest():
+    c = Psld(SIZES, epsilon=0.0, tabu_decisions=1, max_hold=4)
+    started = []
+    for d in range(16):  # every trial is judged no faster: undone
+        out = c.decide(list(TABLE), LIVE, SLOW0, 1.0)
+        if c.trial is not None and out:
+            started.append(d)
+    # trial, moves' interval, undo (3 decisions), then a hold of 2, 4, 4 decisions
+    assert started == [0, 5, 12]
+    assert c.failures == 3 and c.hold > 0
+    # the slowdown moves to server 3 (100 B at 5 B/s: 20 s, server 0's 500 B 5 s): the
+    # back-off ends at once
+    slow3 = {0: 100.0, 1: 100.0, 2: 100.0, 3: 5.0}
+    assert c.decide(list(TABLE), LIVE, slow3, 1.0) and c.failures == 0
