@@ -52,10 +52,27 @@ def provenance(name: str, base: str) -> list[str]:
     return [link, at, src_commits_since(commit)]
 
 
+def command(name: str) -> str:
+    """The command line a results file was written by (its recorded argv, paths outside
+    the repository elided), as ``python -m benchmarks.X ...``; a comparison of two
+    commits, the comparison's own command."""
+    d = load(name)
+    if isinstance(d.get("command"), list):  # compare_commits: its own command line, as run
+        return "`" + " ".join(str(a) for a in d["command"]) + "`"
+    argv = [str(a) for a in d.get("argv") or []]
+    if not argv:
+        return "an unrecorded command"
+    script = argv[0].removesuffix(".py").replace("/", ".")
+    args = ["…" if a.startswith("/") else a for a in argv[1:]]
+    return "`" + " ".join(["python -m", script, *args]) + "`"
+
+
 def one_file(name: str, head: list[str], rows: list[list[Any]]) -> str:
-    """A table that comes from one file, and the line that names the file."""
+    """A table that comes from one file, and the line that names the file and the
+    command that wrote it."""
     link, at, since = provenance(name, "../")
-    return table(head, rows) + f"\n\n*From {link}, measured at {at}; commits touching src/ since: {since}.*"
+    return (table(head, rows) + f"\n\n*From {link}, written by {command(name)} at {at}; "
+            f"commits touching src/ since: {since}.*")
 
 
 def num(x: Any, digits: int = 3) -> str:

@@ -59,3 +59,34 @@ def test_the_code_map_lists_every_module():
     modules = {str(f.relative_to(root / "src" / "equipoise")) for f in (root / "src" / "equipoise").rglob("*.py")}
     assert not modules - listed, f"modules missing from docs/architecture.md's code map: {sorted(modules - listed)}"
     assert not listed - modules, f"the code map names modules that do not exist: {sorted(listed - modules)}"
+
+
+def prose_digits(text: str) -> list[str]:
+    """The lines of a page's hand-written prose that hold a digit: outside generated
+    blocks, code, link targets, headings' section numbers, § references, Greek symbols'
+    subscripts (α0) and citations (link texts ending in a year)."""
+    text = tables.MARKER.sub("", text)
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    text = re.sub(r"`[^`]*`", "", text)
+    text = re.sub(r"\[[^\]]*\b(19|20)\d\d\]\([^)]*\)", "", text)  # [Authors, VENUE YEAR](references.md#…)
+    text = re.sub(r"\]\([^)]*\)", "]", text)
+    text = re.sub(r"^#+ \d+\. ", "", text, flags=re.M)
+    text = re.sub(r"§\d+|[α-ω]\d", "", text)
+    return [line for line in text.splitlines() if re.search(r"\d", line)]
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/benchmarks.md"])
+def test_no_measurement_is_typed_in_the_prose(doc):
+    """Every number on these pages comes from the generator: the prose holds none (the
+    README's citations, versions and settings aside, which are not measurements)."""
+    lines = prose_digits((tables.ROOT / doc).read_text())
+    if doc == "README.md":  # the citations' venues, the supported versions, the default job's settings
+        allowed = re.compile(r"(ICDM|SoCC) 20\d\d|Python ≥ 3\.\d+|^2\.60\.0 |torch 2\.11 to 2\.13\.0|"
+                             r"Fashion-MNIST, \d+$|^workers, \d+ servers")
+        lines = [line for line in lines if not allowed.search(line)]
+    assert not lines, f"{doc}: typed numbers in the prose (generate them, or say it without): {lines}"
+
+
+def test_prose_digits_finds_a_typed_number():
+    assert prose_digits("LB-BSP reached 2.57× BSP.\n<!-- tables:x -->\n| 3 |\n<!-- /tables:x -->\n")
+    assert not prose_digits("## 5. PSLD\n[Chen et al., SoCC 2020](references.md#c) and §13, `--reps 3`.")

@@ -15,10 +15,10 @@ same update, bit for bit, as a push sent whole. A fragment's bytes travel, and a
 checked by the server, while the worker computes the earlier layers' gradients.
 
 Why a least size and not a fragment per block: each part costs the server a fixed
-quarter of a millisecond or so (decoding, keeping, the dispatch; bench_wire's streamed
-profile, docs/benchmarks.md §2) whatever it carries, so a fragment must carry enough for
-that to be small beside its transfer: 256 KiB take about 2 ms at 1 Gbit/s and 21 ms at
-100 Mbit/s.
+quarter of a millisecond or so (decoding, keeping, the dispatch; the streamed profile
+in benchmarks/results/bench_wire.json) whatever it carries, so a fragment must carry
+enough for that to be small beside its transfer: 256 KiB take about 2 ms at 1 Gbit/s
+and 21 ms at 100 Mbit/s.
 """
 
 from __future__ import annotations
