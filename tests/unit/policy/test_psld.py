@@ -299,10 +299,13 @@ def test_psld_empties_a_slow_server_when_its_only_block_is_better_elsewhere():
 
 def test_interval_noise_is_the_relative_standard_error_of_the_mean():
     from equipoise.policy.psld import interval_noise
-    # durations 1, 3: mean 2, stdev sqrt(2), n 2 -> sqrt(2) / sqrt(2) / 2 = 0.5
-    assert interval_noise([1.0, 3.0]) == pytest.approx(0.5)
+    # durations 1, 2, 3, 4: median 2.5, absolute deviations 1.5, 0.5, 0.5, 1.5 (median 1),
+    # sigma 1.4826, mean 2.5, n 4 -> 1.4826 / 2 / 2.5
+    assert interval_noise([1.0, 2.0, 3.0, 4.0]) == pytest.approx(1.4826 / 2 / 2.5)
     assert interval_noise([2.0, 2.0, 2.0]) == 0.0
     assert interval_noise([2.0]) == 0.0 and interval_noise([]) == 0.0
+    # one long iteration (a snapshot) among five is not spread: the others are equal
+    assert interval_noise([0.1, 0.1, 0.3, 0.1, 0.1]) == 0.0
 
 
 def _judged(noise: float, after_s: float) -> list:
