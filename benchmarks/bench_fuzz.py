@@ -384,7 +384,7 @@ class Fuzz:
         # job's listening key with a client key of no role.
         self.foreign = [k for _ in range(2) for k in generate_keys(auth).values()] if self.keys else []
         if auth == "curve":
-            self.foreign.append(JobKeys(auth, "coordinator", self.foreign[0].client, self.keys["worker"].listener, {}))
+            self.foreign.append(JobKeys(auth, "coordinator", self.foreign[0].client, self.keys["worker0"].listener, {}))
         self.categories = {c: w for c, w in CATEGORIES.items() if self.keys or c != "impostor"}
         self.gen = Generator(seed, horizon=messages // valid_every + 2, authenticated=self.keys is not None)
         self.sent: Counter[str] = Counter()
@@ -412,7 +412,7 @@ class Fuzz:
         self.strangers: list[tuple[zmq.Socket, zmq.Socket]] = []  # socket, its monitor
 
     def _keys(self, role: str) -> Any:
-        return self.keys[role] if self.keys else None
+        return self.keys[{"worker": "worker0", "server": "server0"}.get(role, role)] if self.keys else None
 
     # sockets
     def _dealer(self, keys: Any) -> zmq.Socket:
@@ -504,7 +504,7 @@ class Fuzz:
         from equipoise.wire import Message
 
         self.listener = self.transport.listen()
-        server_keys = self.keys["server"].to_dict() if self.keys else None
+        server_keys = self.keys["server0"].to_dict() if self.keys else None
         with scoped_env(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1"):
             self.proc = mp.get_context("spawn").Process(
                 target=_server_main, args=(self.listener.address, str(self.log_path), server_keys), daemon=True)

@@ -118,7 +118,6 @@ def psld_slow(spec: Spec) -> int:
 def psld_on_testbed(tb, spec: Spec, policy: str, slow: int, address: str, tmp: Path) -> dict:
     """One run of `policy`; server rank r on host 1 + r (resource h<r>), workers on host 0."""
     from benchmarks.bench_psld import Spec as PsldSpec
-    from equipoise.testbed import ray_env
 
     base = PsldSpec()
     out = tmp / f"psld-{policy}-{time.monotonic_ns()}"
@@ -132,7 +131,7 @@ def psld_on_testbed(tb, spec: Spec, policy: str, slow: int, address: str, tmp: P
     code = (f"import sys; sys.path.insert(0, {str(ROOT / 'src')!r}); import equipoise, json; "
             f"s = equipoise.train({cfg!r}, out={str(out)!r}); print(json.dumps({{'nodes': s['nodes'], "
             f"'train_s': s['train_s'], 'samples_per_s': s['samples_per_s']}}))")
-    done = tb.run(0, [sys.executable, "-c", code], timeout=900, env=ray_env())
+    done = tb.run(0, [sys.executable, "-c", code], timeout=900, env=tb.ray_env())
     if done.returncode != 0:
         raise RuntimeError(f"the job on the testbed failed: {done.stderr.strip().splitlines()[-3:]}")
     got = json.loads(done.stdout.strip().splitlines()[-1])
@@ -156,14 +155,13 @@ def on_testbed(tb, spec: Spec, protocol: str, address: str, tmp: Path, workers_o
                **extra: Any) -> dict:
     """One job under Ray: servers on host 0 (resource srv), workers where `workers_on`
     is (wrk: hosts of their own; local: host 0 too); `extra`: more config keys."""
-    from equipoise.testbed import ray_env
 
     out = tmp / f"{protocol}-{time.monotonic_ns()}"
     cfg = {**job(spec, protocol), **extra, "launcher": "ray", "ray_address": address, "auth": "curve",
            "server_resources": {"CPU": 0.5, "srv": 1}, "worker_resources": {"CPU": 0.5, workers_on: 1}}
     code = (f"import sys; sys.path.insert(0, {str(ROOT / 'src')!r}); import equipoise, json; "
             f"s = equipoise.train({cfg!r}, out={str(out)!r}); print(json.dumps(s['nodes']))")
-    done = tb.run(0, [sys.executable, "-c", code], timeout=900, env=ray_env())
+    done = tb.run(0, [sys.executable, "-c", code], timeout=900, env=tb.ray_env())
     if done.returncode != 0:
         raise RuntimeError(f"the job on the testbed failed: {done.stderr.strip().splitlines()[-3:]}")
     nodes = json.loads(done.stdout.strip().splitlines()[-1])

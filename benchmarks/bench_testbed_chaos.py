@@ -143,14 +143,13 @@ def iterations_recorded(run: Path) -> int:
 def one(tb, blow: Blow, address: str, at: int, tmp: Path) -> dict[str, Any]:
     from equipoise.config import Config
     from equipoise.reference import oracle_diff
-    from equipoise.testbed import ray_env
 
     run = tmp / f"{blow.kind}-{blow.host}-{time.monotonic_ns()}"
     cfg = job(blow, address)
     code = (f"import sys; sys.path.insert(0, {str(ROOT / 'src')!r}); import equipoise, json; "
             f"s = equipoise.train({cfg!r}, out={str(run)!r}); "
             f"print(json.dumps({{'recovered': s['recovered'], 'nodes': s['nodes'], 'train_s': s['train_s']}}))")
-    driver = tb.popen(0, [sys.executable, "-c", code], env=ray_env(), stdout=subprocess.PIPE,
+    driver = tb.popen(0, [sys.executable, "-c", code], env=tb.ray_env(), stdout=subprocess.PIPE,
                       stderr=subprocess.PIPE, text=True)
     out: dict[str, Any] = {"blow": asdict(blow), "at": at}
     try:

@@ -192,8 +192,8 @@ class EquipoiseClient:
         self.Message = Message
         keys = generate_keys(auth) if auth != "off" else None
         self.transport = ZmqTransport(keys=keys["coordinator"] if keys else None)
-        self.worker = ZmqTransport(keys=keys["worker"] if keys else None)
-        server_keys = keys["server"].to_dict() if keys else None
+        self.worker = ZmqTransport(keys=keys["worker0"] if keys else None)
+        server_keys = keys["server0"].to_dict() if keys else None
         self.listener = self.transport.listen()
         self.timings: Pipe | None = None
         self.server_ms: dict[str, list[float]] = {}

@@ -21,7 +21,7 @@ def _leftovers() -> dict[str, object]:
         netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         netns = ""
-    token = Path.home() / ".ray" / "auth_token"  # a local instance's: the testbed's nodes refuse it
+    token = Path.home() / ".ray" / "auth_token"  # a local instance writes it: the user's machine changed
     return {"ray state file": _RAY_STATE.read_text() if _RAY_STATE.exists() else None,
             "ray auth token": str(token) if token.exists() else None,
             "testbed namespaces": sorted(line.split()[0] for line in netns.splitlines()

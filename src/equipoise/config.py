@@ -119,6 +119,7 @@ class Config:
     deterministic: bool = False  # torch's deterministic algorithms on the workers
     timeout: float = 120.0
     heartbeat_s: float = 2.0  # children beat this often; 3 missed beats: the process is lost (0: off)
+    stuck_s: float = 60.0  # a worker in one call of user code this long fails the job, named (0: never)
     worker_restarts: int = 0  # replacement workers started for lost ones, in all (torchrun's max_restarts)
     replication: int = 0  # 1: every block also on a backup server, in lockstep; 0: roll back to a snapshot
     snapshot_every: int = 10  # iterations between in-memory snapshots for that rollback (0: none; a lost server fails the job)

@@ -211,6 +211,7 @@ def servers(cfg: Config) -> None:
 def failure(cfg: Config) -> None:
     _positive("timeout", cfg.timeout)
     _at_least("heartbeat_s", cfg.heartbeat_s, 0.0)
+    _at_least("stuck_s", cfg.stuck_s, 0.0)
     for key in ("worker_restarts", "snapshot_every"):
         _at_least(key, getattr(cfg, key), 0)
     if cfg.replication not in (0, 1):

@@ -26,6 +26,7 @@ clocks or file systems (hosts share this machine's), and a NIC's hardware.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -238,13 +239,31 @@ class Testbed:
         return status(self.prefix)
 
     # -- Ray across the hosts -----------------------------------------------------------------
+    def ray_env(self) -> dict[str, str]:
+        """The environment of every Ray process of this testbed, its nodes' and its
+        drivers': `ray_env()` with Ray's token authentication on and the token read from
+        this testbed's own file (written by `start_ray`, readable by its owner only), so
+        that every node and driver agree whatever a user's ~/.ray/auth_token holds or
+        whether it exists (a local `ray.init()` writes one; RAY_AUTH_TOKEN_PATH takes
+        precedence over it)."""
+        return {**ray_env(), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(self.ray_token())}
+
+    def ray_token(self) -> Path:
+        return ray_dir(self.prefix) / "auth_token"
+
     def start_ray(self, cpus: Sequence[float] | None = None, resources: Sequence[dict] | None = None,
                   port: int = 6379, timeout: float = 120.0) -> str:
         """A Ray cluster over the hosts: the head on host 0, a node on every other host,
         each at its host's address with `cpus[i]` CPUs and `resources[i]` custom
-        resources. Returns the head's address (HOST:PORT) for `ray_address`; run the
-        driver on host 0. `down` ends every Ray process with the hosts (`ray stop` would
+        resources, all with this testbed's Ray token (`ray_env`). Returns the head's
+        address (HOST:PORT) for `ray_address`; run the driver on host 0 with `ray_env()`. `down` ends every Ray process with the hosts (`ray stop` would
         stop every Ray process of this machine, a user's own cluster too)."""
+        token = self.ray_token()
+        if not token.exists():
+            token.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(secrets.token_hex(32))
         for i in range(len(self.hosts)):
             self.start_ray_node(i, None if cpus is None else cpus[i], None if resources is None else resources[i],
                                 port=port, timeout=timeout)
@@ -258,7 +277,7 @@ class Testbed:
         bundles move to the hosts left within seconds."""
         import json
 
-        env = ray_env()
+        env = self.ray_env()
         if i == 0:
             node = ["--head", "--port", str(port), "--include-dashboard=false"]
             env.update(RAY_health_check_period_ms="1000", RAY_health_check_timeout_ms="1000",

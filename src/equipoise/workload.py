@@ -46,6 +46,7 @@ from torch.utils.data import default_collate
 from .data import DATASETS, DataError, load_dataset
 from .data.dataset import ArraySplit
 from .spec import accepted_kwargs, one_line, resolve
+from .user_code import USER_CODE
 
 
 class StepError(ValueError):
@@ -119,7 +120,8 @@ class Workload:
         get_batch = getattr(dataset, "get_batch", None)
         if get_batch is not None:
             try:
-                return get_batch(idx)
+                with USER_CODE.call("the dataset's get_batch", int(idx[0]) if len(idx) else -1):
+                    return get_batch(idx)
             except Exception as exc:
                 lo, hi = (int(idx.min()), int(idx.max())) if len(idx) else (0, 0)
                 raise SampleError(f"{self.names['dataset']} ({split}): get_batch of {len(idx)} indices in "
@@ -130,7 +132,8 @@ class Workload:
         out = []
         for i in idx.tolist():
             try:
-                out.append(dataset[i])
+                with USER_CODE.call("the dataset's __getitem__", i):
+                    out.append(dataset[i])
             except Exception as exc:
                 raise SampleError(f"{self.names['dataset']} ({split}): item {i} raised "
                                   f"{type(exc).__name__}: {one_line(exc)}") from exc
@@ -138,7 +141,8 @@ class Workload:
 
     def collate_items(self, items: list):
         try:
-            return self.collate(items)
+            with USER_CODE.call("the collate function"):
+                return self.collate(items)
         except Exception as exc:
             raise StepError(f"collate {self.names['collate']!r} failed on {len(items)} items: "
                             f"{type(exc).__name__}: {one_line(exc)}") from exc
@@ -147,7 +151,8 @@ class Workload:
     def loss_of(self, model: nn.Module, batch, n: int) -> StepLoss:
         """The step's loss on a batch of `n` samples; StepError if the user's loss returns
         neither a scalar tensor nor ``(scalar tensor, count)`` with a finite count ≥ 0."""
-        out = self.loss_fn(model, batch)
+        with USER_CODE.call("the loss"):
+            out = self.loss_fn(model, batch)
         name = self.names["loss"]
         if isinstance(out, (tuple, list)):
             if len(out) != 2:

@@ -132,11 +132,11 @@ __all__ = ["cli", "start_cli", "set_args", "wait_for", "records", "assert_equals
 
 
 def capture_job_keys(monkeypatch) -> dict:
-    """A test hook: the dict fills with role -> JobKeys when a job run by this process
+    """A test hook: the dict fills with identity ("worker0") -> JobKeys when a job run by this process
     (equipoise.train, local launcher) generates its keys."""
     from equipoise.launch import local
 
     keys: dict = {}
     real = local.generate_keys
-    monkeypatch.setattr(local, "generate_keys", lambda mode: keys.update(real(mode)) or keys)
+    monkeypatch.setattr(local, "generate_keys", lambda mode, **counts: keys.update(real(mode, **counts)) or keys)
     return keys

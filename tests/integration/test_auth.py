@@ -11,6 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
 
 import equipoise
 from equipoise.wire import JobKeys, Message, PeerTimeout, ZmqTransport, generate_keys
@@ -30,7 +31,7 @@ ATTACKS = [Message("stop", {"reason": "intruder"}), Message("pull", {"worker": 0
 def _outsiders(keys: dict[str, JobKeys], mode: str) -> list[ZmqTransport]:
     """No keys; another job's keys; the job's listening key with a client key of no role."""
     foreign = generate_keys(mode)
-    stranger = JobKeys(mode, "coordinator", foreign["coordinator"].client, keys["worker"].listener, {})
+    stranger = JobKeys(mode, "coordinator", foreign["coordinator"].client, keys["worker0"].listener, {})
     return [ZmqTransport(keys=k, send_timeout=1.0) for k in (None, foreign["coordinator"], stranger)]
 
 
@@ -67,7 +68,7 @@ def test_only_the_jobs_processes_get_in(tmp_path, monkeypatch, transport, mode):
                     with pytest.raises(PeerTimeout):
                         conn.recv(0.5)
         # A worker's keys get in, but not to control: server 0 refuses its stop and init.
-        with ZmqTransport(keys=keys["worker"]) as worker:
+        with ZmqTransport(keys=keys["worker0"]) as worker:
             conn = worker.connect(server0)
             for msg in (ATTACKS[0], ATTACKS[0], ATTACKS[2]):
                 reply = conn.request(msg, timeout=30)
@@ -76,6 +77,15 @@ def test_only_the_jobs_processes_get_in(tmp_path, monkeypatch, transport, mode):
             reply = worker.connect(coordinator).request(Message("hello", {
                 "role": "server", "rank": 7, "address": "tcp://127.0.0.1:1", "pid": 1}), timeout=30)
             assert reply.type == "error" and "a worker may not send 'hello' as a server" in reply.fields["message"]
+            # Nor push, pull or ask for a plan as another worker: its credentials vouch for rank 0.
+            for msg in (Message("push", {"worker": 1, "version": 0, "samples": 1}, {"g0": torch.ones(1)}),
+                        Message("pull", {"worker": 1, "min_version": 0})):
+                reply = conn.request(msg, timeout=30)
+                assert reply.type == "error" and "worker 0's credentials claim worker 1" in reply.fields["message"]
+            reply = worker.connect(coordinator).request(
+                Message("plan_req", {"worker": 1, "step": 0, "report": {}}), timeout=30)
+            assert reply.type == "error" and "worker 0's credentials may not send 'plan_req' as worker 1" in \
+                reply.fields["message"]
         cmdlines = [p.cmdline() for p in children]
     finally:
         for p in workers:
@@ -84,7 +94,8 @@ def test_only_the_jobs_processes_get_in(tmp_path, monkeypatch, transport, mode):
     assert not job.is_alive()
     assert result["status"] == "completed" and result["iterations"] == JOB["iterations"]
     text = log.read_text()
-    assert text.count("further refusals of this peer not logged") == 1, text
+    assert text.count("further refusals of this peer not logged") == 2, text  # its role, then its rank
+    assert "refused 'push' claiming worker '1' from the credentials of worker 0" in text
     assert text.count("refused a connection") <= 1  # ZAP: once for the stranger's key (plain: also foreign)
     # No key on any child's command line, nor the config: only role, rank, coordinator.
     secrets = [s for k in keys.values() for s in (*k.client, *k.listener) if len(s) > 16]

@@ -56,7 +56,7 @@ def test_malformed_messages_are_logged_and_the_server_serves_on(tmp_path, monkey
         [header("nonsense", {})],                                           # unknown type
         [header("push", {"worker": 0, "version": 0, "samples": 4}, [["g0", "float32", [4]]]), nan],
     ):
-        _send_raw(address, frames, keys["worker"])
+        _send_raw(address, frames, keys["worker0"])
     thread.join(timeout=100)
     assert not thread.is_alive()
     assert result["status"] == "completed" and result["iterations"] == 300

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import shutil
 import signal
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -86,6 +89,86 @@ def test_a_killed_coordinator_takes_its_processes_along_and_the_run_resumes(tmp_
 
     ckpt = load_checkpoint(run)
     assert ckpt.iteration >= 40 and ckpt.iteration % JOB["checkpoint_every"] == 0
+    resumed = equipoise.train(resume=run)
+    assert resumed["resumed_from"] == ckpt.iteration and resumed["iterations"] == JOB["iterations"]
+    _assert_equal(whole, torch.load(run / "model.pt", weights_only=True))
+
+
+# The CLI with one kill point: SIGKILL of the coordinator's own process at the n-th time it
+# reaches the point, so the crash lands exactly there. "state.pt": half of a checkpoint's
+# state written; "renames": between a checkpoint's two renames (the old one moved aside,
+# the new one not yet in place); any other name: a run file written by write_atomic,
+# complete in its temp file, not yet renamed over the old one.
+KILLER = """
+import os, signal, sys
+from pathlib import Path
+
+point, n, count = sys.argv[1], int(sys.argv[2]), [0]
+
+def hit():
+    count[0] += 1
+    if count[0] == n:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+if point == "state.pt":
+    write_bytes = Path.write_bytes
+    def torn(self, data):
+        if self.name == "state.pt" and count[0] + 1 == n:
+            with open(self, "wb") as fh:
+                fh.write(data[: len(data) // 2])
+                fh.flush()
+        if self.name == "state.pt":
+            hit()
+        return write_bytes(self, data)
+    Path.write_bytes = torn
+elif point == "renames":
+    rename = Path.rename
+    def moved(self, target):
+        out = rename(self, target)
+        if self.name == "checkpoint" and Path(target).name == "checkpoint.old":
+            hit()
+        return out
+    Path.rename = moved
+else:
+    replace = os.replace
+    def replaced(src, dst, *args, **kwargs):
+        if Path(dst).name == point:
+            hit()
+        return replace(src, dst, *args, **kwargs)
+    os.replace = replaced
+
+from equipoise.cli import main
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+# The third checkpoint (iteration 60) is the third state.pt written, but the second rename
+# of a checkpoint aside (the first save has none to move).
+@pytest.mark.parametrize("point,n", [("state.pt", 3), ("renames", 2), ("model.pt", 1)])
+def test_a_crash_while_a_run_file_is_written_resumes_as_if_uninterrupted(tmp_path, whole, point, n):
+    """The coordinator is killed (SIGKILL) while it writes a file of the run directory:
+    half-way through the third checkpoint's state, between that checkpoint's renames,
+    or with the final weights complete but not yet in place. Every file it had written
+    before is whole (written beside, then renamed), so --resume starts from the last
+    complete checkpoint and ends bit for bit where the uninterrupted run ends."""
+    killer = tmp_path / "killer.py"
+    killer.write_text(KILLER)
+    run = tmp_path / "run"
+    before = set(Path(tempfile.gettempdir()).glob("equipoise-job-*"))
+    proc = subprocess.Popen([sys.executable, str(killer), point, str(n), "train", "--out", str(run),
+                             *set_args(JOB)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+    assert proc.returncode == -signal.SIGKILL, f"not killed at {point} (exit {proc.returncode}): {err[-500:]}"
+    # the children die with it; their temporary folder, which a killed launcher cannot remove
+    for folder in set(Path(tempfile.gettempdir()).glob("equipoise-job-*")) - before:
+        shutil.rmtree(folder, ignore_errors=True)
+    if point == "model.pt":
+        assert not (run / "model.pt").exists() and (run / ".model.pt.tmp").exists()
+    ckpt = load_checkpoint(run)  # the last complete one: the third's was killed, the final one is whole
+    assert ckpt.iteration == (JOB["iterations"] if point == "model.pt" else 2 * JOB["checkpoint_every"])
     resumed = equipoise.train(resume=run)
     assert resumed["resumed_from"] == ckpt.iteration and resumed["iterations"] == JOB["iterations"]
     _assert_equal(whole, torch.load(run / "model.pt", weights_only=True))

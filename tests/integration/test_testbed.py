@@ -7,14 +7,16 @@ checked as the kernel reports it (the measured rate is a benchmark's business)."
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from equipoise.testbed import Host, Testbed, available, down, ray_dir, ray_env, status
+from equipoise.testbed import Host, Testbed, available, down, ray_dir, status
 
 from .helpers import wait_for
 
@@ -133,13 +135,60 @@ needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                                reason="Ray is not installed (pip install -e '.[ray]')")
 
 
+USER_TOKEN = Path.home() / ".ray" / "auth_token"  # a local ray.init() writes one
+
+
+@contextlib.contextmanager
+def user_token(content: str | None):
+    """~/.ray/auth_token holding `content` (None: absent) for the block, then as it was."""
+    before = USER_TOKEN.read_bytes() if USER_TOKEN.exists() else None
+    if content is None:
+        USER_TOKEN.unlink(missing_ok=True)
+    else:
+        USER_TOKEN.parent.mkdir(parents=True, exist_ok=True)
+        USER_TOKEN.write_text(content)
+    try:
+        yield
+    finally:
+        if before is None:
+            USER_TOKEN.unlink(missing_ok=True)
+        else:
+            USER_TOKEN.write_bytes(before)
+
+
+@needs_ray
+def test_the_testbeds_ray_nodes_agree_on_their_own_token_without_a_users():
+    """Ray's token authentication is on: every node and driver of a testbed read the
+    token from the testbed's own file (readable by its owner only). Here without a
+    user's ~/.ray/auth_token; the shared cluster below is started with a stale one (a
+    local `ray.init()` writes one, which nodes started without it used to refuse), so
+    both states are tried. A driver with the testbed's environment sees both nodes."""
+    tb = Testbed([Host(), Host()], prefix="eqttk")
+    try:
+        with user_token(None):
+            tb.up()
+            address = tb.start_ray(cpus=[0, 1])
+            probe = ("import ray, sys; ray.init(address=sys.argv[1], logging_level='ERROR'); "
+                     "print(sum(n['Alive'] for n in ray.nodes())); ray.shutdown()")
+            done = tb.run(0, [sys.executable, "-c", probe, address], timeout=120, env=tb.ray_env())
+        assert done.returncode == 0, done.stderr[-1500:]
+        assert done.stdout.strip().splitlines()[-1] == "2"
+        assert (tb.ray_token().stat().st_mode & 0o777) == 0o600
+    finally:
+        tb.down()
+    assert leftovers("eqttk") == []
+
+
 @pytest.fixture(scope="module")
 def cluster():
+    """Run with a stale ~/.ray/auth_token in place (its nodes and drivers use the
+    testbed's own token, so it changes nothing; the file is then put back as it was)."""
     tb = Testbed([Host() for _ in RAY_HOSTS], prefix=RAY_PREFIX)
     tb.up()
     try:
-        address = tb.start_ray(cpus=[0] + [2] * (len(RAY_HOSTS) - 1), resources=RAY_HOSTS)
-        yield tb, address
+        with user_token("0" * 64):
+            address = tb.start_ray(cpus=[0] + [2] * (len(RAY_HOSTS) - 1), resources=RAY_HOSTS)
+            yield tb, address
     finally:
         tb.down()
     assert leftovers(RAY_PREFIX) == []
@@ -151,7 +200,7 @@ def drive(tb: Testbed, cfg: dict, run, action=None, at: int = 5) -> tuple[dict, 
     the test with its last lines."""
     code = (f"import equipoise, json; s = equipoise.train({cfg!r}, out={str(run)!r}); "
             "print(json.dumps({k: s[k] for k in ('recovered', 'nodes', 'iterations')}))")
-    driver = tb.popen(0, [sys.executable, "-c", code], env=ray_env(), stdout=subprocess.PIPE,
+    driver = tb.popen(0, [sys.executable, "-c", code], env=tb.ray_env(), stdout=subprocess.PIPE,
                       stderr=subprocess.PIPE, text=True)
     done = None
     try:
@@ -199,7 +248,7 @@ def test_a_job_the_testbed_cluster_can_never_hold_is_refused_at_once(cluster, tm
                    'timeout = 60.0\nauth = "curve"\nprogress = false\n[ray]\n'
                    'server_resources = {CPU = 0.1, srv = 1}\nworker_resources = {CPU = 0.1, wrk = 1}\n')
     done = tb.run(0, [sys.executable, "-m", "equipoise.cli", "train", str(job), "--out", str(tmp_path / "run"),
-                      "--launcher", "ray", "--ray-address", address], timeout=120, env=ray_env())
+                      "--launcher", "ray", "--ray-address", address], timeout=120, env=tb.ray_env())
     assert done.returncode == 2, done.stderr[-1000:]
     [line] = [ln for ln in done.stderr.splitlines() if "can never hold" in ln]
     assert "4 srv" in line and "3 srv" in line
@@ -231,6 +280,35 @@ def test_a_killed_worker_is_replaced_in_its_bundle_on_its_host(cluster, tmp_path
     assert '"event":"worker_joined"' in (run / "metrics.jsonl").read_text()
     diff, moved = oracle_diff(Config.from_dict(cfg), run)
     assert diff <= 1e-5 and moved > 1e-3
+
+
+@needs_ray
+def test_a_partition_shorter_than_the_loss_threshold_is_ridden_through(cluster, tmp_path):
+    """Host 3 (workers only) is cut off for 1 s mid-run, with heartbeats every 2 s: a
+    process counts as lost after 3 missed beats, 6 s. TCP resends what the cut dropped
+    once the link is back (its retransmission timeout starts at 1 s and doubles: a
+    resend within 3 s of the cut), so nothing is lost: `recovered` is empty and the
+    weights are exactly single-process SGD's on the run's splits."""
+    import time
+
+    from .helpers import assert_equals_reference
+
+    tb, address = cluster
+    run = tmp_path / "run"
+    cfg = {**RAY_JOB, "ray_address": address, "iterations": 40, "heartbeat_s": 2.0, "slowdown": [20.0] * 3}
+
+    def cut(nodes: dict) -> float:
+        tb.link(3, up=False)
+        try:
+            time.sleep(1.0)
+        finally:
+            tb.link(3, up=True)
+        return time.monotonic()
+
+    summary, healed = drive(tb, cfg, run, cut, at=5)
+    assert healed is not None, "the job ended before the cut"
+    assert summary["recovered"] == [] and summary["iterations"] == cfg["iterations"]
+    assert_equals_reference(cfg, run)
 
 
 @needs_ray

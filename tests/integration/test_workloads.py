@@ -117,6 +117,26 @@ def test_a_sample_failing_mid_run_names_the_worker_and_index(tmp_path):
         equipoise.train(cfg, out=tmp_path / "run")
 
 
+HANGS = BROKEN.replace('raise ValueError("corrupt record")', 'time.sleep(3600)  # a read that never returns').replace(
+    "import torch\n", "import time\nimport torch\n", 1)
+
+
+@pytest.mark.parametrize("protocol", ["bsp", "asp"])
+def test_a_worker_stuck_in_getitem_is_named_with_the_sample(tmp_path, protocol):
+    """Index 77 never returns. The worker that reads it still beats (its heartbeat is a
+    thread of its own), and its beats say it is inside the dataset's __getitem__ with
+    sample 77: after stuck_s the job fails naming the worker, the call and the sample,
+    under a barrier and without one (where no server or barrier would notice), long
+    before `timeout`; the stuck process is stopped with the job."""
+    (tmp_path / "hangs.py").write_text(HANGS)
+    cfg = dict(BASE, dataset=f"{tmp_path / 'hangs.py'}:provide", model="mlp", global_batch=32,
+               iterations=30, workers=2, servers=1, protocol=protocol, heartbeat_s=0.5, stuck_s=3.0,
+               timeout=200.0)
+    with pytest.raises(JobError, match=r"worker\d .*is stuck in the dataset's __getitem__ \(sample 77, "
+                                       r"iteration \d+\) for \d+ s \(stuck_s = 3\)"):
+        equipoise.train(cfg, out=tmp_path / "run")
+
+
 def test_bad_user_code_exits_2_from_the_cli_before_any_process(tmp_path):
     done = cli("train", "--quiet", "--out", str(tmp_path / "run"), "--set", f"dataset={REG}:diabetes",
                "--set", f"model={REG}:mlp", "--set", f"loss={REG}:no_such_loss")

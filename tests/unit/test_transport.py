@@ -221,16 +221,17 @@ def test_zmq_malformed_reply_raises_wire_error():
 @pytest.mark.parametrize("mode", ["curve", "plain"])
 @pytest.mark.parametrize("host", ["127.0.0.1", "ipc"])
 def test_zmq_auth_admits_the_job_roles_only(mode, host):
-    keys, foreign = generate_keys(mode), generate_keys(mode)
+    keys, foreign = generate_keys(mode, workers=3, servers=2), generate_keys(mode)
     # the job's listening key with a client key of no role: reaches ZAP, which refuses it
-    stranger = JobKeys(mode, "worker", foreign["worker"].client, keys["worker"].listener, {})
-    with ZmqTransport(keys=keys["server"]) as server:
+    stranger = JobKeys(mode, "worker", foreign["worker0"].client, keys["worker0"].listener, {})
+    with ZmqTransport(keys=keys["server0"]) as server:
         listener = server.listen(host)
-        for role in ("coordinator", "server", "worker"):
-            with ZmqTransport(keys=keys[role]) as t:
-                t.connect(listener.address).send(Message("ping", {"n": role}))
+        for name, role, rank in (("coordinator", "coordinator", None), ("server1", "server", 1),
+                                 ("worker0", "worker", 0), ("worker2", "worker", 2)):
+            with ZmqTransport(keys=keys[name]) as t:  # each process's own credentials: its role and rank
+                t.connect(listener.address).send(Message("ping", {"n": name}))
                 peer, msg = listener.recv(5)
-                assert msg.origin == role == msg.fields["n"]
+                assert (msg.origin, msg.origin_rank, msg.fields["n"]) == (role, rank, name)
         for other in (ZmqTransport(send_timeout=0.3), ZmqTransport(keys=foreign["coordinator"], send_timeout=0.3),
                       ZmqTransport(keys=stranger, send_timeout=0.3)):
             with other:
@@ -264,8 +265,8 @@ def test_ipc_fits_the_longest_folder_a_socket_binds_in(tmp_path, monkeypatch):
 
 def test_zap_logs_a_refused_key_once(caplog):
     keys = generate_keys("curve")
-    stranger = JobKeys("curve", "coordinator", generate_keys("curve")["worker"].client, keys["worker"].listener, {})
-    with ZmqTransport(keys=keys["server"]) as server, ZmqTransport(keys=stranger, send_timeout=0.3) as bad:
+    stranger = JobKeys("curve", "coordinator", generate_keys("curve")["worker0"].client, keys["worker0"].listener, {})
+    with ZmqTransport(keys=keys["server0"]) as server, ZmqTransport(keys=stranger, send_timeout=0.3) as bad:
         listener = server.listen()
         with caplog.at_level(logging.WARNING, logger="equipoise.wire"):
             for _ in range(3):  # three connections, each retrying its handshake
@@ -275,17 +276,31 @@ def test_zap_logs_a_refused_key_once(caplog):
     assert len(refusals) == 1 and "unknown CURVE key" in refusals[0].getMessage()
 
 
+def test_identities_name_one_process_each():
+    from equipoise.wire.auth import identity, parse_identity
+    assert [identity("coordinator", None), identity("worker", 3)] == ["coordinator", "worker3"]
+    assert parse_identity("worker3") == ("worker", 3) and parse_identity("server0") == ("server", 0)
+    assert parse_identity("coordinator") == ("coordinator", None)
+    for bad in ("worker", "coordinator1", "worker03", "admin0", "worker-1", "worker123456789", None, 7):
+        assert parse_identity(bad) is None, bad
+    with pytest.raises(ValueError, match="each ≥ 1"):
+        generate_keys("plain", workers=0)
+
+
 def test_job_keys_hold_distinct_secrets_and_travel_as_json():
     for mode in ("curve", "plain"):
-        keys = generate_keys(mode)
-        assert len({k.client[1] for k in keys.values()}) == 3
-        assert keys["worker"].listener[1] == ""  # a worker cannot pass for a listener
+        keys = generate_keys(mode, workers=2, servers=2)
+        assert sorted(keys) == ["coordinator", "server0", "server1", "worker0", "worker1"]
+        assert [(k.role, k.rank) for k in keys.values()] == [("coordinator", None), ("server", 0), ("server", 1),
+                                                            ("worker", 0), ("worker", 1)]
+        assert len({k.client[1] for k in keys.values()}) == 5
+        assert keys["worker0"].listener[1] == ""  # a worker cannot pass for a listener
         for k in keys.values():
             assert JobKeys.from_dict(json.loads(json.dumps(k.to_dict()))) == k
             assert all(s not in repr(k) for s in k.secrets())
     with pytest.raises(ValueError, match="malformed job keys"):
         JobKeys.from_dict({"mode": "curve"})
-    with pytest.raises(ValueError, match="cannot listen"), ZmqTransport(keys=generate_keys("curve")["worker"]) as t:
+    with pytest.raises(ValueError, match="cannot listen"), ZmqTransport(keys=generate_keys("curve")["worker0"]) as t:
         t.listen()
     with pytest.raises(ValueError, match="no keys"):
         generate_keys("off")

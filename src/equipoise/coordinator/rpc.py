@@ -15,9 +15,11 @@ _SENT_BY = {"plan_req": "worker", "table_req": "worker"}  # requests only worker
 
 
 class OriginCheck:
-    """The coordinator's check of a message against its sender's authenticated role
-    (`Message.origin`): a hello's claimed role, or a worker's request from another
-    role, is refused; each (role, type) refused is logged once."""
+    """The coordinator's check of a message against its sender's authenticated identity
+    (`Message.origin`, `Message.origin_rank`): a hello's claimed role, or a worker's
+    request from another role, is refused, each (role, type) logged once; so is a hello
+    or a worker's request that claims another rank than its credentials' (logged
+    bounded, by QuietLog)."""
 
     def __init__(self, log):
         self.log = log
@@ -36,11 +38,26 @@ class OriginCheck:
             return None
         claimed = msg.fields.get("role") if msg.type == "hello" else _SENT_BY.get(msg.type, msg.origin)
         if claimed == msg.origin:
-            return None
+            return self._rank_refusal(msg)
         if (msg.origin, msg.type) not in self._refused:
             self._refused.add((msg.origin, msg.type))
             self.log.warning("refused a %r from a %s claiming to be a %s", msg.type, msg.origin, claimed)
         return Message("error", {"message": f"a {msg.origin} may not send {msg.type!r} as a {claimed}"})
+
+    def _rank_refusal(self, msg: Message) -> Message | None:
+        """The error for a message whose claimed rank (a hello's `rank`, a worker's
+        `worker` field) is not the one its credentials vouch for (`Message.origin_rank`)."""
+        if msg.origin_rank is None:
+            return None
+        rank = msg.fields.get("rank") if msg.type == "hello" else (
+            msg.fields.get("worker") if msg.origin == "worker" else None)
+        if rank is None or rank == msg.origin_rank:
+            return None
+        who = f"{msg.origin} {msg.origin_rank}"
+        self._quiet(who, f"rank {msg.type}", "refused a %r claiming %s %s from the credentials of %s",
+                    msg.type, msg.origin, str(rank)[:20], who)
+        return Message("error", {"message": f"{who}'s credentials may not send {msg.type!r} as "
+                                            f"{msg.origin} {str(rank)[:20]}"})
 
 
 class JobError(RuntimeError):

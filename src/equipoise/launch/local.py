@@ -13,6 +13,7 @@ no process is orphaned and every port is freed.
 from __future__ import annotations
 
 import json
+import math
 import os
 import select
 import shutil
@@ -28,24 +29,52 @@ from ..config import Config
 from ..neighbour import Burner, start_burner
 from ..scenario import Scenario
 from ..wire import JobKeys, Listener, Message, generate_keys, make_transport
+from ..wire.auth import identity
 from ..wire.zmq_transport import ipc_fits
 from ..protocol.checkpoint import Checkpoint
+from ..user_code import Busy
 from ..coordinator.pacings import make_coordinator
 from ..coordinator.rpc import JobError, LaunchedPeers
 from .cgroup import CpuLimit
 
 MISSED_BEATS = 3  # heartbeats missed before a process counts as lost
+SPARE_SERVERS = 16  # server ranks with credentials beyond those the config can add (control.jsonl's)
 MAX_RANK, MAX_BEATING = 1 << 20, 4096  # bounds on what a beat may name, and on the names kept
+
+
+def job_keys(cfg: Config) -> dict[str, JobKeys] | None:
+    """The job's credentials (None under auth = "off"): one per process it may ever run,
+    every worker rank including replacements, every server rank including those added
+    while it runs (PSLD, the scenario, and SPARE_SERVERS more for control.jsonl)."""
+    if cfg.auth == "off":
+        return None
+    added = sum(int(ev.get("add", 0)) for ev in cfg.server_events) + max(0, cfg.psld_max_servers)
+    return generate_keys(cfg.auth, workers=cfg.workers + cfg.worker_restarts,
+                         servers=cfg.servers + added + SPARE_SERVERS)
+
+
+def process_keys(keys: dict[str, JobKeys] | None, role: str, rank: int) -> dict | None:
+    """The credentials of `role` `rank`, as the document a child reads; JobError if the
+    job has none for it (more servers added than it made credentials for)."""
+    if keys is None:
+        return None
+    mine = keys.get(identity(role, rank))
+    if mine is None:
+        raise JobError(f"no credentials for {role} {rank}: this job made them for "
+                       f"{sum(k.role == role for k in keys.values())} {role}s")
+    return mine.to_dict()
 
 
 class Heartbeats:
     """A thread that takes every child's heartbeat and answers it (so a child can tell
     that the coordinator is gone). A child that has beaten once and then misses
-    MISSED_BEATS periods is `quiet`."""
+    MISSED_BEATS periods is `quiet`. Under authentication a beat counts only for the
+    process whose credentials sent it: no process can keep another alive."""
 
     def __init__(self, listener: Listener, period: float):
         self.listener, self.period = listener, period
         self.last: dict[str, float] = {}
+        self.busy: dict[str, Busy] = {}  # a worker's longest call into user code, as its last beat said
         self.polled = time.monotonic()  # when this thread last looked: it may be starved too
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="heartbeats", daemon=True)
@@ -65,7 +94,14 @@ class Heartbeats:
                     if role not in ("worker", "server") or not 0 <= rank < MAX_RANK or (
                             name not in self.last and len(self.last) >= MAX_BEATING):
                         raise ValueError(f"not a process of this job: {name[:40]!r}")
+                    if msg.origin is not None and (msg.origin, msg.origin_rank) != (role, rank):
+                        raise ValueError(f"a beat for {name} from {msg.origin} {msg.origin_rank}")  # spoofed
                     self.last[name] = time.monotonic()
+                    busy = _busy(msg.fields.get("busy")) if role == "worker" else None
+                    if busy is None:
+                        self.busy.pop(name, None)
+                    else:
+                        self.busy[name] = busy
                     self.listener.send(peer, Message("beat", {"role": "coordinator", "rank": 0}))
             except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError):
                 pass  # not a beat we understand: nothing to answer, nothing kept
@@ -78,10 +114,31 @@ class Heartbeats:
             return None
         return now - last
 
+    def stuck(self, name: str, bound: float) -> str | None:
+        """What `name` is stuck in, if its last beat said it had been inside one call of
+        user code for more than `bound` seconds (0: never)."""
+        busy = self.busy.get(name)
+        if not bound or busy is None or busy.for_s <= bound:
+            return None
+        return (f"is stuck in {busy.describe()} for {busy.for_s:.0f} s (stuck_s = {bound:g}); "
+                "its slice is not re-planned: the other workers would reach the same sample")
+
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=2)
         self.listener.close()
+
+
+def _busy(value) -> Busy | None:
+    """A beat's `busy` field ([what, iteration, sample, for_s]) read, or None if absent or
+    malformed (a beat is never refused for it)."""
+    if not isinstance(value, list) or len(value) != 4:
+        return None
+    what, iteration, sample, for_s = value
+    if not (isinstance(what, str) and all(isinstance(v, int) and not isinstance(v, bool) for v in (iteration, sample))
+            and isinstance(for_s, (int, float)) and not isinstance(for_s, bool) and math.isfinite(for_s)):
+        return None
+    return Busy(what[:80], max(-1, min(iteration, MAX_RANK << 20)), max(-1, min(sample, 1 << 62)), max(0.0, float(for_s)))
 
 
 class Children(LaunchedPeers):
@@ -135,7 +192,7 @@ class Children(LaunchedPeers):
             self.procs[name] = proc = subprocess.Popen(
                 [sys.executable, "-m", "equipoise.launch.proc", role, str(rank), self.coordinator],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.PIPE, env=self.env)
-        keys = self.keys[role].to_dict() if self.keys else None
+        keys = process_keys(self.keys, role, rank)
         _write_all(proc.stdin, json.dumps({"config": self.cfg.to_dict(), "keys": keys,
                                             "beats": self.beats.listener.address if self.beats else ""}).encode(),
                    self.cfg.timeout)
@@ -159,6 +216,9 @@ class Children(LaunchedPeers):
             role = name.rstrip("0123456789")
             code = proc.poll()
             if code is None:
+                stuck = self.beats.stuck(name, self.cfg.stuck_s) if self.beats else None
+                if stuck is not None:
+                    raise JobError(f"{name} (pid {proc.pid}) {stuck}")
                 quiet = self.beats.quiet(name, now) if self.beats else None
                 if quiet is None:
                     continue
@@ -260,7 +320,7 @@ def child_env(cfg: Config) -> dict[str, str]:
 def run_local(cfg: Config, run_dir: Path, data, resume: Checkpoint | None = None) -> dict:
     """Run one job on this machine and return its summary."""
     t0 = time.time()
-    keys = generate_keys(cfg.auth) if cfg.auth != "off" else None
+    keys = job_keys(cfg)
     transport = make_transport("zmq", max_bytes=cfg.max_message_mb << 20,
                                keys=keys["coordinator"] if keys else None)
     listener = transport.listen(cfg.listen_host)

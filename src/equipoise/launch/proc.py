@@ -43,11 +43,17 @@ _STOPPING = threading.Event()  # set before the transport closes: the heartbeat 
 def _beat(transport, address: str, role: str, rank: int, period: float, timeout: float) -> None:
     from ..wire import Message, PeerTimeout, WireError
 
+    from ..user_code import USER_CODE
+
     conn = transport.connect(address)
     answered = time.monotonic()
     while not _STOPPING.is_set():
         try:
-            conn.send(Message("beat", {"role": role, "rank": rank}))
+            fields: dict = {"role": role, "rank": rank}
+            busy = USER_CODE.longest() if role == "worker" else None
+            if busy is not None:  # what the user's code is doing, so that a stuck call is named
+                fields["busy"] = busy.to_list()
+            conn.send(Message("beat", fields))
             deadline = time.monotonic() + period
             while (left := deadline - time.monotonic()) > 0:
                 conn.recv(timeout=left)

@@ -38,11 +38,11 @@ from pathlib import Path
 
 from ..config import Config, ConfigError, EquipoiseWarning
 from ..data import DATASETS
-from ..wire import generate_keys, make_transport
+from ..wire import make_transport
 from ..protocol.checkpoint import Checkpoint
 from ..coordinator.pacings import make_coordinator
 from ..coordinator.rpc import JobError, LaunchedPeers
-from .local import Heartbeats
+from .local import Heartbeats, job_keys, process_keys
 from .ray_actor import actor_class, actor_options
 
 LOG_PUMP_S = 1.0  # how often actor logs are copied to the driver
@@ -188,7 +188,7 @@ class RayPeers(LaunchedPeers):
 
     def _start(self, role: str, rank: int) -> None:
         name = f"{role}{rank}"
-        keys = self.keys[role].to_dict() if self.keys else None
+        keys = process_keys(self.keys, role, rank)
         job = {"config": self.cfg.to_dict(), "keys": keys,
                "beats": self.beats.listener.address if self.beats else ""}
         data = None
@@ -269,6 +269,9 @@ class RayPeers(LaunchedPeers):
                 raise JobError(f"{name} ended before the job did")
         if self.beats is not None:
             for name in list(self.runs):
+                stuck = self.beats.stuck(name, self.cfg.stuck_s)
+                if stuck is not None:
+                    raise JobError(f"{name} (node {self.where.get(name, {}).get('ip', '?')}) {stuck}")
                 quiet = self.beats.quiet(name, now)
                 if quiet is not None:
                     self.ray.kill(self.actors[name], no_restart=True)  # fenced: it must not come back
@@ -452,7 +455,7 @@ def run_ray(cfg: Config, run_dir: Path, data, resume: Checkpoint | None = None) 
     clean = False
     try:
         here = _check_addresses(cfg, ray)
-        keys = generate_keys(cfg.auth) if cfg.auth != "off" else None
+        keys = job_keys(cfg)
         transport = make_transport("zmq", max_bytes=cfg.max_message_mb << 20,
                                    keys=keys["coordinator"] if keys else None)
         listener = transport.listen(here)

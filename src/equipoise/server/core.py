@@ -30,6 +30,7 @@ from .handover import Forwarding
 from .replica import BackupPart, Replication
 from .moves import BlockMoves
 from .parts import Held, nbytes as _nbytes
+from .origin import refusal
 from ..protocol.fields import FieldError, read_field
 from ..protocol.steps import StepTotals
 from .clipping import NormWait
@@ -43,14 +44,6 @@ log = logging.getLogger("equipoise.server")
 # away is refused outright (a protocol asks for at most a few versions ahead).
 MAX_HELD, MAX_HELD_PER_PEER, MAX_AHEAD = 4096, 16, 1 << 20
 READS_KEPT = 3  # delay compensation: the reads of each worker whose weights are kept
-
-# Who may send a server each message type (`Message.origin`, the role an authenticating transport
-# vouches for; None, without authentication, passes); a type not listed is the coordinator's alone.
-SENDERS = {"push": {"worker"}, "fragment": {"worker"}, "pull": {"worker"}, "ping": {"coordinator", "server", "worker"},
-           "adopt": {"coordinator", "server"},  # adopt: from the server handing its blocks over
-           "forward": {"server"},  # a block's gradient that reached its old owner (no barrier)
-           "replica": {"server"}, "replica_ack": {"server"}}  # replication = 1: primary <-> backup
-
 
 class Server:
     """One server's message handling; `serve` runs it until told to stop. The core
@@ -135,12 +128,12 @@ class Server:
 
     # -- dispatch ---------------------------------------------------------------------
     def handle(self, peer: bytes, msg: Message) -> None:
-        if msg.origin is not None and msg.origin not in SENDERS.get(msg.type, ("coordinator",)):
+        refused = refusal(msg, peer.hex()) if msg.origin is not None else None
+        if refused is not None:  # its role may not send it, or it claims another worker's rank
+            kind, reply, logged = refused
             # Bounded like every refusal: a peer that reconnects has a fresh identity each time.
-            self.refusals(peer, f"not from a {msg.origin}", "refused %r from %s, a %s (further refusals "
-                          "of this peer not logged one by one)", msg.type, peer.hex(), msg.origin)
-            self.listener.send(peer, Message("error", {"message": f"server {self.rank} does not accept "
-                                                       f"{msg.type!r} from a {msg.origin}"}))
+            self.refusals(peer, kind, "%s (further refusals of this peer not logged one by one)", logged)
+            self.listener.send(peer, Message("error", {"message": f"server {self.rank} {reply}"}))
             return
         handler = self.handlers.get(msg.type)
         if handler is None:

@@ -73,14 +73,16 @@ class Message:
     fields and tensors exactly (dtype, shape, ``torch.equal``).
 
     ``origin`` is not sent: a listener that authenticates its peers sets it on a
-    received message to the sender's job role ("coordinator", "server", "worker");
-    it is None when the transport does not authenticate (wire/auth.py).
+    received message to the sender's job role ("coordinator", "server", "worker"),
+    and ``origin_rank`` to its rank (None for the coordinator); both are None when the
+    transport does not authenticate (wire/auth.py).
     """
 
     type: str
     fields: dict = field(default_factory=dict)
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     origin: str | None = None
+    origin_rank: int | None = None
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Message):

@@ -1,11 +1,11 @@
 """ZeroMQ transport: ROUTER listeners, DEALER connections, per-job authentication.
 
-With ``keys`` (a role's :class:`~equipoise.wire.auth.JobKeys`), every listener, tcp or
-ipc, is a CURVE (or PLAIN) server whose ZAP handler admits only the job's own roles, and
-every received message carries its sender's role in ``Message.origin`` ("coordinator",
-"server" or "worker"); a peer without the job's credentials fails the handshake and no
+With ``keys`` (one process's :class:`~equipoise.wire.auth.JobKeys`), every listener, tcp
+or ipc, is a CURVE (or PLAIN) server whose ZAP handler admits only the job's own
+processes, and every received message carries its sender's role in ``Message.origin``
+("coordinator", "server" or "worker") and its rank in ``Message.origin_rank``; a peer without the job's credentials fails the handshake and no
 message of it is ever delivered. Without keys there is no authentication and ``origin``
-is None. See wire/auth.py for the modes.
+and ``origin_rank`` are None. See wire/auth.py for the modes.
 
 Each :class:`ZmqTransport` owns its own ``zmq.Context`` (never the global
 instance); create transports in the process that uses them, i.e. after any
@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 import zmq
 
-from .auth import ROLES, JobKeys, ZapHandler, secure_connection, secure_listener
+from .auth import JobKeys, ZapHandler, parse_identity, secure_connection, secure_listener
 from .message import DEFAULT_MAX_BYTES, Message, WireError, decode, encode
 from .transport import (
     Connection,
@@ -233,10 +233,11 @@ class _ZmqListener(_ZmqEndpoint, Listener):
             peer = frames[0].bytes
             try:
                 msg = decode(frames[1:], max_bytes=self.max_bytes)
-                if self._auth:  # the role ZAP gave this connection; never absent when authenticated
-                    msg.origin = frames[-1].get("User-Id")
-                    if msg.origin not in ROLES:
-                        raise WireError(f"no job role for this connection ({msg.origin!r})")
+                if self._auth:  # the identity ZAP gave this connection; never absent when authenticated
+                    who = parse_identity(frames[-1].get("User-Id"))
+                    if who is None:
+                        raise WireError(f"no job identity for this connection ({frames[-1].get('User-Id')!r})")
+                    msg.origin, msg.origin_rank = who
                 return peer, msg
             except WireError as exc:
                 log_dropped(self.address, peer, exc)

@@ -36,6 +36,7 @@ from ..device import to_device, worker_device, worker_precision
 from .client import PSClient, Pulled, Ticket
 from .forward_pull import ForwardPull
 from .backward_push import BackwardPush
+from ..user_code import USER_CODE
 from ..workload import SampleError, StepError, load_workload
 from .coordinator_link import CoordinatorLink, Reset, WorkerError, oom_report
 from .stretch import Stretch, noise_seed
@@ -391,6 +392,7 @@ class Worker:
         # generator alone: torch.manual_seed would also queue a CUDA seeding with a stack
         # capture: ~0.3 ms per step here.)
         torch.default_generator.manual_seed(self.cfg.seed * 1_000_003 + f["start"])
+        USER_CODE.iteration = int(f["iteration"])  # what the heartbeat names a stuck call by
         try:
             batch = self.loader.get(f["start"], f["size"])
         except (SampleError, StepError, TimeoutError) as exc:

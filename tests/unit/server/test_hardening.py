@@ -166,7 +166,7 @@ def test_the_handler_table_covers_the_schema_and_the_senders(server):
     """The server's one table of handlers: each type it handles is a wire type, every
     type a worker or another server may send it is handled, and every handler of the
     core (`_on_*`) and of its parts (`on_*`) is in the table (none reached only by name)."""
-    from equipoise.server.core import SENDERS
+    from equipoise.server.origin import SENDERS
     from equipoise.wire.schema import SCHEMA
 
     table = server.handlers
@@ -209,3 +209,23 @@ def test_ten_thousand_refused_credentials_keep_memory_and_log_lines_bounded(capl
     finally:
         zap.close()
         ctx.term()
+
+
+def test_a_worker_claiming_another_rank_is_refused_and_named(server, caplog):
+    """Worker 1's credentials (origin_rank 1) push and pull as worker 0: refused with
+    an error naming both, the block untouched, one log line for the peer."""
+    import logging
+
+    push = Message("push", {"worker": 0, "version": 0, "samples": 1}, {"g0": torch.ones(2)},
+                   origin="worker", origin_rank=1)
+    pull = Message("pull", {"worker": 0, "min_version": 0}, origin="worker", origin_rank=1)
+    with caplog.at_level(logging.WARNING):
+        for msg in (push, pull, push):
+            [err] = reply(server, b"w1", msg)
+            assert err.type == "error" and "worker 1's credentials claim worker 0" in err.fields["message"]
+    assert torch.equal(server.store.values[0], torch.zeros(2))
+    named = [r.getMessage() for r in caplog.records if "from the credentials of worker 1" in r.getMessage()]
+    assert len(named) == 1 and "refused 'push' claiming worker '0'" in named[0]
+    # its own rank passes the check (and is then handled as usual)
+    own = Message("pull", {"worker": 1, "min_version": 0}, origin="worker", origin_rank=1)
+    assert all(m.type != "error" or "credentials" not in m.fields.get("message", "") for m in reply(server, b"w1", own))
