@@ -15,9 +15,18 @@ def no_orphans():
     before = {p.pid for p in psutil.Process(os.getpid()).children(recursive=True)}
     yield
     left = [p for p in psutil.Process(os.getpid()).children(recursive=True) if p.pid not in before]
-    for p in left:
-        p.kill()
-    assert not left, f"processes left running: {[p.cmdline()[-4:] for p in left]}"
+    names = []
+    for p in left:  # named, killed and reaped, so that no later test finds them
+        try:
+            names.append(p.cmdline()[-4:])
+        except psutil.Error:
+            names.append(f"pid {p.pid}, exited and not reaped")
+        try:
+            p.kill()
+            p.wait(timeout=10)
+        except psutil.Error:
+            pass
+    assert not left, f"processes left running: {names}"
 
 
 @pytest.fixture

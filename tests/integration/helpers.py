@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -21,8 +22,16 @@ def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout)
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_cli(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "equipoise.cli", *args],
+    """The CLI in a process of its own, with Ctrl-C's default action whatever this
+    process's is: a suite started in the background of a shell inherits SIGINT
+    ignored, which a child would keep (Python leaves an ignored SIGINT ignored), so the
+    tests that send it SIGINT would see it ignored."""
+    return subprocess.Popen([sys.executable, "-m", "equipoise.cli", *args], preexec_fn=_default_sigint,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -112,7 +121,10 @@ def role_pid(pid: int, role: str) -> int:
     """The pid of the child process running `role` (e.g. 'worker 1') under `pid`."""
     kind, rank = role.split()
     for p in descendants(pid):
-        cmd = p.cmdline()
+        try:
+            cmd = p.cmdline()
+        except psutil.Error:  # exited since (a zombie until reaped): not the one
+            continue
         if "equipoise.launch.proc" in cmd and cmd[cmd.index("equipoise.launch.proc") + 1:][:2] == [kind, rank]:
             return p.pid
     raise AssertionError(f"no {role} process under {pid}")

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..config import Config
 from ..neighbour import Burner, start_burner
-from ..scenario import Scenario
+from ..scenario import Scenario, ServerAdd, WorkerJoin
 from ..wire import JobKeys, Listener, Message, generate_keys, make_transport
 from ..wire.auth import identity
 from ..wire.zmq_transport import ipc_fits
@@ -44,12 +44,15 @@ MAX_RANK, MAX_BEATING = 1 << 20, 4096  # bounds on what a beat may name, and on 
 
 def job_keys(cfg: Config) -> dict[str, JobKeys] | None:
     """The job's credentials (None under auth = "off"): one per process it may ever run,
-    every worker rank including replacements, every server rank including those added
-    while it runs (PSLD, the scenario, and SPARE_SERVERS more for control.jsonl)."""
+    every worker rank including those the scenario adds and replacements, every server
+    rank including those added while it runs (PSLD, the scenario, and SPARE_SERVERS more
+    for control.jsonl)."""
     if cfg.auth == "off":
         return None
-    added = sum(int(ev.get("add", 0)) for ev in cfg.server_events) + max(0, cfg.psld_max_servers)
-    return generate_keys(cfg.auth, workers=cfg.workers + cfg.worker_restarts,
+    scenario = Scenario.of(cfg)
+    joins = sum(e.count for e in scenario.membership if isinstance(e, WorkerJoin))
+    added = sum(e.count for e in scenario.server_events if isinstance(e, ServerAdd)) + max(0, cfg.psld_max_servers)
+    return generate_keys(cfg.auth, workers=cfg.workers + joins + cfg.worker_restarts,
                          servers=cfg.servers + added + SPARE_SERVERS)
 
 
