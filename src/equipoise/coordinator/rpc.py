@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..wire import Connection, Message, PeerTimeout
+from ..wire.auth import impersonated
 from ..wire.transport import QuietLog, kind_of
 
 
@@ -47,11 +48,8 @@ class OriginCheck:
     def _rank_refusal(self, msg: Message) -> Message | None:
         """The error for a message whose claimed rank (a hello's `rank`, a worker's
         `worker` field) is not the one its credentials vouch for (`Message.origin_rank`)."""
-        if msg.origin_rank is None:
-            return None
-        rank = msg.fields.get("rank") if msg.type == "hello" else (
-            msg.fields.get("worker") if msg.origin == "worker" else None)
-        if rank is None or rank == msg.origin_rank:
+        rank = impersonated(msg)
+        if rank is None:
             return None
         who = f"{msg.origin} {msg.origin_rank}"
         self._quiet(who, f"rank {msg.type}", "refused a %r claiming %s %s from the credentials of %s",

@@ -6,6 +6,7 @@ and the rank it claims."""
 from __future__ import annotations
 
 from ..wire import Message
+from ..wire.auth import impersonated
 
 # Who may send each message type; a type not listed is the coordinator's alone.
 SENDERS = {"push": {"worker"}, "fragment": {"worker"}, "pull": {"worker"}, "ping": {"coordinator", "server", "worker"},
@@ -22,8 +23,8 @@ def refusal(msg: Message, peer: str) -> tuple[str, str, str] | None:
     if msg.origin is not None and msg.origin not in SENDERS.get(msg.type, ("coordinator",)):
         return (f"not from a {msg.origin}", f"does not accept {msg.type!r} from a {msg.origin}",
                 f"refused {msg.type!r} from {peer}, a {msg.origin}")
-    claimed = msg.fields.get("worker") if msg.origin == "worker" else None
-    if msg.origin_rank is not None and claimed is not None and claimed != msg.origin_rank:
+    claimed = impersonated(msg)
+    if claimed is not None:
         claim = str(claimed)[:20]
         return ("another rank", f"refused {msg.type!r}: worker {msg.origin_rank}'s credentials claim worker {claim}",
                 f"refused {msg.type!r} claiming worker {claim!r} from the credentials of worker {msg.origin_rank}")

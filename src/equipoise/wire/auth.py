@@ -116,6 +116,17 @@ def parse_identity(name: object) -> tuple[str, int | None] | None:
     return None
 
 
+def impersonated(msg) -> object | None:
+    """The rank a received message claims for its sender (a hello's `rank`, a worker's
+    `worker` field) if it is not the rank its credentials vouch for
+    (`Message.origin_rank`), else None; None without authentication."""
+    if msg.origin_rank is None:
+        return None
+    rank = msg.fields.get("rank") if msg.type == "hello" else (
+        msg.fields.get("worker") if msg.origin == "worker" else None)
+    return None if rank is None or rank == msg.origin_rank else rank
+
+
 def generate_keys(mode: str, workers: int = 1, servers: int = 1) -> dict[str, JobKeys]:
     """Fresh credentials for one job, one per process it may ever run: identity ->
     JobKeys, for the coordinator, server ranks 0..servers-1 and worker ranks
