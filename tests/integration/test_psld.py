@@ -100,6 +100,7 @@ def test_psld_moves_load_off_a_slowed_server(tmp_path, protocol):
     assert summary["samples"] == 60 * 48
     if protocol == "ssp":  # one plan per worker batch of 16
         assert summary["gradients"] == {"owed": 180, "applied_min": 180, "applied_max": 180}
+        assert (summary["duplicates"], summary["too_old"]) == (0, 0)  # every push id arrived once
         assert summary["staleness_max"] <= 1
     servers = records(tmp_path / "run", "servers")
     slow_share = [r["load_bytes"][r["servers"].index(2)] / sum(r["load_bytes"]) for r in servers]

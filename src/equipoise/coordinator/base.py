@@ -474,7 +474,7 @@ class Coordinator:
             # Owed and never applied, on the block short of most: a lost worker's last
             # gradient, gradients in flight at a rollback's snapshot.
             summary["lost_updates"] = max([self.plans - n for n in counts] + [0])
-            summary["forwarded"] = totals.forwarded
+            summary.update(forwarded=totals.forwarded, duplicates=totals.duplicates, too_old=totals.too_old)
         if totals.steps.updates:  # async_scaling = "bsp": how the servers stepped, on average over updates
             summary["async_steps"] = totals.steps.means()
         if self.cfg.delay_compensation != "none":

@@ -55,6 +55,8 @@ class ServerTotals:
     compensated: int = 0
     applied: dict[int, int] = field(default_factory=dict)
     forwarded: int = 0
+    duplicates: int = 0  # block gradients a server dropped: their push id was taken already
+    too_old: int = 0     # dropped: their id below a server's window (lost)
 
     @classmethod
     def of(cls, acks: dict) -> "ServerTotals":
@@ -75,6 +77,8 @@ class ServerTotals:
                 out.steps += got
             out.compensated += int(f.get("compensated", 0))
             out.forwarded += int(f.get("forwarded", 0))
+            out.duplicates += int(f.get("duplicates", 0))
+            out.too_old += int(f.get("too_old", 0))
         return out
 
 

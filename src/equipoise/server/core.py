@@ -27,6 +27,7 @@ from ..wire.transport import QuietLog, kind_of
 from .ahead import AheadUpdates, split
 from .fragments import FragmentPart, Fragments, count_field
 from .handover import Forwarding
+from .ledger import PushLedger, drop_taken
 from .replica import BackupPart, Replication
 from .moves import BlockMoves
 from .parts import Held, nbytes as _nbytes
@@ -71,6 +72,7 @@ class Server:
         self.early_at: dict[int, float] = {}
         self.handover = Forwarding(rank, transport)  # no barrier: blocks handed over, late gradients sent on
         self.fragments = Fragments()  # backward_push: the parts of each worker's push in progress
+        self.ledger = PushLedger()  # the push ids each block took: a gradient applied once
         self.replication: Replication | None = None  # replication = 1: backup duties both ways
         self.epoch = 0  # the coordinator's rollbacks: worker requests of earlier ones are stale
         self.done = False
@@ -188,6 +190,7 @@ class Server:
         self.applied_at, self.early_at = {}, {}
         self.block_grads = {b.key: counts.get(b.key, 0) for b in blocks}
         self.handover.reset()
+        self.ledger.clear()
         self.fragments.clear()
         self.norms = NormWait(lambda: self.store, self.sync, self.pushes, self.listener.send)
         if self.replication is not None:
@@ -202,7 +205,8 @@ class Server:
             "histogram": [[s, n] for s, n in sorted(sync.histogram.items())] if sync else [],
             "unapplied": sync.unapplied if sync else 0,
             "steps": self.steps.to_wire(), "compensated": self.compensated,
-            "block_gradients": sorted(self.block_grads.items()), "forwarded": self.handover.sent}))
+            "block_gradients": sorted(self.block_grads.items()), "forwarded": self.handover.sent,
+            "duplicates": self.ledger.duplicates, "too_old": self.ledger.too_old}))
 
     def _straggle(self, f: dict) -> None:
         """Set the emulated slowdown; ValueError (and nothing set) unless the factor and
@@ -350,6 +354,10 @@ class Server:
         push = Push(int(f["worker"]), version, int(f["samples"]), {**earlier, **own},
                     read_field(f, "start", int, who=who, least=-1, default=-1), count,
                     None if read is None else min(read, self.store.samples))
+        pid = None if step is None else (self.epoch, step, count_field(f, "part", 0))
+        if drop_taken(self.ledger, push.worker, pid, push.tensors, "push"):  # all given already: acked
+            self.listener.send(peer, Message("ack", {"version": self.sync.published(), "staleness": []}))
+            return
         away = self.handover.split(push, self.store.blocks)
         if push.tensors or not away:  # an empty push is refused here, as a push of wrong blocks
             self.store.check(push, partial=bool(away) or not self.sync.policy.barrier(), checked=checked)
@@ -360,8 +368,9 @@ class Server:
         if push.tensors:  # SyncFault here refuses the push whole: nothing forwarded yet
             token = self.sync.accept(push.worker, push.version, push.samples, int(f.get("part", 0)), step)
             self.pushes[token] = push
+        self.ledger.record(push.worker, pid, push.tensors)
         if away:
-            self.moves.forward(push, away, step)
+            self.moves.forward(push, away, step, pid)
         self._apply_ready(release=False)  # after the ack
         self.charge(nbytes, t0)
         self.listener.send(peer, Message("ack", {"version": self.sync.published(),

@@ -65,11 +65,12 @@ class Forwarding:
             if not math.isfinite(float(t.sum())):
                 raise PushError(f"push from worker {worker}: block {key} holds a non-finite gradient (NaN or inf)")
 
-    def send(self, push: Push, away: dict, step: int | None, delay: int | None, epoch: int) -> None:
+    def send(self, push: Push, away: dict, step: int | None, delay: int | None, epoch: int,
+             part: int = 0) -> None:
         """Send checked gradients to their blocks' new owners, with what their step needs
-        there: the worker, its samples and units, its step (SSP's clock) and its delay
-        in samples. A send that times out is logged: that gradient is lost
-        (lost_updates)."""
+        there: the worker, its samples and units, its step (SSP's clock), the step's
+        `part` (with the epoch and step, the push's id) and its delay in samples. A
+        send that times out is logged: that gradient is lost (lost_updates)."""
         by_owner: dict[str, dict] = {}
         for key, t in away.items():
             by_owner.setdefault(self.moved[key], {})[key] = t
@@ -80,7 +81,7 @@ class Forwarding:
             self._drain(conn)
             try:
                 conn.send(Message("forward", {"worker": push.worker, "samples": push.samples, "step": step,
-                                              "epoch": epoch, "delay": delay,
+                                              "epoch": epoch, "delay": delay, "part": part,
                                               **({} if push.count is None else {"count": push.count})},
                                   {grad_name(k): v for k, v in grads.items()}))
                 self.sent += 1

@@ -11,6 +11,8 @@ from ..policy.sync import SyncFault
 from ..protocol.fields import read_field
 from ..wire import Message
 from ..wire.names import grads_of, pack, states_for, states_of, value_name, values_of
+from .fragments import count_field
+from .ledger import PushLedger, drop_taken
 from .parts import Core, nbytes as _nbytes
 from .store import ParameterStore, Push, PushError
 
@@ -59,6 +61,7 @@ class BlockMoves:
             conn.send(Message("adopt", {"blocks": [store.blocks[k].to_list() for k in keys],
                                         "version": store.version, "samples": store.samples,
                                         "block_gradients": [[k, self.core.block_grads.get(k, 0)] for k in keys],
+                                        "ledger": self.core.ledger.rows(keys),
                                         "clocks": self.core.sync.clock_state()}, tensors))
             reply = conn.recv(timeout=self.core.timeout)
         except TimeoutError:
@@ -70,6 +73,7 @@ class BlockMoves:
             raise PushError(f"server {self.core.rank}: {msg.fields['to']} refused the blocks: "
                             f"{reply.fields.get('message', reply.type)}")
         self.rebuild([b for k, b in store.blocks.items() if k not in moved], {}, {})
+        self.core.ledger.drop(keys)
         for k in keys:
             self.core.block_grads.pop(k, None)
             self.core.applied_at.pop(k, None)  # its next owner knows when it next updates it
@@ -95,6 +99,8 @@ class BlockMoves:
         values = {b.key: sent[b.key] for b in blocks}
         counts = {int(k): int(n) for k, n in f.get("block_gradients", [])}
         version, samples = int(f["version"]), int(f["samples"])
+        ledger = PushLedger()  # checked whole before anything changes
+        ledger.adopt(f.get("ledger", []), [b.key for b in blocks])
         if not store.blocks:  # an empty server saw no updates: it joins the sender's version (and clocks)
             self.core.sync.join(version, None if barrier else f.get("clocks"))
             store.version, store.samples = version, samples
@@ -103,6 +109,7 @@ class BlockMoves:
                             f"version {f['version']}")
         # Without a barrier each server is at its own moment: the blocks join this one's stream.
         self.rebuild(list(store.blocks.values()) + blocks, values, states_of(msg.tensors))
+        self.core.ledger.adopt(f.get("ledger", []), [b.key for b in blocks])
         for b in blocks:
             self.core.block_grads[b.key] = counts.get(b.key, 0)
             self.core.handover.adopted(b.key)
@@ -130,11 +137,11 @@ class BlockMoves:
                 if k in grads:
                     grads[k] += 1
 
-    def forward(self, push: Push, away: dict, step: int | None) -> None:
+    def forward(self, push: Push, away: dict, step: int | None, pid: tuple | None = None) -> None:
         """Send handed-over blocks' gradients on, with their delay in samples: this
-        server's count against the stamp the worker read."""
+        server's count against the stamp the worker read, and the push's id."""
         delay = None if push.read is None else max(0, self.core.store.samples - push.read)
-        self.core.handover.send(push, away, step, delay, self.core.epoch)
+        self.core.handover.send(push, away, step, delay, self.core.epoch, 0 if pid is None else pid[2])
 
     def on_forward(self, peer: bytes, msg: Message) -> None:
         """A block's gradient that reached its old owner after the hand-over: applied
@@ -156,6 +163,9 @@ class BlockMoves:
         push = Push(int(f["worker"]), store.version, int(f["samples"]), grads_of(msg.tensors),
                     -1, count,
                     None if delay is None else max(0, store.samples - delay))
+        pid = None if step is None else (self.core.epoch, step, count_field(f, "part", 0))
+        if drop_taken(self.core.ledger, push.worker, pid, push.tensors, "forward"):
+            return  # every block of it taken already
         away = self.core.handover.split(push, store.blocks)
         if push.tensors or not away:
             store.check(push, partial=True)
@@ -163,10 +173,11 @@ class BlockMoves:
             self.core.handover.check(push.worker, away, self.core.sync.lost)
         if push.tensors:
             store.apply([push], [0], forwarded=True)
+            self.core.ledger.record(push.worker, pid, push.tensors)
             self.count([push])
             self.core.applied_at.update(dict.fromkeys(push.tensors, self.core.clock.now()))
         if away:
-            self.forward(push, away, step)
+            self.forward(push, away, step, pid)
         self.core.sync.forwarded(push.worker, step)
         self.core.release()
 

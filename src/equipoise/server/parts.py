@@ -53,6 +53,7 @@ class Core(Protocol):
     early_at: dict[int, float]       # eager_update: when each block computed ahead was
     handover: Forwarding
     fragments: Any                   # fragments.Fragments (typed loosely: that module imports this one)
+    ledger: Any                      # ledger.PushLedger: the push ids each block took
     replication: Any                 # replica.Replication, or None without replication
     busy_s: float                    # PSLD's measurements since the coordinator last asked
     bytes: int

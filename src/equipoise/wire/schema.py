@@ -68,9 +68,9 @@ SCHEMA: dict[str, dict[str, FieldType]] = {
     "stats": {"busy_s": float, "bytes": int, "load_bytes": int, "blocks": int},
     "straggle": {},  # optional factor, rate_mbps, bandwidth_mbps
     "migrate": {"keys": list, "to": str},  # coordinator -> source server
-    "adopt": {"blocks": list, "version": int, "samples": int},  # source -> destination, + tensors
+    "adopt": {"blocks": list, "version": int, "samples": int},  # source -> destination, + tensors; optional ledger
     # no barrier: a gradient of a handed-over block that reached its old owner, + tensors "g<key>"
-    "forward": {"worker": int, "samples": int},  # optional step, delay, count, epoch
+    "forward": {"worker": int, "samples": int},  # optional step, delay, count, epoch, part
     "table_req": {"worker": int},  # a worker whose plan said await_table, before its first push
     "table": {"table": list, "servers": list, "version": int},
     # control
