@@ -179,10 +179,10 @@ class Generator:
                     self.tensor(n=NUMEL + r.randint(1, 4096))]
         if kind == 1:  # a header over 1 MiB
             return [header("ping", {"pad": "x" * ((1 << 20) + 10)})]
-        if kind == 2:  # frames over max_bytes in total (each frame under it)
-            half = b"\x00" * (MAX_BYTES // 2 + 8)
+        if kind == 2:  # frames of up to 16 times max_bytes in total (each frame under it)
+            half, n = b"\x00" * (MAX_BYTES // 2 + 8), r.choice((2, 8, 32))
             return [header("push", {"worker": 0, "version": self.other_version(), "samples": 1},
-                           [entry("g0", "uint8", [len(half)]), entry("g1", "uint8", [len(half)])]), half, half]
+                           [entry(f"g{i}", "uint8", [len(half)]) for i in range(n)]), *[half] * n]
         return [header("ping", {}), b"\x00" * (MAX_BYTES + 1)]  # a single frame over MAXMSGSIZE
 
     def base_fields(self, mtype: str) -> dict:
