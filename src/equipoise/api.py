@@ -18,6 +18,8 @@ from .models import build_model
 from .protocol.checkpoint import load_checkpoint, write_atomic
 from .launch.local import run_local
 from .spec import callable_spec, one_line
+from .sparse.checks import tables_refusal
+from .sparse.tables import TableError, sparse_tables
 from .telemetry.metrics import json_safe
 from .workload import SampleError, StepError, Workload, load_workload
 
@@ -179,6 +181,9 @@ def check_workload(cfg: Config) -> Workload:
             torch.manual_seed(cfg.seed)
             model = build_model(cfg.model, work.input_shape, work.num_classes, cfg.model_args)
             model.train()
+            refused = tables_refusal(cfg, sparse_tables(model))  # TableError: a module they cannot honour
+            if refused:
+                raise ConfigError(refused)
             step = _user_call(work, "loss", lambda: work.loss_of(model, batch, n))
             if not step.objective.requires_grad:
                 raise StepError(f"loss {work.names['loss']!r} does not depend on the model's parameters "
@@ -191,6 +196,8 @@ def check_workload(cfg: Config) -> Workload:
                     names = set(_user_call(work, "metrics", lambda: work.batch_metrics(model, eval_batch, m)))
         except SampleError as exc:
             raise DataError(str(exc)) from None
+        except TableError as exc:
+            raise ConfigError(str(exc)) from None
     if cfg.target:
         if work.eval is None:
             raise ConfigError(f"target = {cfg.target}: dataset {cfg.dataset!r} has no evaluation set")

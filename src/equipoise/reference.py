@@ -73,6 +73,8 @@ def train_reference(cfg: Config, iterations: int | None = None, data=None,
                               weight_decay=cfg.weight_decay)
     elif cfg.optimizer == "adamw":
         opt = torch.optim.AdamW(params.values(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    elif cfg.optimizer == "adagrad":
+        opt = torch.optim.Adagrad(params.values(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     else:
         opt = torch.optim.Adam(params.values(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     rates, user = OptimizerSpec.of(cfg, total), user_schedule(cfg.lr_schedule)

@@ -34,7 +34,7 @@ from ..telemetry.progress import ProgressDisplay
 from ..telemetry.tensorboard import TensorBoardLog
 from ..wire import Listener, Message, Transport
 from ..workload import as_workload
-from ..protocol.blocks import model_tensors, read_values
+from ..protocol.blocks import model_tensors, read_values, table_widths
 from ..protocol.checkpoint import Checkpoint, CheckpointError
 from .recovery import Memory, Plan, Recovery, plan_message
 from .planner import PlanSettings, Planner
@@ -159,7 +159,7 @@ class Coordinator:
     def _init_servers(self, addresses: list[str]) -> None:
         torch.manual_seed(self.cfg.seed)
         model = self._new_model()
-        self.blocks, table = self.servers.place(model_tensors(model))
+        self.blocks, table = self.servers.place(model_tensors(model), table_widths(model))
         values, optim, version, samples = read_values(model, self.blocks), {}, 0, 0
         if self.resume is not None:
             if [Block.from_list(r) for r in self.resume.blocks] != self.blocks:

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..policy.placement import Block, placement_blocks
+from ..policy.placement import Block
+from ..sparse.tables import place_with_tables
 from ..policy.psld import (AddServer, MoveBlock, Psld, RemoveServer, ServerAction, fixed_cost,
                           interval_noise, server_rates, server_share)
 from ..scenario import BlockMove, Scenario, ServerRemove
@@ -95,12 +96,13 @@ class ServerManager:
         self.barrier = True  # whether changes happen at barriers (else while workers run)
 
     # -- start --------------------------------------------------------------------------
-    def place(self, tensors) -> tuple[list[Block], list[int]]:
+    def place(self, tensors, widths: dict[str, int] | None = None) -> tuple[list[Block], list[int]]:
         """Blocks and their servers by the `placement` policy (the oracle knows the
-        servers' throughputs: `server_speeds`, else 1/factor of the emulated slowdowns)."""
+        servers' throughputs: `server_speeds`, else 1/factor of the emulated slowdowns);
+        sparse tables (`widths`: elements per row) in blocks of whole rows after them."""
         s = self.settings
         rates = list(s.server_speeds) or [1.0 / f for f in (s.server_slowdown or [1.0] * s.servers)]
-        blocks, table = placement_blocks(s.placement, tensors, s.servers, s.block_size, rates)
+        blocks, table = place_with_tables(s.placement, tensors, s.servers, s.block_size, rates, widths)
         if s.block_size == 0:
             log.info("block_size = 0 (auto): %d blocks of at most %d elements", len(blocks),
                      max((b.numel for b in blocks), default=0))

@@ -15,7 +15,7 @@ from .rpc import JobError
 REPORT_KEYS = ("iteration", "samples", "loss", "compute_s", "wait_s", "comm_s")
 
 
-TIMELINE_KINDS = ("fragment", "push", "pull", "part", "early", "applied", "plan")  # a report's wire events (worker/client.py)
+TIMELINE_KINDS = ("fragment", "push", "pull", "part", "early", "applied", "plan", "rows")  # a report's wire events (worker/client.py)
 
 
 def check_report(worker: int, report: dict) -> list | None:

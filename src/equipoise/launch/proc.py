@@ -90,7 +90,7 @@ def read_job(fd: int, timeout: float = STDIN_TIMEOUT) -> dict:
 
 def _warm_up(optimizer: str) -> None:
     """Build and step the job's optimizer once, if it is torch.optim's (Adam, AdamW): the first
-    built in a process imports about 1.5 s of torch. SGD is the store's own (store.SGD)
+    built in a process imports about 1.5 s of torch. SGD is the store's own (server/optimizers.py SGD)
     and needs nothing."""
     if optimizer == "sgd":
         return

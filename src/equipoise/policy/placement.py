@@ -52,8 +52,9 @@ class Block:
     name: str          # the model parameter or buffer it belongs to
     start: int         # element range [start, stop) of the flattened tensor
     stop: int
-    kind: str = "param"  # "param" (stepped by the optimizer) or "buffer" (averaged)
+    kind: str = "param"  # "param" (stepped by the optimizer), "buffer" (averaged) or "rows" (a sparse table's)
     itemsize: int = 4
+    width: int = 1     # elements per row: a "rows" block holds whole rows of its table
 
     @property
     def numel(self) -> int:
@@ -63,13 +64,23 @@ class Block:
     def nbytes(self) -> int:
         return self.numel * self.itemsize
 
+    @property
+    def rows(self) -> int:
+        """Rows of a "rows" block (elements of any other)."""
+        return self.numel // self.width
+
     def to_list(self) -> list:
-        return [self.key, self.name, self.start, self.stop, self.kind, self.itemsize]
+        row = [self.key, self.name, self.start, self.stop, self.kind, self.itemsize]
+        return row if self.width == 1 else [*row, self.width]
 
     @classmethod
     def from_list(cls, row: Sequence) -> "Block":
-        key, name, start, stop, kind, itemsize = row
-        return cls(int(key), str(name), int(start), int(stop), str(kind), int(itemsize))
+        key, name, start, stop, kind, itemsize, *rest = row
+        width = int(rest[0]) if rest else 1
+        if len(rest) > 1 or width < 1 or (kind == "rows" and (int(start) % width or int(stop) % width)):
+            raise ValueError(f"block {key}: {list(row)[:8]} is not [key, name, start, stop, kind, itemsize(, width)] "
+                             f"with whole rows")
+        return cls(int(key), str(name), int(start), int(stop), str(kind), int(itemsize), width)
 
 
 def make_blocks(tensors: Sequence[tuple[str, int, str, int]], block_size: int) -> list[Block]:

@@ -7,15 +7,18 @@ from torch import nn
 
 from ..policy.block_size import resolve_block_size
 from ..policy.placement import Block, make_blocks
+from ..sparse.tables import gather_rows, scatter_rows, sparse_tables, table_blocks
 
 
 def model_tensors(model: nn.Module) -> list[tuple[str, int, str, int]]:
     """(name, numel, kind, itemsize) of the model's parameters (stepped by the
-    optimizer), then of its persistent floating point buffers such as BatchNorm running
+    optimizer; kind "rows" for a sparse table's weight, sparse/tables.py), then of its persistent floating point buffers such as BatchNorm running
     statistics (averaged by sample count), in creation order. A non-persistent buffer
     (`register_buffer(..., persistent=False)`: a causal mask, a cache) is a constant of
     the model's code, the same in every process: it is never sent."""
-    tensors = [(n, p.numel(), "param", p.element_size()) for n, p in model.named_parameters()]
+    tables = sparse_tables(model)
+    tensors = [(n, p.numel(), "rows" if n in tables else "param", p.element_size())
+               for n, p in model.named_parameters()]
     tensors += [(n, b.numel(), "buffer", b.element_size())
                 for n, b in model.named_buffers() if b.is_floating_point() and _persistent(model, n)]
     return tensors
@@ -27,11 +30,19 @@ def _persistent(model: nn.Module, name: str) -> bool:
     return leaf not in module._non_persistent_buffers_set
 
 
+def table_widths(model: nn.Module) -> dict[str, int]:
+    """Each sparse table's elements per row, by weight name."""
+    return {n: t.dim for n, t in sparse_tables(model).items()}
+
+
 def model_blocks(model: nn.Module, block_size: int, servers: int = 0) -> list[Block]:
     """The model's tensors cut into blocks of at most `block_size` elements (0: the
-    size `auto_block_size` gives for `servers` servers, which must then be given)."""
+    size `auto_block_size` gives for `servers` servers, which must then be given);
+    sparse tables' in blocks of whole rows after the others."""
     tensors = model_tensors(model)
-    return make_blocks(tensors, resolve_block_size(block_size, tensors, servers))
+    size = resolve_block_size(block_size, tensors, servers)
+    dense = make_blocks([t for t in tensors if t[2] != "rows"], size)
+    return dense + table_blocks([t for t in tensors if t[2] == "rows"], table_widths(model), size, len(dense))
 
 
 def _flat(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -41,9 +52,12 @@ def _flat(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def read_values(model: nn.Module, blocks: list[Block]) -> dict[int, torch.Tensor]:
-    """Views of the model's current values, one per block (no copy)."""
+    """Views of the model's current values, one per block (no copy; a sparse table's
+    rows in their stored order: a copy)."""
     flat = _flat(model)
-    return {b.key: flat[b.name][b.start:b.stop] for b in blocks}
+    named = dict(model.named_parameters())
+    return {b.key: gather_rows(named[b.name], b) if b.kind == "rows" else flat[b.name][b.start:b.stop]
+            for b in blocks}
 
 
 def write_values(model: nn.Module, blocks: list[Block], values: dict[int, torch.Tensor],
@@ -52,10 +66,14 @@ def write_values(model: nn.Module, blocks: list[Block], values: dict[int, torch.
     keeps its own (a worker's pull that reached a block's old owner after a hand-over),
     else it is a KeyError."""
     flat = _flat(model)
+    named = dict(model.named_parameters())
     with torch.no_grad():
         for b in blocks:
             if not partial or b.key in values:
-                flat[b.name][b.start:b.stop].copy_(values[b.key])
+                if b.kind == "rows":
+                    scatter_rows(named[b.name], b, values[b.key])
+                else:
+                    flat[b.name][b.start:b.stop].copy_(values[b.key])
 
 
 def read_pushes(model: nn.Module, blocks: list[Block]) -> dict[int, torch.Tensor]:
@@ -65,6 +83,8 @@ def read_pushes(model: nn.Module, blocks: list[Block]) -> dict[int, torch.Tensor
     buffers = {n: b.detach().view(-1) for n, b in model.named_buffers()}
     out: dict[int, torch.Tensor] = {}
     for b in blocks:
+        if b.kind == "rows":  # a sparse table's gradient is the worker's table client's (sparse/remote.py)
+            continue
         if b.kind == "param":
             grad = params[b.name].grad
             if grad is None:

@@ -20,6 +20,7 @@ _STYLE = {
     "early": (3, "v", "tab:green", "weights arrived"),
     "part": (3, "v", "tab:green", "weights arrived"),
     "pull": (3, "v", "tab:green", "weights arrived"),  # unless it came in parts: those are drawn
+    "rows": (3, "v", "tab:purple", "table rows arrived"),
 }
 
 

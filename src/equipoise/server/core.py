@@ -22,7 +22,7 @@ from ..policy.placement import Block
 from ..policy.sync import ServerSync, SyncFault, Update, make_sync_policy
 from ..wire import Message, PeerTimeout, Transport
 from ..wire.bandwidth import TokenBucket
-from ..wire.names import grads_of, pack, states_of, values_of
+from ..wire.names import grads_of, pack, rows_of, states_of, values_of
 from ..wire.transport import QuietLog, kind_of
 from .ahead import AheadUpdates, split
 from .fragments import FragmentPart, Fragments, count_field
@@ -30,7 +30,8 @@ from .handover import Forwarding
 from .ledger import PushLedger, drop_taken
 from .replica import BackupPart, Replication
 from .moves import BlockMoves
-from .parts import Held, nbytes as _nbytes
+from .parts import Held, nbytes as _nbytes, remember_read
+from .rows import RowsPart
 from .origin import refusal
 from ..protocol.fields import FieldError, read_field
 from ..protocol.steps import StepTotals
@@ -87,6 +88,7 @@ class Server:
         self.ahead = AheadUpdates(self)
         self.streamed = FragmentPart(self, self.ahead)
         self.backup = BackupPart(self)
+        self.tables = RowsPart(self)
         # Every message type a server handles, and its handler (tests/unit/server/test_hardening.py
         # checks it against the wire schema and SENDERS).
         self.handlers: dict[str, Callable[[bytes, Message], None]] = {
@@ -95,7 +97,7 @@ class Server:
             "norm_req": self._on_norm_req, "clip": self._on_clip, "pull": self._on_pull,
             "state_req": self._on_state_req, "push": self._on_push, "fragment": self.streamed.on_fragment,
             "replicate": self.backup.on_replicate, "replica": self.backup.on_replica,
-            "replica_ack": self.backup.on_replica_ack, "replica_req": self.backup.on_replica_req, "stats_req": self.moves.on_stats_req, "migrate": self.moves.on_migrate,
+            "replica_ack": self.backup.on_replica_ack, "replica_req": self.backup.on_replica_req, "stats_req": self.moves.on_stats_req, "migrate": self.moves.on_migrate, "rows_req": self.tables.on_rows_req,
             "adopt": self.moves.on_adopt, "forward": self.moves.on_forward}
         self.norms: NormWait | None = None  # clip_grad_norm: an update waiting for the global norm
 
@@ -324,11 +326,11 @@ class Server:
             return
         part_kb = count_field(msg.fields, "part_kb", 0)
         early = {} if part_kb and msg.fields.get("early") is True else None  # it takes blocks computed ahead
-        self._hold(Held(peer, "pull", int(msg.fields["min_version"]), self.clock.now(), int(msg.fields["worker"]),
+        self.hold(Held(peer, "pull", int(msg.fields["min_version"]), self.clock.now(), int(msg.fields["worker"]),
                          part_kb * 1024, early))
 
     def _on_state_req(self, peer: bytes, msg: Message) -> None:
-        self._hold(Held(peer, "state", int(msg.fields["version"]), self.clock.now()))
+        self.hold(Held(peer, "state", int(msg.fields["version"]), self.clock.now()))
 
     def _on_push(self, peer: bytes, msg: Message) -> None:
         if self.is_stale(msg):
@@ -353,7 +355,7 @@ class Server:
             raise PushError(f"push from worker {f['worker']} repeats blocks {again[:5]} of its fragments")
         push = Push(int(f["worker"]), version, int(f["samples"]), {**earlier, **own},
                     read_field(f, "start", int, who=who, least=-1, default=-1), count,
-                    None if read is None else min(read, self.store.samples))
+                    None if read is None else min(read, self.store.samples), rows=rows_of(msg.tensors))
         pid = None if step is None else (self.epoch, step, count_field(f, "part", 0))
         if drop_taken(self.ledger, push.worker, pid, push.tensors, "push"):  # all given already: acked
             self.listener.send(peer, Message("ack", {"version": self.sync.published(), "staleness": []}))
@@ -405,7 +407,7 @@ class Server:
             self.backup.record()
 
     # -- deferred replies -------------------------------------------------------------
-    def _hold(self, held: Held) -> None:
+    def hold(self, held: Held) -> None:
         if self.store.blocks and not self.sync.pull_ready(held.min_version):  # to be held: bounded
             published = self.sync.published()
             if held.min_version - published > MAX_AHEAD:
@@ -435,16 +437,19 @@ class Server:
     def _reply(self, h: Held) -> None:
         t0 = self.clock.now()
         store = self.store
+        if h.kind == "rows":  # a sparse table's rows (server/rows.py)
+            return self.tables.reply(h)
         # No copy: the transport may read the tensors after send() returns, so they are lent
         # to it, and the next update leaves them as they are until it is done (store.lend).
         values = dict(store.values)
         if h.kind == "pull":
+            values = {k: v for k, v in values.items() if store.blocks[k].kind != "rows"}  # tables: by rows
             # `read` stamps the weights: the worker echoes it with the gradient computed on
             # them, and the server measures that gradient's delay in samples applied since.
             moved = {"moved": sorted(self.handover.moved)} if self.handover.moved else {}
             fields = {"version": self.sync.published(), "held_s": t0 - h.since, "read": store.samples, **moved}
             if self.sync.policy.delay_compensation != "none" and h.worker >= 0:
-                self._remember_read(h.worker, store.samples, values)
+                remember_read(self.reads, h.worker, store.samples, values, store.blocks, READS_KEPT)
             if h.part_bytes:
                 return self._reply_in_parts(h, fields, values, t0)
             msg = Message("params", {**fields, **self.applied_s(h, values)}, pack(values))
@@ -481,17 +486,6 @@ class Server:
         at = self.applied_at if at is None else at
         times = [at[k] for k in keys if k in at]
         return {"applied_s": round(max(times) - h.since, 6)} if times else {}
-
-    def _remember_read(self, worker: int, stamp: int, values: dict) -> None:
-        """Delay compensation needs w_then: the weights each worker read, kept for its
-        last READS_KEPT reads (a worker computes on its last pull's weights, or with
-        overlap on the one before)."""
-        kept = self.reads.setdefault(worker, {})
-        if stamp not in kept:
-            kept[stamp] = {k: v.detach().clone() for k, v in values.items() if k in self.store.blocks
-                           and self.store.blocks[k].kind == "param"}
-        while len(kept) > READS_KEPT:
-            del kept[min(kept)]
 
 
 def _positive(name: str, x, zero_ok: bool = False) -> float:

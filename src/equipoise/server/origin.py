@@ -9,7 +9,7 @@ from ..wire import Message
 from ..wire.auth import impersonated
 
 # Who may send each message type; a type not listed is the coordinator's alone.
-SENDERS = {"push": {"worker"}, "fragment": {"worker"}, "pull": {"worker"}, "ping": {"coordinator", "server", "worker"},
+SENDERS = {"push": {"worker"}, "fragment": {"worker"}, "pull": {"worker"}, "rows_req": {"worker"}, "ping": {"coordinator", "server", "worker"},
            "adopt": {"coordinator", "server"},  # adopt: from the server handing its blocks over
            "forward": {"server"},  # a block's gradient that reached its old owner (no barrier)
            "replica": {"server"}, "replica_ack": {"server"}}  # replication = 1: primary <-> backup

@@ -23,15 +23,16 @@ if TYPE_CHECKING:
 
 @dataclass
 class Held:
-    """A deferred reply: a pull or state request waiting for `min_version`."""
+    """A deferred reply: a pull, rows or state request waiting for `min_version`."""
 
     peer: bytes
-    kind: str          # "pull" or "state"
+    kind: str          # "pull", "rows" or "state"
     min_version: int
     since: float
     worker: int = -1   # the pulling worker
     part_bytes: int = 0  # forward_pull: the reply in parts of at least this many bytes, in key order
     early: dict | None = field(default=None)  # eager_update: the blocks sent ahead of the reply (None: not asked)
+    wanted: dict | None = field(default=None)  # "rows": the rows of each table block asked for
 
 
 class Core(Protocol):
@@ -67,6 +68,8 @@ class Core(Protocol):
 
     def is_stale(self, msg: Message) -> bool: ...
 
+    def hold(self, held: Held) -> None: ...
+
     def applied_s(self, h: Held, keys, at: dict[int, float] | None = None) -> dict: ...
 
 
@@ -75,4 +78,16 @@ def nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-__all__ = ["Core", "Held", "nbytes"]
+def remember_read(reads: dict, worker: int, stamp: int, values: dict, blocks: dict, kept: int) -> None:
+    """Delay compensation needs w_then: the weights each worker read, kept for its last
+    `kept` reads (a worker computes on its last pull's weights, or with overlap on the
+    one before); `reads`: worker -> stamp -> {key: weights} (changed in place)."""
+    mine = reads.setdefault(worker, {})
+    if stamp not in mine:
+        mine[stamp] = {k: v.detach().clone() for k, v in values.items() if k in blocks
+                       and blocks[k].kind == "param"}
+    while len(mine) > kept:
+        del mine[min(mine)]
+
+
+__all__ = ["Core", "Held", "nbytes", "remember_read"]

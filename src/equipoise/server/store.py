@@ -17,7 +17,7 @@ it was taken at, and a version read by many replies is one shared snapshot.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 import torch
@@ -26,6 +26,8 @@ from ..policy.placement import Block
 from ..protocol.optimizer import OptimizerSpec, global_norm, user_schedule  # noqa: F401 (the store's names)
 from ..policy.staleness import Step, bsp_step, dc_compensate, mean_delay
 from ..policy.sync import SyncPolicy
+from .optimizers import SGD, make_optimizer as _make_optimizer, make_rows_optimizer
+from ..sparse.step import check_rows, sparse_sum
 
 RETIRED_KEPT = 2  # replaced tensors kept per block for reuse (`_retire`)
 
@@ -48,6 +50,7 @@ class Push:
     count: float | None = None  # units the worker's loss averaged over (None: its samples)
     read: int | None = None  # no barrier: the server's samples when the weights were read (its stamp)
     then: dict[int, torch.Tensor] | None = None  # delay compensation: the weights it was computed on
+    rows: dict[int, torch.Tensor] = field(default_factory=dict)  # a table block's gradient: of these rows only
 
     @property
     def weight(self) -> float:
@@ -91,6 +94,10 @@ class ParameterStore:
         self._param_keys = [k for k, b in self.blocks.items() if b.kind == "param"]
         self._param_of = dict(zip(self._param_keys, self._params))  # block key → its Parameter
         self.optimizer = _make_optimizer(spec, self._params)
+        # sparse tables' blocks: (rows, width) views stepped by torch's sparse step (server/rows.py)
+        self._rows_of = {k: torch.nn.Parameter(self.values[k].view(-1, b.width), requires_grad=False)
+                         for k, b in self.blocks.items() if b.kind == "rows"}
+        self.rows_optimizer = make_rows_optimizer(spec, list(self._rows_of.values()))
         self._schedule = user_schedule(spec.schedule)
         self._plain_sgd = spec.name == "sgd" and spec.momentum == 0 and spec.weight_decay == 0
         self.last_step: Step | None = None  # async_scaling = "bsp": how the last update stepped
@@ -123,7 +130,9 @@ class ParameterStore:
         for key, t in push.tensors.items():
             if key in checked:
                 continue
-            if t.shape != self.values[key].shape or t.dtype != self.values[key].dtype:
+            if self.blocks[key].kind == "rows":
+                self._check_rows(push, key, t)
+            elif t.shape != self.values[key].shape or t.dtype != self.values[key].dtype:
                 raise PushError(f"push from worker {push.worker}: block {key} has shape "
                                 f"{tuple(t.shape)} {t.dtype}, expected {tuple(self.values[key].shape)}")
             # One reduction instead of an isfinite mask: NaN and inf propagate into the sum
@@ -131,6 +140,19 @@ class ParameterStore:
             if not math.isfinite(float(t.sum())):
                 raise PushError(f"push from worker {push.worker}: block {key} holds a non-finite "
                                 "gradient (NaN or inf)")
+
+    def _check_rows(self, push: Push, key: int, t: torch.Tensor) -> None:
+        """A table block's gradient: rows within the block, their values flat, finite."""
+        b, who = self.blocks[key], f"push from worker {push.worker}"
+        rows = push.rows.get(key)
+        if rows is None:
+            raise PushError(f"{who}: block {key} of table {b.name} comes without its rows (i{key})")
+        check_rows(b, rows, who)
+        if t.dim() != 1 or t.numel() != rows.numel() * b.width or t.dtype != self.values[key].dtype:
+            raise PushError(f"{who}: block {key} has {tuple(t.shape)} {t.dtype} for {rows.numel()} rows of "
+                            f"{b.width}")
+        if not math.isfinite(float(t.sum())):
+            raise PushError(f"{who}: block {key} holds a non-finite gradient (NaN or inf)")
 
     def lend(self, tensors: list[torch.Tensor], done: Callable[[], bool]) -> None:
         """`tensors` (of `values`) are read, e.g. by a zero-copy send, until `done()`:
@@ -175,6 +197,8 @@ class ParameterStore:
             self.values[key] = spare
             if key in params:
                 params[key].data = spare  # the optimizer's state stays keyed by the same Parameter
+            elif key in self._rows_of:
+                self._rows_of[key].data = spare.view(-1, self.blocks[key].width)
 
     def apply(self, group: list[Push], staleness: list[int] | None = None, *, forwarded: bool = False) -> None:
         """Combine a group of pushes (sorted by slice, then worker, for determinism: under
@@ -213,7 +237,11 @@ class ParameterStore:
             have = range(len(group)) if whole else [i for i, p in enumerate(group) if k in p.tensors]
             if not have:
                 continue
-            w = plan.weights if b.kind == "param" else plan.by_samples
+            w = plan.weights if b.kind != "buffer" else plan.by_samples
+            if b.kind == "rows":  # a sparse table's: the rows each push touched (server/rows.py)
+                combined[k] = sparse_sum([group[i].rows[k] for i in have], [group[i].tensors[k] for i in have],
+                                         [w[i] for i in have], (b.rows, b.width))
+                continue
             if not whole:  # buffers are averages: over the pushes that have them
                 w = [w[i] for i in have]
                 if b.kind == "buffer":
@@ -253,6 +281,11 @@ class ParameterStore:
                     g.mul_(coef.to(g.dtype))
         for key, param in zip(self._param_keys, self._params):
             param.grad = combined.get(key)
+        for key, param in self._rows_of.items():
+            param.grad = combined.get(key)
+        if self.rows_optimizer is not None:
+            self._set_hyper(self.rows_optimizer, plan.lr, plan.momentum)
+            self.rows_optimizer.step()
         for key, b in self.blocks.items():
             if b.kind == "buffer" and key in combined:
                 self.values[key].copy_(combined[key])
@@ -399,18 +432,23 @@ class ParameterStore:
     def optim_state(self) -> dict[str, torch.Tensor]:
         """Optimizer state as flat tensors named '<block key>.<state name>'."""
         out: dict[str, torch.Tensor] = {}
-        for key, param in zip(self._param_keys, self._params):
-            for name, value in self.optimizer.state.get(param, {}).items():
+        for key, param, optimizer in self._stepped():
+            for name, value in optimizer.state.get(param, {}).items():
                 if isinstance(value, torch.Tensor):
                     out[f"{key}.{name}"] = value.detach().clone()
         return out
 
+    def _stepped(self) -> list:
+        """(key, Parameter, its optimizer) of every block an optimizer steps."""
+        return ([(k, p, self.optimizer) for k, p in zip(self._param_keys, self._params)]
+                + [(k, p, self.rows_optimizer) for k, p in self._rows_of.items()])
+
     def _load_optim_state(self, state: Mapping[str, torch.Tensor]) -> None:
-        for key, param in zip(self._param_keys, self._params):
+        for key, param, optimizer in self._stepped():
             prefix = f"{key}."
             entry = {n[len(prefix):]: t.clone() for n, t in state.items() if n.startswith(prefix)}
             if entry:
-                self.optimizer.state[param] = entry
+                optimizer.state[param] = entry
 
 
 def _weighted_sum(tensors: list[torch.Tensor], weights: list[float], out: torch.Tensor) -> torch.Tensor:
@@ -418,52 +456,3 @@ def _weighted_sum(tensors: list[torch.Tensor], weights: list[float], out: torch.
     for t, w in zip(tensors[1:], weights[1:]):
         out.add_(t, alpha=w)
     return out
-
-
-class SGD:
-    """`torch.optim.SGD`'s arithmetic on CPU tensors, step for step (its single-tensor path,
-    dampening 0, not Nesterov: w −= lr·(g + wd·w), through the momentum buffer
-    buf = μ·buf + g when μ ≠ 0, the first buffer a copy of g), with the `param_groups` and
-    `state` (param → {"momentum_buffer": buf}) the store reads and writes. Not
-    torch.optim's: building the first torch.optim optimizer of a process imports about
-    1.5 s of torch, which every server would pay at start, and its step has a per-call
-    overhead the update does not need."""
-
-    def __init__(self, params: list[torch.nn.Parameter], lr: float, momentum: float = 0.0,
-                 weight_decay: float = 0.0):
-        for name, x in (("lr", lr), ("momentum", momentum), ("weight_decay", weight_decay)):
-            if isinstance(x, bool) or not isinstance(x, (int, float)) or not (math.isfinite(x) and x >= 0):
-                raise ValueError(f"optimizer sgd: {name} = {x!r} must be a finite number ≥ 0")
-        self.param_groups = [{"params": list(params), "lr": lr, "momentum": momentum,
-                              "weight_decay": weight_decay}]
-        self.state: dict[torch.nn.Parameter, dict] = {}
-
-    @torch.no_grad()
-    def step(self) -> None:
-        for group in self.param_groups:
-            lr, momentum, decay = float(group["lr"]), group["momentum"], group["weight_decay"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                grad = p.grad if decay == 0 else p.grad.add(p, alpha=decay)
-                if momentum != 0:
-                    state = self.state.setdefault(p, {})
-                    buf = state.get("momentum_buffer")
-                    if buf is None:
-                        buf = state["momentum_buffer"] = grad.detach().clone()
-                    else:
-                        buf.mul_(momentum).add_(grad, alpha=1)
-                    grad = buf
-                p.add_(grad, alpha=-lr)
-
-
-def _make_optimizer(spec: OptimizerSpec, params: list[torch.nn.Parameter]) -> "SGD | torch.optim.Optimizer":
-    if not params:  # a server may hold only buffers; optimizers refuse an empty list
-        params = [torch.nn.Parameter(torch.zeros(0))]
-    if spec.name == "sgd":
-        return SGD(params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay)
-    if spec.name == "adam":
-        return torch.optim.Adam(params, lr=spec.lr, weight_decay=spec.weight_decay)
-    if spec.name == "adamw":  # decoupled weight decay: w -= lr·λ·w, then Adam's step
-        return torch.optim.AdamW(params, lr=spec.lr, weight_decay=spec.weight_decay)
-    raise ValueError(f"optimizer = {spec.name!r} is not one of sgd, adam, adamw")

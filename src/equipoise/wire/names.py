@@ -5,7 +5,10 @@ A message's tensors are named by what they are and which block they belong to:
 * ``b<key>`` — the value of block ``key`` (init, params, state, adopt, checkpoints);
 * ``g<key>`` — a worker's gradient (or buffer value) for block ``key`` (push);
 * ``s<key>.<slot>`` — optimizer state ``slot`` (e.g. ``momentum_buffer``, ``exp_avg``)
-  of block ``key``.
+  of block ``key``;
+* ``i<key>`` — rows of a sparse table's block ``key`` (int64, within the block): the
+  rows a push's ``g<key>`` holds the gradient of, or the rows a ``rows_req`` asks for;
+* ``r<key>`` — those rows' values (rows × width), a ``rows`` reply.
 
 Optimizer state travels inside the runtime as a flat mapping ``"<key>.<slot>" → tensor``
 (what ``ParameterStore.optim_state`` returns); `state_block` reads the key back.
@@ -17,8 +20,8 @@ from typing import Iterable, Mapping
 
 import torch
 
-__all__ = ["value_name", "grad_name", "state_name", "state_block", "pack", "values_of", "grads_of",
-           "states_of", "states_for"]
+__all__ = ["value_name", "grad_name", "row_name", "state_name", "state_block", "pack", "values_of", "grads_of",
+           "rows_of", "row_values_of", "states_of", "states_for"]
 
 
 def value_name(key: int) -> str:
@@ -27,6 +30,20 @@ def value_name(key: int) -> str:
 
 def grad_name(key: int) -> str:
     return f"g{key}"
+
+
+def row_name(key: int) -> str:
+    return f"i{key}"
+
+
+def row_values_of(tensors: Mapping[str, torch.Tensor]) -> dict[int, torch.Tensor]:
+    """A rows reply's values by block key (``r<key>`` tensors)."""
+    return _keyed(tensors, "r")
+
+
+def rows_of(tensors: Mapping[str, torch.Tensor]) -> dict[int, torch.Tensor]:
+    """Rows of sparse tables' blocks by key (``i<key>`` tensors)."""
+    return _keyed(tensors, "i")
 
 
 def state_name(flat: str) -> str:

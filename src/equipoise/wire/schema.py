@@ -41,6 +41,9 @@ SCHEMA: dict[str, dict[str, FieldType]] = {
     # optional last (a part), early (computed ahead of the version), kept (early parts stand)
     "params": {"version": int, "held_s": float},
     "push": {"worker": int, "version": int, "samples": int},  # optional seq, fragments: it ends a stream
+    # sparse tables: rows of their blocks ("i<key>" tensors) at a version; the reply "r<key>"
+    "rows_req": {"worker": int, "min_version": int},
+    "rows": {"version": int},
     # backward_push: part of a push, + tensors "g<key>"; no reply; optional samples, start, count (its push's)
     "fragment": {"worker": int, "seq": int},
     "ack": {"version": int},

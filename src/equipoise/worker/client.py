@@ -22,10 +22,10 @@ import torch
 
 from ..policy.placement import Block
 from ..wire import Connection, Message, PeerTimeout, Transport, wait_readable
-from ..wire.names import grad_name, values_of
+from ..wire.names import grad_name, row_name, row_values_of, values_of
 from ..protocol.fields import read_field
 
-_REPLY = {"push": "ack", "pull": "params"}
+_REPLY = {"push": "ack", "pull": "params", "rows": "rows"}
 
 
 class ClientError(RuntimeError):
@@ -80,6 +80,7 @@ class PSClient:
         self.transport, self.worker, self.blocks, self.timeout = transport, int(worker), list(blocks), timeout
         self.interrupt = interrupt
         self.epoch = 0  # rollbacks seen: servers ignore requests of an earlier epoch
+        self.table_keys = {b.key for b in self.blocks if b.kind == "rows"}  # sparse tables: not pulled whole
         self.who = f"worker {self.worker}"
         self.conns: dict[int, Connection] = {}  # server rank → connection
         self.by_server: dict[int, list[Block]] = {}  # server rank → its blocks (only servers holding any)
@@ -143,9 +144,10 @@ class PSClient:
     def push(self, grads: dict[int, torch.Tensor], version_by_server: dict[int, int], samples: int, *,
              part: int = 0, only: list[int] | None = None, start: int | None = None,
              count: float | None = None, reads: dict[int, int] | None = None, step: int | None = None,
-             sent: dict[int, tuple[int, int]] | None = None) -> Ticket:
+             sent: dict[int, tuple[int, int]] | None = None, rows: dict[int, torch.Tensor] | None = None) -> Ticket:
         """Send each server (of `only`, if given) the gradients (or buffer values) of
-        its blocks, tagged with the version of that server they were computed on; `part`
+        its blocks, tagged with the version of that server they were computed on (a
+        sparse table's block: the gradient of the rows `rows[key]` only); `part`
         > 0 marks a share of a lost worker's slice, `start` the slice's first position
         (servers combine a barrier update's pushes in that order), `count` the units the
         loss averaged over, when not the samples (the servers' weight), `reads` each server's
@@ -178,9 +180,24 @@ class PSClient:
         def fragments(r: int) -> dict:
             return {"seq": sent[r][0], "fragments": sent[r][1]} if r in sent else {}
 
+        rows = rows or {}
         return self._send("push", lambda r, blocks: Message(
             "push", {"worker": self.worker, "samples": int(samples), **extra, **tags(r), **fragments(r)},
-            {grad_name(b.key): grads[b.key] for b in blocks if r not in sent or b.key in grads}), only)
+            {**{grad_name(b.key): grads[b.key] for b in blocks if r not in sent or b.key in grads},
+             **{row_name(b.key): rows[b.key] for b in blocks if b.key in rows}}), only)
+
+    def rows(self, min_version: int, wanted: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        """Rows of sparse tables' blocks (`wanted[key]`: rows within block `key`, int64)
+        from the servers holding them once each is at `min_version`; by key, rows × width."""
+        owner = {b.key: r for r, blocks in self.by_server.items() for b in blocks}
+        ticket = self._send("rows", lambda r, blocks: Message(
+            "rows_req", {"worker": self.worker, "min_version": int(min_version), "epoch": self.epoch},
+            {row_name(k): ids for k, ids in wanted.items() if owner.get(k) == r}),
+            only=sorted({owner[k] for k in wanted if k in owner}))
+        out: dict[int, torch.Tensor] = {}
+        for reply in self.wait(ticket).values():
+            out.update(row_values_of(reply.tensors))
+        return out
 
     def push_fragment(self, server: int, grads: dict[int, torch.Tensor], seq: int, tags: dict | None = None) -> None:
         """Send `server` some of its blocks' gradients ahead of the push they belong to
@@ -228,6 +245,9 @@ class PSClient:
             sigmas = [s for _, conn, _ in ticket.parts for s in self._sigmas(conn, got[id(conn)])]
             self._time(ticket, arrived, {})
             return sigmas
+        if ticket.kind == "rows":  # a sparse table's rows: the replies themselves, by server
+            self._time(ticket, arrived, {})
+            return {r: got[id(conn)] for r, conn, _ in ticket.parts}
         pulled = Pulled({}, {}, 0.0)
         held: dict[int, float] = {}
         for r, conn, keys in ticket.parts:
@@ -235,7 +255,8 @@ class PSClient:
             values = values_of(reply.tensors)
             try:
                 moved = reply.fields.get("moved", [])  # handed over since we routed by the table
-                pulled.values.update({k: values[k] for k in keys if k in values or k not in moved})
+                pulled.values.update({k: values[k] for k in keys if k in values
+                                      or (k not in moved and k not in self.table_keys)})  # tables: by rows
                 pulled.versions[r] = int(reply.fields["version"])
                 held[id(conn)] = float(reply.fields["held_s"])
                 pulled.held_s = max(pulled.held_s, held[id(conn)])
@@ -335,7 +356,7 @@ class PSClient:
             conn.send(msg)
             ticket.sent_to[r] = time.perf_counter()
             ticket.carried[r] = ([b.key for b in self.by_server[r]] if kind == "pull" else
-                                 sorted(int(name[1:]) for name in msg.tensors))
+                                 sorted({int(name[1:]) for name in msg.tensors}))
             self._owed.setdefault(id(conn), {}).setdefault(_REPLY[kind], deque()).append(ticket.id)
             ticket.parts.append((r, conn, [b.key for b in self.by_server[r]]))
         return ticket

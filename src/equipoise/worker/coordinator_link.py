@@ -90,4 +90,24 @@ def oom_report(f: dict, oom: Exception, versions: dict[int, int]) -> dict:
             "version": min(versions.values(), default=0)}
 
 
-__all__ = ["CoordinatorLink", "Reset", "WorkerError", "oom_report"]
+def plan_table(client, barrier: bool, rank: int, plan: Message, versions: dict[int, int],
+               in_flight: int) -> dict[int, int]:
+    """Route a worker's `client` (worker/client.py) by the block table that came with a
+    plan; the versions its weights are of. Under a barrier every server is at the plan's
+    version, so the weights just pulled are current on the new owners too. Without one
+    the blocks were handed over while the worker ran: the next exchange routes by the new
+    table (a gradient that reached an old owner is forwarded by it), and the versions read
+    so far stand."""
+    if "table" not in plan.fields:
+        return versions
+    if not barrier:
+        client.set_table(plan.fields["table"], plan.fields["servers"])
+        return versions
+    if in_flight:
+        raise WorkerError(f"worker {rank}: the block table changed with {in_flight} "
+                          f"exchanges in flight (tables change only at a barrier)")
+    client.set_table(plan.fields["table"], plan.fields["servers"])
+    return {r: int(plan.fields["version"]) for r in client.active}
+
+
+__all__ = ["CoordinatorLink", "Reset", "WorkerError", "oom_report", "plan_table"]

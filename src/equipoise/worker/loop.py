@@ -38,7 +38,8 @@ from .forward_pull import ForwardPull
 from .backward_push import BackwardPush
 from ..user_code import USER_CODE
 from ..workload import SampleError, StepError, load_workload
-from .coordinator_link import CoordinatorLink, Reset, WorkerError, oom_report
+from .coordinator_link import CoordinatorLink, Reset, WorkerError, oom_report, plan_table
+from ..sparse.remote import RemoteTables, with_rows
 from .stretch import Stretch, noise_seed
 
 
@@ -101,7 +102,8 @@ class Worker:
         try:
             self.client.set_table(welcome.fields["table"], welcome.fields["servers"])
             self.model = build_model(cfg.model, data.input_shape, data.num_classes, cfg.model_args).to(self.device)
-            self.link = DeviceLink(self.model, self.blocks, self.device, self.depth)
+            self.tables = RemoteTables.install(self.model, self.blocks, self.client.rows)  # sparse tables: by rows
+            self.link = DeviceLink(self.model, [b for b in self.blocks if b.kind != "rows"], self.device, self.depth)
             if cfg.backward_push:
                 self.early = BackwardPush(self.model, self.blocks, self.link, self.part_kb * 1024)
             if cfg.forward_pull:
@@ -132,21 +134,7 @@ class Worker:
             self.coord.close()
 
     def _plan_table(self, plan: Message, versions: dict[int, int], in_flight: int) -> dict[int, int]:
-        """Apply a block table that came with a plan. Under a barrier every server is at
-        the plan's version, so the weights just pulled are current on the new owners too.
-        Without one the blocks were handed over while we ran: the next exchange routes by
-        the new table (a gradient that reached an old owner is forwarded by it), and the
-        versions read so far stand."""
-        if "table" not in plan.fields:
-            return versions
-        if not self.barrier:
-            self.client.set_table(plan.fields["table"], plan.fields["servers"])
-            return versions
-        if in_flight:
-            raise WorkerError(f"worker {self.rank}: the block table changed with {in_flight} "
-                              f"exchanges in flight (tables change only at a barrier)")
-        self.client.set_table(plan.fields["table"], plan.fields["servers"])
-        return {r: int(plan.fields["version"]) for r in self.client.active}
+        return plan_table(self.client, self.barrier, self.rank, plan, versions, in_flight)
 
     # -- the loop -----------------------------------------------------------------------
     def _loop(self, data, sampler: SliceSampler) -> None:
@@ -286,13 +274,15 @@ class Worker:
                 pushes = self.link.read(copy=bool(self.depth))
             else:  # what backward's fragments did not carry
                 pushes = self.link.read_part([b for b in self.blocks if b.key not in streamed], copy=bool(self.depth))
+            pushes, rows = with_rows(self.tables, pushes)
         pull_version = self.policy.pull_version(step + 1 + self.depth, f["iteration"])
         part_kb = self.part_kb if self.lazy is not None else 0  # forward_pull: the weights in parts
         if self.policy.pull_first():
             pull = self._pull(pull_version, part_kb)
-            push = self.client.push(pushes, versions, f["size"], start=f["start"], count=count, sent=sent)
+            push = self.client.push(pushes, versions, f["size"], start=f["start"], count=count, sent=sent, rows=rows)
         else:
-            push = self.client.push(pushes, versions, f["size"], count=count, reads=reads, step=step, sent=sent)
+            push = self.client.push(pushes, versions, f["size"], count=count, reads=reads, step=step, sent=sent,
+                                    rows=rows)
             pull = self._pull(pull_version, part_kb)
         return push, pull, versions, t3
 
@@ -351,8 +341,8 @@ class Worker:
         except OutOfMemory as oom:
             self.coord.send(self._plan_req(step, oom_report(f, oom, versions)))
             return self._recv_coord("plan")
-        pushes = self.link.read()
-        ticket = self.client.push(pushes, versions, f["size"], part=int(f["part"]),
+        pushes, rows = with_rows(self.tables, self.link.read())
+        ticket = self.client.push(pushes, versions, f["size"], part=int(f["part"]), rows=rows,
                                   only=[int(r) for r in f["servers"]], start=f["start"], count=count)
         staleness = self.client.wait(ticket)
         report = self._report(f, loss, count, versions, staleness, measured, {"wait_s": 0.0, "comm_s": 0.0})
@@ -379,6 +369,8 @@ class Worker:
         pulled: Pulled = self.client.wait(pull)
         with self.stretch.local():  # unpacking the weights: slow on a slow machine too
             self.link.write(pulled.values)
+        if self.tables is not None:  # the rows the next forward asks for: of these weights' version
+            self.tables.version = min(pulled.versions.values(), default=0)
         return pulled.versions, pulled.reads, pulled.held_s
 
     def _step(self, data, sampler: SliceSampler, f: dict) -> tuple[float, float, dict]:
@@ -442,6 +434,8 @@ class Worker:
 
     def _compute(self, data, batch, plan: dict) -> tuple[float, float]:
         self.model.zero_grad(set_to_none=False)
+        if self.tables is not None:
+            self.tables.clear()  # a probe's lookups, a step given up: not pushed
         try:
             with self.lazy.guard() if self._lazy_armed() else nullcontext():  # forward_pull: ops wait for weights
                 return self._forward_backward(data, batch, plan)

@@ -172,7 +172,7 @@ def test_the_handler_table_covers_the_schema_and_the_senders(server):
     table = server.handlers
     assert set(table) <= set(SCHEMA), sorted(set(table) - set(SCHEMA))
     assert set(SENDERS) <= set(table), sorted(set(SENDERS) - set(table))
-    owners = [server, server.moves, server.ahead, server.streamed, server.backup]
+    owners = [server, server.moves, server.ahead, server.streamed, server.backup, server.tables]
     methods = {(id(o), name) for o in owners for name in dir(o) if name.startswith(("_on_", "on_"))}
     assert {(id(f.__self__), f.__name__) for f in table.values()} == methods
     assert all(table[t].__name__ in (f"_on_{t}", f"on_{t}") for t in table)

@@ -199,7 +199,7 @@ def test_the_stores_sgd_steps_as_torch_optim_sgd_bit_for_bit(momentum, decay):
     """store.SGD against torch.optim.SGD over five steps: lr and momentum changed between
     steps as the store's policies change them (a step at momentum 0 leaves the buffer
     untouched), and a parameter without a gradient in one step is not stepped."""
-    from equipoise.server.store import SGD
+    from equipoise.server.optimizers import SGD
 
     gen = torch.Generator().manual_seed(1)
     ours = [torch.nn.Parameter(torch.randn(257, generator=gen), requires_grad=False) for _ in range(2)]
@@ -224,7 +224,7 @@ def test_the_stores_sgd_steps_as_torch_optim_sgd_bit_for_bit(momentum, decay):
 def test_the_stores_sgd_refuses_settings_torch_would_not_step_with(field, value):
     """An init whose optimizer settings are not finite numbers ≥ 0 is refused (a server
     never re-initialises from a corrupt message), naming the setting."""
-    from equipoise.server.store import SGD
+    from equipoise.server.optimizers import SGD
 
     with pytest.raises(ValueError, match=f"optimizer sgd: {field} = "):
         SGD([torch.nn.Parameter(torch.zeros(2))], **{"lr": 0.1, field: value})

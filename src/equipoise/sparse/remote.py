@@ -1,0 +1,169 @@
+"""A worker's side of sparse tables: the modules that fetch rows instead of holding them.
+
+`RemoteTables.install` replaces each sparse ``Embedding``/``EmbeddingBag`` of a worker's
+model by a `RemoteTable`, which holds no weight. When its forward runs it takes the
+batch's ids, deduplicated, asks the servers holding them for those rows (at the version
+the worker's last pull read) and looks the batch up in that small local matrix with
+torch's own ``embedding``/``embedding_bag``; backward gives the local matrix's gradient,
+which is the table's gradient on those rows and nowhere else. `gradients` hands the
+step's rows and their gradients to the push, per block (one entry per block of every
+table, empty where the batch touched none of its rows: under a barrier every push holds
+every block of its server).
+
+``padding_idx`` keeps torch's meaning: the row is looked up as it is on the servers, and
+its gradient is not pushed (torch's sparse gradient leaves it out too).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..policy.placement import Block
+from .tables import Table, sparse_tables, stored_positions
+
+__all__ = ["RemoteTable", "RemoteTables", "IdError", "with_rows"]
+
+Fetch = Callable[[dict[int, torch.Tensor]], dict[int, torch.Tensor]]
+
+
+class IdError(ValueError):
+    """An id outside its table; the text names the table and the id."""
+
+
+class RemoteTable(nn.Module):
+    """A sparse table whose rows live on the servers (see the module docstring)."""
+
+    def __init__(self, table: Table, blocks: list[Block], fetch: Fetch):
+        super().__init__()
+        self.table = table
+        self.blocks = sorted(blocks, key=lambda b: b.start)
+        self.step_rows = self.blocks[0].rows
+        self.fetch = fetch
+        self.taken: list[tuple[torch.Tensor, torch.Tensor]] = []  # (ids, local matrix) of each forward
+
+    def forward(self, input: torch.Tensor, offsets: torch.Tensor | None = None,
+                per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
+        t = self.table
+        ids = input.reshape(-1)
+        if ids.dtype not in (torch.int64, torch.int32):
+            raise IdError(f"table {t.module}: ids of dtype {ids.dtype}, not an integer type")
+        ids = ids.long()
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= t.rows):
+            bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+            raise IdError(f"table {t.module}: id {bad} outside [0, {t.rows})")
+        uniq, inverse = torch.unique(ids, sorted=True, return_inverse=True)
+        local = self._fetch(uniq).requires_grad_(True)
+        self.taken.append((uniq, local))
+        pad = None
+        if t.padding_idx is not None:
+            at = torch.searchsorted(uniq, torch.tensor([t.padding_idx]))
+            if int(at) < len(uniq) and int(uniq[at]) == t.padding_idx:
+                pad = int(at)
+        index = inverse.view(input.shape)
+        if not t.bag:
+            return F.embedding(index, local, padding_idx=pad)
+        return F.embedding_bag(index, local, offsets, mode=t.mode, per_sample_weights=per_sample_weights,
+                               padding_idx=pad)
+
+    def _where(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each id's block index (into `blocks`) and its row within the block."""
+        pos = stored_positions(ids, self.table.rows)
+        which = torch.div(pos, self.step_rows, rounding_mode="floor")
+        return which, pos - which * self.step_rows
+
+    def _fetch(self, ids: torch.Tensor) -> torch.Tensor:
+        which, row = self._where(ids)
+        wanted = {self.blocks[int(i)].key: row[which == i] for i in torch.unique(which)}
+        got = self.fetch(wanted)
+        out = torch.empty(len(ids), self.table.dim)
+        for i in torch.unique(which):
+            key = self.blocks[int(i)].key
+            rows = got.get(key)
+            mask = which == i
+            if rows is None or tuple(rows.shape) != (int(mask.sum()), self.table.dim):
+                raise IdError(f"table {self.table.module}: block {key} came back with "
+                              f"{None if rows is None else tuple(rows.shape)}, not {int(mask.sum())} rows")
+            out[mask] = rows.to(out.dtype)
+        return out
+
+    def gradients(self) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
+        """This step's gradient on the rows it touched, per block: (values flat, rows
+        within the block), every block of the table present; the step's lookups are
+        then forgotten."""
+        t = self.table
+        taken, self.taken = self.taken, []
+        ids = [u for u, w in taken if w.grad is not None]
+        grads = [w.grad for u, w in taken if w.grad is not None]
+        if len(ids) > 1:  # the module ran more than once this step: a row's gradients add up
+            every = torch.cat(ids)
+            uniq, inverse = torch.unique(every, sorted=True, return_inverse=True)
+            total = torch.zeros(len(uniq), t.dim).index_add_(0, inverse, torch.cat(grads))
+            ids, grads = [uniq], [total]
+        uniq = ids[0] if ids else torch.zeros(0, dtype=torch.int64)
+        grad = grads[0] if grads else torch.zeros(0, t.dim)
+        if t.padding_idx is not None:
+            keep = uniq != t.padding_idx
+            uniq, grad = uniq[keep], grad[keep]
+        which, row = self._where(uniq)
+        values, rows = {}, {}
+        for i, b in enumerate(self.blocks):
+            mask = which == i
+            rows[b.key] = row[mask].contiguous()
+            values[b.key] = grad[mask].reshape(-1).contiguous()
+        return values, rows
+
+    def clear(self) -> None:
+        self.taken = []
+
+    def extra_repr(self) -> str:
+        return f"{self.table.rows}, {self.table.dim}, rows on the servers"
+
+
+class RemoteTables:
+    """Every sparse table of a worker's model, replaced by a `RemoteTable`."""
+
+    def __init__(self, modules: list[RemoteTable]):
+        self.modules = modules
+        self.version = 0  # the version the rows are asked at: the worker's last pull's
+
+    @classmethod
+    def install(cls, model: nn.Module, blocks: list[Block], fetch: Callable[[int, dict], dict]) -> "RemoteTables | None":
+        """Replace the model's sparse tables (their weights freed); None if it has none.
+        `fetch(version, wanted)` asks the servers for rows."""
+        tables = sparse_tables(model)
+        if not tables:
+            return None
+        out = cls([])
+        for param, t in tables.items():
+            mine = [b for b in blocks if b.kind == "rows" and b.name == param]
+            module = RemoteTable(t, mine, lambda wanted: fetch(out.version, wanted))
+            parent, _, leaf = t.module.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, leaf, module)
+            out.modules.append(module)
+        return out
+
+    def gradients(self) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
+        values, rows = {}, {}
+        for m in self.modules:
+            v, r = m.gradients()
+            values.update(v)
+            rows.update(r)
+        return values, rows
+
+    def clear(self) -> None:
+        for m in self.modules:
+            m.clear()
+
+
+def with_rows(tables: RemoteTables | None, pushes: dict[int, torch.Tensor]
+              ) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor] | None]:
+    """A push's tensors with the tables' gradients of this step added, and the rows they
+    are of (None without tables)."""
+    if tables is None:
+        return pushes, None
+    values, rows = tables.gradients()
+    return {**pushes, **values}, rows

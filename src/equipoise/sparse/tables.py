@@ -1,0 +1,147 @@
+"""Sparse embedding tables: which of a model's tensors are tables, how their rows are
+laid out in blocks, and where the blocks go.
+
+A table is the weight of a ``torch.nn.Embedding`` or ``torch.nn.EmbeddingBag`` built
+with ``sparse=True`` (PyTorch's own mark of a sparse gradient). Its rows are held by the
+servers and never whole by a worker: a worker pulls only the rows its batch touches and
+pushes only their gradients (sparse/remote.py).
+
+Layout. Row ``r`` of a table of ``R`` rows sits at position ``p(r) = (a·r + c) mod R``
+of the table's *stored order* (``a`` coprime with ``R``: a bijection), and the stored
+order is cut into blocks of whole rows (``table_blocks``), the table's shards. The
+multiplicative hash spreads neighbouring ids — under a Zipf-like law the hot ones are the
+low ids — over every shard, while each shard stays one dense range of rows: a shard is a
+block like any other, placed, moved, checkpointed and replicated by the machinery of
+blocks, and each server's measured load is that of the rows it serves.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import torch
+from torch import nn
+
+from ..policy.placement import Block, _lpt, placement_blocks
+
+__all__ = ["Table", "sparse_tables", "row_order", "stored_positions", "table_blocks", "place_with_tables",
+           "TableError", "gather_rows", "scatter_rows"]
+
+_GOLDEN = 0.6180339887498949
+
+
+class TableError(ValueError):
+    """A sparse table the servers cannot hold as written; the text names the module."""
+
+
+@dataclass(frozen=True)
+class Table:
+    """One sparse table: the module's path, its weight's parameter name, rows × dim."""
+    module: str
+    param: str
+    rows: int
+    dim: int
+    padding_idx: int | None
+    bag: bool = False
+    mode: str = "sum"  # EmbeddingBag's reduction
+
+
+def sparse_tables(model: nn.Module) -> dict[str, Table]:
+    """The model's sparse tables by weight name, in module order; TableError for one
+    the servers cannot honour (``max_norm``: torch renormalises the looked-up rows in
+    place, on the worker's copy)."""
+    out: dict[str, Table] = {}
+    for name, m in model.named_modules():
+        if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse:
+            if m.max_norm is not None:
+                raise TableError(f"{name or 'model'}: {type(m).__name__}(max_norm={m.max_norm}) renormalises "
+                                 f"rows in place; sparse tables on the servers cannot (drop max_norm)")
+            if isinstance(m, nn.Embedding) and m.scale_grad_by_freq:
+                raise TableError(f"{name or 'model'}: scale_grad_by_freq is not supported for sparse tables")
+            param = f"{name}.weight" if name else "weight"
+            out[param] = Table(name, param, int(m.weight.shape[0]), int(m.weight.shape[1]), m.padding_idx,
+                               isinstance(m, nn.EmbeddingBag), getattr(m, "mode", "sum"))
+    return out
+
+
+def row_order(rows: int) -> tuple[int, int]:
+    """(a, c) of the table's stored order p(r) = (a·r + c) mod rows: a the first integer
+    from the golden ratio of ``rows`` up that is coprime with it."""
+    if rows <= 1:
+        return 1, 0
+    a = max(1, int(rows * _GOLDEN))
+    while math.gcd(a, rows) != 1:
+        a += 1
+    return a, rows // 3
+
+
+def stored_positions(ids: torch.Tensor, rows: int) -> torch.Tensor:
+    """Where ids (int64, in [0, rows)) sit in the table's stored order."""
+    a, c = row_order(rows)
+    return (ids * a + c) % rows  # a·id < 2^63 for any table under 2^31 rows
+
+
+@functools.lru_cache(maxsize=8)
+def _inverse(rows: int) -> torch.Tensor:
+    """The id at each stored position (kept for the last few tables asked)."""
+    ids = torch.arange(rows, dtype=torch.int64)
+    inv = torch.empty_like(ids)
+    inv[stored_positions(ids, rows)] = ids
+    return inv
+
+
+def gather_rows(weight: torch.Tensor, block: Block) -> torch.Tensor:
+    """Block ``block`` of a table's stored order, from the model's ``weight`` (rows ×
+    dim, ids in natural order), flat: a copy."""
+    lo, hi = block.start // block.width, block.stop // block.width
+    ids = _inverse(weight.shape[0])[lo:hi]
+    return weight.detach()[ids].reshape(-1)
+
+
+def scatter_rows(weight: torch.Tensor, block: Block, value: torch.Tensor) -> None:
+    """Write block ``block`` (flat, stored order) back into the model's ``weight``."""
+    lo, hi = block.start // block.width, block.stop // block.width
+    ids = _inverse(weight.shape[0])[lo:hi]
+    with torch.no_grad():
+        weight[ids] = value.view(-1, block.width).to(weight.dtype)
+
+
+def table_blocks(tensors: Sequence[tuple[str, int, str, int]], widths: Mapping[str, int], block_size: int,
+                 first: int = 0) -> list[Block]:
+    """Tables (kind "rows") cut into blocks of whole rows, at most ``block_size``
+    elements where a row fits (else one row each); keys from ``first``."""
+    blocks: list[Block] = []
+    for name, numel, kind, itemsize in tensors:
+        width = int(widths[name])
+        step = max(1, block_size // width) * width
+        for start in range(0, max(numel, 1), step):
+            blocks.append(Block(first + len(blocks), name, start, min(numel, start + step), kind, itemsize, width))
+    return blocks
+
+
+def place_with_tables(policy: str, tensors: Sequence[tuple[str, int, str, int]], servers: int, block_size: int,
+                      rates: Sequence[float] | None = None, widths: Mapping[str, int] | None = None,
+                      ) -> tuple[list[Block], list[int]]:
+    """``placement_blocks`` for the dense tensors, then each table's blocks after them,
+    each onto the server that finishes first by bytes (over ``rates``) given what it
+    holds: a shard is placed by size, as every policy places blocks; PSLD moves it by
+    its measured load later."""
+    from ..policy.block_size import resolve_block_size
+
+    dense = [t for t in tensors if t[2] != "rows"]
+    tables = [t for t in tensors if t[2] == "rows"]
+    blocks, owner = placement_blocks(policy, dense, servers, block_size, rates)
+    if not tables:
+        return blocks, owner
+    shards = table_blocks(tables, widths or {}, resolve_block_size(block_size, tensors, servers), len(blocks))
+    loads = [0] * servers
+    for b, j in zip(blocks, owner):
+        loads[j] += b.nbytes
+    out = list(owner) + [0] * len(shards)
+    for i, j in _lpt([b.nbytes for b in shards], range(len(shards)), loads,
+                     list(rates) if rates is not None else [1.0] * servers):
+        out[len(blocks) + i] = j
+    return blocks + shards, out
