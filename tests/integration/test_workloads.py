@@ -6,6 +6,7 @@ that stops the job."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -160,3 +161,39 @@ def test_a_target_is_timed_and_stops_the_job(tmp_path):
     events = [r["event"] for r in records(tmp_path / "run", "event")]
     assert "target" in events and "stop_at_target" in events
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["time_to_target"] == hit
+
+
+MOVIES = str(EXAMPLES / "movielens.py")
+needs_recbole = pytest.mark.skipif(importlib.util.find_spec("recbole") is None,
+                                   reason="pip install --no-deps recbole==1.2.1 (MovieLens-100k)")
+MF = dict(dataset=f"{MOVIES}:movielens", model=f"{MOVIES}:mf", loss=f"{MOVIES}:mse", metrics=f"{MOVIES}:metrics")
+
+
+@needs_recbole
+def test_movielens_trains_its_sparse_tables_on_the_servers(tmp_path):
+    """The example's real data (100,000 ratings of 1,682 movies by 943 users, a tenth held
+    out) and its four sparse tables in processes: the rows a worker pulls are its batch's
+    (the wire carries a sliver of the tables), and the held-out error falls."""
+    import sys
+
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        import movielens
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    data = movielens.movielens()
+    assert (len(data["train"]), len(data["eval"])) == (90_000, 10_000)
+    assert (data["train"].n_users, data["train"].n_items) == (943, 1682)
+    cfg = dict(BASE, **MF, workers=2, optimizer="adam", lr=0.005, momentum=0.0, global_batch=256, iterations=60,
+               eval_every=30)
+    summary = equipoise.train(cfg, out=tmp_path / "run")
+    evals = [r["test_mse"] for r in records(tmp_path / "run", "eval")]
+    assert summary["samples"] == 60 * 256 and evals[-1] < evals[0], evals
+
+
+def test_a_job_whose_sparse_tables_cannot_run_as_configured_exits_2_in_one_line(tmp_path):
+    done = cli("train", "--quiet", "--out", str(tmp_path / "run"), "--set", f"dataset={MOVIES}:synthetic",
+               "--set", f"model={MOVIES}:mf", "--set", f"loss={MOVIES}:mse", "--set", "protocol=asp",
+               "--set", "model_args={n_users = 300, n_items = 500}")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().count("\n") == 0 and "run under protocol bsp or lbbsp, not asp" in done.stderr

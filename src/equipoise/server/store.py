@@ -30,6 +30,7 @@ from .optimizers import SGD, make_optimizer as _make_optimizer, make_rows_optimi
 from ..sparse.step import check_rows, sparse_sum
 
 RETIRED_KEPT = 2  # replaced tensors kept per block for reuse (`_retire`)
+INT_SLOT = ":int"  # an optimizer's state held as a Python int (SparseAdam's step) travels as a tensor so named
 
 
 @dataclass
@@ -436,6 +437,8 @@ class ParameterStore:
             for name, value in optimizer.state.get(param, {}).items():
                 if isinstance(value, torch.Tensor):
                     out[f"{key}.{name}"] = value.detach().clone()
+                elif isinstance(value, int) and not isinstance(value, bool):  # SparseAdam's step count
+                    out[f"{key}.{name}{INT_SLOT}"] = torch.tensor(value, dtype=torch.int64)
         return out
 
     def _stepped(self) -> list:
@@ -447,6 +450,7 @@ class ParameterStore:
         for key, param, optimizer in self._stepped():
             prefix = f"{key}."
             entry = {n[len(prefix):]: t.clone() for n, t in state.items() if n.startswith(prefix)}
+            entry = {n.removesuffix(INT_SLOT): int(t) if n.endswith(INT_SLOT) else t for n, t in entry.items()}
             if entry:
                 optimizer.state[param] = entry
 

@@ -7,6 +7,10 @@ import torch
 
 __all__ = ["check_rows", "sparse_sum"]
 
+# torch's default, said explicitly (its sparse optimizers warn where it is left implicit):
+# rows are checked here (`check_rows`) before a sparse tensor is made of them.
+torch.sparse.check_sparse_tensor_invariants.disable()
+
 
 def check_rows(block, rows: torch.Tensor, who: str) -> None:
     """ValueError unless `rows` are int64 row numbers within `block`."""

@@ -1,0 +1,157 @@
+"""Sparse tables in pieces (no job): the hashed row order, blocks of whole rows, a
+worker's RemoteTable against torch's own sparse embedding, the server's checks of rows,
+and the configurations refused."""
+
+import pytest
+import torch
+from torch import nn
+
+from equipoise.config import Config
+from equipoise.policy.placement import Block
+from equipoise.protocol.blocks import model_blocks, read_values, write_values
+from equipoise.sparse.checks import tables_refusal
+from equipoise.sparse.remote import IdError, RemoteTables
+from equipoise.sparse.step import check_rows, sparse_sum
+from equipoise.sparse.tables import (TableError, place_with_tables, row_order, sparse_tables, stored_positions,
+                                     table_blocks)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Net(nn.Module):
+    def __init__(self, bag=False, padding_idx=None, max_norm=None):
+        super().__init__()
+        self.emb = (nn.EmbeddingBag(37, 4, mode="sum", sparse=True, padding_idx=padding_idx) if bag else
+                    nn.Embedding(37, 4, sparse=True, padding_idx=padding_idx, max_norm=max_norm))
+        self.dense = nn.Embedding(5, 2)  # not sparse: an ordinary parameter
+        self.out = nn.Linear(4, 1)
+
+    def forward(self, x):
+        e = self.emb(x)
+        return self.out(e if e.dim() == 2 else e.sum(1)).sum()
+
+
+@pytest.mark.parametrize("rows", [1, 2, 7, 36, 37, 1000, 1 << 20])
+def test_the_stored_order_is_a_bijection(rows):
+    ids = torch.arange(rows)
+    pos = stored_positions(ids, rows)
+    assert torch.equal(torch.sort(pos).values, ids)
+    a, _ = row_order(rows)
+    assert rows <= 2 or a > 1
+
+
+def test_tables_cut_into_whole_rows_and_back():
+    torch.manual_seed(0)
+    model = Net()
+    assert list(sparse_tables(model)) == ["emb.weight"]
+    blocks = model_blocks(model, block_size=10)
+    rows = [b for b in blocks if b.kind == "rows"]
+    assert [b.numel for b in rows] == [8] * 18 + [4] and all(b.width == 4 and b.start % 4 == 0 for b in rows)
+    assert rows[0].key == len(blocks) - len(rows)  # after the dense blocks
+    assert Block.from_list(rows[0].to_list()) == rows[0]
+    values = {k: v.clone() for k, v in read_values(model, blocks).items()}
+    # every row exactly once, in the hashed order
+    stacked = torch.cat([values[b.key].view(-1, 4) for b in rows])
+    order = torch.argsort(stored_positions(torch.arange(37), 37))
+    assert torch.equal(stacked, model.emb.weight.detach()[order])
+    fresh = Net()
+    write_values(fresh, blocks, values)
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))
+
+
+def test_table_blocks_are_placed_by_size_after_the_dense_ones():
+    tensors = [("w", 100, "param", 4), ("t", 4 * 37, "rows", 4)]
+    blocks, owner = place_with_tables("round_robin", tensors, 3, 40, widths={"t": 4})
+    assert [b.kind for b in blocks] == ["param"] * 3 + ["rows"] * 4
+    assert owner[:3] == [0, 0, 0] and sorted(owner[3:]) == [1, 1, 2, 2]  # server 0 holds the dense 400 bytes
+    assert table_blocks([("t", 12, "rows", 4)], {"t": 4}, 3)[0].numel == 4  # a block smaller than a row: one row
+
+
+def remote(model, blocks, values):
+    """`model`'s tables replaced by RemoteTables fetching from `values` (stored order)."""
+    asked = []
+
+    def fetch(version, wanted):
+        asked.append({k: v.tolist() for k, v in wanted.items()})
+        return {k: values[k].view(-1, 4)[rows] for k, rows in wanted.items()}
+    return RemoteTables.install(model, blocks, fetch), asked
+
+
+@pytest.mark.parametrize("bag,padding_idx", [(False, None), (False, 3), (True, None), (True, 3)])
+def test_a_remote_table_gives_torch_s_sparse_gradient(bag, padding_idx):
+    """The same forward and the same gradient as torch's own sparse embedding, on the
+    rows the batch touched only (a repeated id's gradients summed; the padding row's left
+    out, as torch leaves it out)."""
+    torch.manual_seed(0)
+    model = Net(bag, padding_idx)
+    blocks = model_blocks(model, block_size=10)
+    values = {k: v.clone() for k, v in read_values(model, blocks).items()}
+    x = torch.tensor([[3, 5, 5, 36], [0, 3, 9, 5]])
+    model(x).backward()
+    want = model.emb.weight.grad.coalesce()
+    twin = Net(bag, padding_idx)
+    twin.load_state_dict(model.state_dict())
+    tables, asked = remote(twin, blocks, values)
+    assert not any(n.startswith("emb.") for n, _ in twin.named_parameters())  # the worker holds no table
+    out = twin(x)
+    assert torch.allclose(out, model(x))
+    assert sum(len(r) for r in asked[0].values()) == 5  # each distinct id once
+    out.backward()
+    grads, rows = tables.gradients()
+    got = torch.zeros(37, 4)
+    inverse = torch.argsort(stored_positions(torch.arange(37), 37))
+    for b in (b for b in blocks if b.kind == "rows"):
+        ids = inverse[b.start // 4 + rows[b.key]]
+        got[ids] += grads[b.key].view(-1, 4)
+    dense_want = want.to_dense()
+    assert torch.allclose(got, dense_want, atol=1e-6)
+    touched = {int(i) for i in want.indices()[0]}
+    assert {int(i) for b in blocks if b.kind == "rows" for i in inverse[b.start // 4 + rows[b.key]]} == touched
+    assert len(rows) == sum(b.kind == "rows" for b in blocks)  # every block, empty where untouched
+
+
+def test_an_id_outside_its_table_is_named():
+    torch.manual_seed(0)
+    model = Net()
+    blocks = model_blocks(model, block_size=10)
+    tables, _ = remote(model, blocks, {k: v.clone() for k, v in read_values(model, blocks).items()})
+    with pytest.raises(IdError, match=r"table emb: id 37 outside \[0, 37\)"):
+        model(torch.tensor([[1, 37]]))
+    with pytest.raises(IdError, match="id -1"):
+        model(torch.tensor([[-1, 2]]))
+
+
+def test_max_norm_is_refused_naming_the_module():
+    with pytest.raises(TableError, match=r"emb: Embedding\(max_norm=1.0\)"):
+        sparse_tables(Net(max_norm=1.0))
+
+
+def test_rows_are_checked_and_summed_as_dense_gradients_are():
+    b = Block(0, "t", 0, 12, "rows", 4, 4)
+    check_rows(b, torch.tensor([0, 2]), "test")
+    for bad, match in ((torch.tensor([3]), "rows \\[0, 3\\); asked for 3"), (torch.tensor([-1]), "asked for -1"),
+                       (torch.tensor([0.0]), "int64")):
+        with pytest.raises(ValueError, match=match):
+            check_rows(b, bad, "test")
+    g = sparse_sum([torch.tensor([0, 2]), torch.tensor([2])], [torch.ones(8), torch.full((4,), 2.0)], [0.25, 0.75],
+                   (3, 4))
+    assert torch.equal(g.to_dense(), torch.tensor([[0.25] * 4, [0.0] * 4, [1.75] * 4]))
+
+
+def cfg(**kw):
+    base = dict(dataset="digits", model="mlp", workers=2, servers=2, iterations=2, progress=False)
+    return Config.from_dict({**base, **kw})
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"protocol": "asp"}, "run under protocol bsp or lbbsp, not asp"),
+    ({"backward_push": True}, "backward_push = True"),
+    ({"optimizer": "adamw"}, "adamw has no sparse step"),
+    ({"weight_decay": 0.01}, "weight_decay = 0.01"),
+    ({"clip_grad_norm": 1.0}, "clip_grad_norm"),
+])
+def test_settings_sparse_tables_cannot_run_with_are_refused_in_one_line(kw, match):
+    tables = sparse_tables(Net())
+    assert tables_refusal(cfg(), tables) is None and tables_refusal(cfg(**kw), {}) is None
+    line = tables_refusal(cfg(**kw), tables)
+    assert match in line and "(emb)" in line and "\n" not in line

@@ -1,0 +1,117 @@
+"""Sparse tables in whole jobs (threads, in-memory transport) against their oracle:
+single-process training of the same model with torch's own sparse embedding and
+optimizers (SGD, Adagrad, SparseAdam for the tables; SGD, Adagrad, Adam for the dense
+parameter), the same seed, global batch and sample order.
+
+Not bit for bit, and why: torch's sparse gradient of a table holds one entry per
+occurrence of an id in the global batch, which its optimizers sum (coalesce); a worker
+sums its own slice's occurrences (embedding's backward), scales them by its share of the
+global batch, and the server sums the workers'. The same numbers are added in another
+order and rounded at other points: each element of a step differs by a few units in the
+last place of the sum it is part of, at most k·ε of the sum of its terms' magnitudes,
+k the occurrences of its id in the global batch. Over T steps such differences add up
+(the model's gradients are smooth in the weights: a difference does not grow in a few
+steps), so the weights differ by at most T·k·ε times the distance they moved. Adam's
+step divides by the root of the gradient's square: a rounding difference scales with
+the gradient's own size, unless a sum cancels to about zero (then Adam's step is about
+the learning rate either way); the ratings here make no such sum.
+"""
+
+import pytest
+import torch
+
+from equipoise.config import Config
+from equipoise.data import SliceSampler
+from equipoise.launch.threads import run_threads
+from equipoise.models import build_model
+from equipoise.protocol.checkpoint import load_checkpoint
+from equipoise.workload import load_workload
+
+pytestmark = pytest.mark.timeout(180)
+W = "examples/workloads/movielens.py"
+EPS = torch.finfo(torch.float32).eps
+TABLES = ("user", "item", "user_bias", "item_bias")
+
+
+def job(**kw):
+    base = dict(dataset=f"{W}:synthetic", model=f"{W}:mf", loss=f"{W}:mse", metrics=f"{W}:metrics",
+                model_args={"n_users": 300, "n_items": 500, "dim": 8}, global_batch=64, workers=1, servers=2,
+                iterations=20, eval_every=0, checkpoint_every=0, progress=False, timeout=30.0, block_size=512,
+                optimizer="sgd", lr=0.05, momentum=0.0)
+    return Config.from_dict({**base, **kw})
+
+
+def oracle(cfg, data):
+    """(initial, final) state_dict of single-process training with torch's sparse step,
+    and k: the most times one id occurs in one global batch."""
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg.model, data.input_shape, data.num_classes, cfg.model_args)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    sparse = [getattr(model, t).weight for t in TABLES]
+    make = {"sgd": lambda ps, s: torch.optim.SGD(ps, lr=cfg.lr, momentum=cfg.momentum),
+            "adagrad": lambda ps, s: torch.optim.Adagrad(ps, lr=cfg.lr),
+            "adam": lambda ps, s: (torch.optim.SparseAdam if s else torch.optim.Adam)(ps, lr=cfg.lr)}[cfg.optimizer]
+    steps = [make(sparse, True), make([model.mu], False)]
+    X, sampler, k = cfg.global_batch, SliceSampler(len(data), cfg.global_batch, cfg.seed), 1
+    for t in range(cfg.iterations):
+        batch = data.fetch(data.train, sampler.positions(t * X, X))
+        k = max(k, int(torch.unique(batch[0][:, 1], return_counts=True)[1].max()))
+        model.zero_grad()
+        data.loss_of(model, batch, X).objective.backward()
+        for opt in steps:
+            opt.step()
+    return start, model.state_dict(), k
+
+
+def assert_near_oracle(cfg, run_dir, data):
+    start, want, k = oracle(cfg, data)
+    got = torch.load(run_dir / "model.pt", weights_only=True)
+    assert set(got) == set(want)
+    for name in want:
+        moved = float((want[name] - start[name]).abs().max())
+        bound = cfg.iterations * k * EPS * moved + 4 * EPS * float(want[name].abs().max())
+        diff = float((got[name] - want[name]).abs().max())
+        assert diff <= bound, f"{name}: {diff:.3g} from the oracle, more than {bound:.3g} (moved {moved:.3g})"
+        assert moved > 0  # the table was trained
+
+
+@pytest.fixture(scope="module")
+def data():
+    return load_workload(job())
+
+
+def test_one_worker_trains_the_tables_as_torch_does(tmp_path, data):
+    cfg = job()
+    summary = run_threads(cfg, tmp_path, data)
+    assert summary["samples"] == cfg.iterations * cfg.global_batch
+    assert_near_oracle(cfg, tmp_path, data)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer,momentum", [("sgd", 0.9), ("adagrad", 0.0), ("adam", 0.0)])
+def test_four_workers_under_bsp_train_the_tables_as_one_process_does(tmp_path, data, optimizer, momentum):
+    cfg = job(workers=4, servers=3, optimizer=optimizer, momentum=momentum, lr=0.02)
+    run_threads(cfg, tmp_path, data)
+    assert_near_oracle(cfg, tmp_path, data)
+
+
+@pytest.mark.slow
+def test_lbbsp_with_unequal_workers_trains_the_tables_as_one_process_does(tmp_path, data):
+    cfg = job(workers=4, servers=2, protocol="lbbsp", slowdown=[1.0, 1.0, 2.0, 4.0], optimizer="adam", lr=0.02)
+    summary = run_threads(cfg, tmp_path, data)
+    assert summary["samples"] == cfg.iterations * cfg.global_batch
+    assert_near_oracle(cfg, tmp_path, data)
+
+
+@pytest.mark.slow
+def test_a_job_with_tables_resumes_bit_for_bit(tmp_path, data):
+    whole = job(workers=2, optimizer="adam", iterations=12, checkpoint_every=6)
+    for d in ("whole", "half"):
+        (tmp_path / d).mkdir()
+    run_threads(whole, tmp_path / "whole", data)
+    half = job(workers=2, optimizer="adam", iterations=6, checkpoint_every=6)
+    run_threads(half, tmp_path / "half", data)
+    run_threads(whole, tmp_path / "half", data, resume=load_checkpoint(tmp_path / "half"))
+    a = torch.load(tmp_path / "whole" / "model.pt", weights_only=True)
+    b = torch.load(tmp_path / "half" / "model.pt", weights_only=True)
+    assert all(torch.equal(a[k], b[k]) for k in a)  # SparseAdam's moments and step count came back too
