@@ -463,7 +463,7 @@ class Coordinator:
         evals = self.snapshots.results()
         totals = ServerTotals.of(self.servers.broadcast(Message("stop", {"reason": "job finished"}), "ack"))
         summary = self.stats.summary(self.cfg, self.total, evals[-1] if evals else {},
-                                     wall_s=time.time() - start, staleness=totals.histogram)
+                                     wall_s=time.time() - start, staleness=totals.histogram, blocks=self.blocks)
         summary["resumed_from"] = self.resume.iteration if self.resume else None
         summary["target"] = self.snapshots.settings.target or None
         summary["time_to_target"] = self.snapshots.reached

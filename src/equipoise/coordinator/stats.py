@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from ..config import Config
 from ..protocol.fields import read_field
 from ..protocol.steps import StepTotals
+from ..sparse.tables import tables_summary
 from .rpc import JobError
 
 REPORT_KEYS = ("iteration", "samples", "loss", "compute_s", "wait_s", "comm_s")
@@ -39,6 +40,10 @@ def check_report(worker: int, report: dict) -> list | None:
             and (e[3] is None or (type(e[3]) in (int, float) and math.isfinite(e[3])))
             and isinstance(e[4], list) and all(type(k) is int for k in e[4]) for e in timeline):
         raise ValueError(f"report of worker {worker}: timeline must list [kind, server, sent, arrived, blocks]")
+    for key in ("wire_bytes", "rows"):  # optional: bytes sent and received; a table's rows pulled and pushed
+        pair = report.get(key, [0, 0])
+        if not (isinstance(pair, list) and len(pair) == 2 and all(type(x) is int and x >= 0 for x in pair)):
+            raise ValueError(f"report of worker {worker}: {key} must be [int ≥ 0, int ≥ 0]")
     for key in ("count", "data_s", "gap_s"):  # optional: a worker's step and input pipeline
         read_field(report, key, float, who=f"report of worker {worker}", least=0)
     return exchange
@@ -90,6 +95,7 @@ class RunStats:
         self.samples = 0
         self.busy = {"compute_s": 0.0, "wait_s": 0.0, "comm_s": 0.0}
         self.data_s = 0.0  # waiting for samples (not in `busy`: barrier_wait_fraction is unchanged)
+        self.wire = [0, 0, 0]  # bytes the workers sent (pushes, rows asked), received (weights, rows); reports
         self.last_loss = float("nan")
         self._t_prev_record: float | None = None
 
@@ -107,6 +113,8 @@ class RunStats:
         for k in self.busy:
             self.busy[k] += float(report[k])
         self.data_s += float(report.get("data_s", 0.0))
+        sent, received = report.get("wire_bytes", (0, 0))
+        self.wire = [self.wire[0] + sent, self.wire[1] + received, self.wire[2] + 1]
 
     def iteration_record(self, t: int, reports: list[dict]) -> dict:
         """One metrics.jsonl record for iteration t from its workers' reports."""
@@ -133,6 +141,8 @@ class RunStats:
                                 for r in reports]}
         for key in ("compute_s", "data_s", "h2d_s", "d2h_s", "wait_s", "comm_s", "cpu", "mem", "version", "gap_s"):
             record[key] = [r.get(key) for r in reports]
+        if any("rows" in r for r in reports):  # sparse tables: the rows each worker pulled and pushed
+            record["rows_pulled"], record["rows_pushed"] = ([r.get("rows", (0, 0))[i] for r in reports] for i in (0, 1))
         if any(r.get("timeline") for r in reports):  # each worker's wire events (worker/loop.py)
             record["timeline"] = [r.get("timeline", []) for r in reports]
         if any(r.get("lost") for r in reports):  # a lost worker's slice, applied everywhere, never reported
@@ -142,9 +152,9 @@ class RunStats:
         return record
 
     def summary(self, cfg: Config, iterations: int, final_eval: dict, *, wall_s: float,
-                staleness: dict[int, int] | None = None) -> dict:
+                staleness: dict[int, int] | None = None, blocks: list | None = None) -> dict:
         """The run summary; `staleness` is the servers' histogram of σ over every gradient
-        applied (one count per gradient and server)."""
+        applied (one count per gradient and server); `blocks` the job's (its sparse tables)."""
         hist = Counter(staleness or {})
         train_s = max(self.t_last - (self.t_last if self.t_start is None else self.t_start), 1e-9)
         total = sum(self.busy.values())
@@ -168,4 +178,9 @@ class RunStats:
             "staleness_max": max(hist, default=0),
             "staleness_histogram": {str(k): v for k, v in sorted(hist.items())},
             "lost_updates": 0, "recovered": [],
+            # mean per worker and iteration: what a worker sent (gradients, rows asked for)
+            # and received (weights, rows)
+            "wire_bytes_per_iteration": {"push": self.wire[0] / max(1, self.wire[2]),
+                                         "pull": self.wire[1] / max(1, self.wire[2])},
+            **({"sparse_tables": tables_summary(blocks)} if any(b.kind == "rows" for b in blocks or ()) else {}),
         }

@@ -42,7 +42,8 @@ def model_blocks(model: nn.Module, block_size: int, servers: int = 0) -> list[Bl
     tensors = model_tensors(model)
     size = resolve_block_size(block_size, tensors, servers)
     dense = make_blocks([t for t in tensors if t[2] != "rows"], size)
-    return dense + table_blocks([t for t in tensors if t[2] == "rows"], table_widths(model), size, len(dense))
+    return dense + table_blocks([t for t in tensors if t[2] == "rows"], table_widths(model), size, len(dense),
+                                max(1, servers))
 
 
 def _flat(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -129,6 +129,7 @@ class RemoteTables:
     def __init__(self, modules: list[RemoteTable]):
         self.modules = modules
         self.version = 0  # the version the rows are asked at: the worker's last pull's
+        self.counts = [0, 0]  # rows fetched, rows whose gradient was pushed, since `take_counts`
 
     @classmethod
     def install(cls, model: nn.Module, blocks: list[Block], fetch: Callable[[int, dict], dict]) -> "RemoteTables | None":
@@ -140,11 +141,17 @@ class RemoteTables:
         out = cls([])
         for param, t in tables.items():
             mine = [b for b in blocks if b.kind == "rows" and b.name == param]
-            module = RemoteTable(t, mine, lambda wanted: fetch(out.version, wanted))
+            module = RemoteTable(t, mine, out._fetcher(fetch))
             parent, _, leaf = t.module.rpartition(".")
             setattr(model.get_submodule(parent) if parent else model, leaf, module)
             out.modules.append(module)
         return out
+
+    def _fetcher(self, fetch: Callable[[int, dict], dict]) -> Fetch:
+        def fetched(wanted: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+            self.counts[0] += sum(len(r) for r in wanted.values())
+            return fetch(self.version, wanted)
+        return fetched
 
     def gradients(self) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
         values, rows = {}, {}
@@ -152,7 +159,13 @@ class RemoteTables:
             v, r = m.gradients()
             values.update(v)
             rows.update(r)
+        self.counts[1] += sum(len(r) for r in rows.values())
         return values, rows
+
+    def take_counts(self) -> dict[str, list[int]]:
+        """A report's `rows`: [fetched, pushed] since the last call."""
+        got, self.counts = self.counts, [0, 0]
+        return {"rows": got}
 
     def clear(self) -> None:
         for m in self.modules:

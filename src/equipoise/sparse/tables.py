@@ -28,7 +28,7 @@ from torch import nn
 from ..policy.placement import Block, _lpt, placement_blocks
 
 __all__ = ["Table", "sparse_tables", "row_order", "stored_positions", "table_blocks", "place_with_tables",
-           "TableError", "gather_rows", "scatter_rows"]
+           "TableError", "gather_rows", "scatter_rows", "tables_summary"]
 
 _GOLDEN = 0.6180339887498949
 
@@ -109,14 +109,21 @@ def scatter_rows(weight: torch.Tensor, block: Block, value: torch.Tensor) -> Non
         weight[ids] = value.view(-1, block.width).to(weight.dtype)
 
 
+SHARDS_PER_SERVER = 8  # a table is cut into at least this many shards per server (fewer rows: one each)
+
+
 def table_blocks(tensors: Sequence[tuple[str, int, str, int]], widths: Mapping[str, int], block_size: int,
-                 first: int = 0) -> list[Block]:
-    """Tables (kind "rows") cut into blocks of whole rows, at most ``block_size``
-    elements where a row fits (else one row each); keys from ``first``."""
+                 first: int = 0, servers: int = 1) -> list[Block]:
+    """Tables (kind "rows") cut into blocks of whole rows — at most ``block_size``
+    elements where a row fits, and at least SHARDS_PER_SERVER × ``servers`` blocks where
+    the table has the rows: shards fine enough to balance and to move —; keys from
+    ``first``."""
     blocks: list[Block] = []
     for name, numel, kind, itemsize in tensors:
         width = int(widths[name])
-        step = max(1, block_size // width) * width
+        rows = numel // width
+        per = min(max(1, block_size // width), max(1, -(-rows // (SHARDS_PER_SERVER * max(1, servers)))))
+        step = per * width
         for start in range(0, max(numel, 1), step):
             blocks.append(Block(first + len(blocks), name, start, min(numel, start + step), kind, itemsize, width))
     return blocks
@@ -136,7 +143,7 @@ def place_with_tables(policy: str, tensors: Sequence[tuple[str, int, str, int]],
     blocks, owner = placement_blocks(policy, dense, servers, block_size, rates)
     if not tables:
         return blocks, owner
-    shards = table_blocks(tables, widths or {}, resolve_block_size(block_size, tensors, servers), len(blocks))
+    shards = table_blocks(tables, widths or {}, resolve_block_size(block_size, tensors, servers), len(blocks), servers)
     loads = [0] * servers
     for b, j in zip(blocks, owner):
         loads[j] += b.nbytes
@@ -145,3 +152,15 @@ def place_with_tables(policy: str, tensors: Sequence[tuple[str, int, str, int]],
                      list(rates) if rates is not None else [1.0] * servers):
         out[len(blocks) + i] = j
     return blocks + shards, out
+
+
+def tables_summary(blocks: Sequence[Block]) -> dict[str, dict]:
+    """summary.json's `sparse_tables`: per table, its rows, dim, shards (blocks) and bytes."""
+    out: dict[str, dict] = {}
+    for b in blocks:
+        if b.kind == "rows":
+            t = out.setdefault(b.name, {"rows": 0, "dim": b.width, "shards": 0, "bytes": 0})
+            t["rows"] += b.rows
+            t["shards"] += 1
+            t["bytes"] += b.nbytes
+    return out

@@ -28,6 +28,10 @@ from ..protocol.fields import read_field
 _REPLY = {"push": "ack", "pull": "params", "rows": "rows"}
 
 
+def _nbytes(tensors: dict) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
 class ClientError(RuntimeError):
     """A server refused a request, answered out of protocol or not in time; names it."""
 
@@ -81,6 +85,7 @@ class PSClient:
         self.interrupt = interrupt
         self.epoch = 0  # rollbacks seen: servers ignore requests of an earlier epoch
         self.table_keys = {b.key for b in self.blocks if b.kind == "rows"}  # sparse tables: not pulled whole
+        self.wire_bytes = [0, 0]  # tensor bytes sent, received since `take_wire`
         self.who = f"worker {self.worker}"
         self.conns: dict[int, Connection] = {}  # server rank → connection
         self.by_server: dict[int, list[Block]] = {}  # server rank → its blocks (only servers holding any)
@@ -327,6 +332,12 @@ class PSClient:
         return [[kind, r, round(sent - origin, 6), None if at is None else round(at - origin, 6), keys]
                 for kind, r, sent, at, keys in sorted(got, key=lambda e: e[2])]
 
+    def take_wire(self) -> list[int]:
+        """[sent, received]: the tensor bytes of this worker's requests and of the replies
+        it read since the last call."""
+        got, self.wire_bytes = self.wire_bytes, [0, 0]
+        return got
+
     def take_server_s(self) -> dict[int, float]:
         """The seconds spent in exchanges with each server since the last call."""
         got, self.server_s = self.server_s, {}
@@ -354,6 +365,7 @@ class PSClient:
             conn = self.conns[r]
             msg = make(r, self.by_server[r])
             conn.send(msg)
+            self.wire_bytes[0] += _nbytes(msg.tensors)
             ticket.sent_to[r] = time.perf_counter()
             ticket.carried[r] = ([b.key for b in self.by_server[r]] if kind == "pull" else
                                  sorted({int(name[1:]) for name in msg.tensors}))
@@ -375,6 +387,7 @@ class PSClient:
                 self.interrupt()
         if reply.type == "error":
             raise ClientError(f"{self.who}: {conn.address} refused: {reply.fields.get('message')}")
+        self.wire_bytes[1] += _nbytes(reply.tensors)
         owed = self._owed.get(id(conn), {}).get(reply.type)
         if not owed:
             raise ClientError(f"{self.who}: unexpected {reply.type!r} from {conn.address}")

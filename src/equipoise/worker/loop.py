@@ -422,6 +422,7 @@ class Worker:
                 "version": min(versions.values()), "staleness": staleness, **measured, **self.link.take_times(),
                 "mem": self.proc.memory_info().rss / self._mem_total, **exchange,
                 "server_s": [[r, sec] for r, sec in sorted(self.client.take_server_s().items())],
+                "wire_bytes": self.client.take_wire(), **(self.tables.take_counts() if self.tables else {}),
                 # the wire's events since the last report, in seconds from this step's forward start
                 "timeline": self.client.take_timeline(self._step_t[0] if self._step_t else 0.0)}
 
