@@ -74,6 +74,7 @@ class Config:
     loss: str = ""  # the step: "file.py:fn", fn(model, batch) -> mean | (sum, count); "": cross-entropy
     metrics: str = ""  # "file.py:fn", fn(model, batch) -> {name: number | (sum, count)}; "": loss (+ accuracy)
     collate: str = ""  # "file.py:fn" turning a list of items into a batch; "": torch's default_collate
+    sparse_ids: str = ""  # "file.py:fn", fn(batch) -> {table module: ids}: a step's sparse-table rows fetched at once
     model_args: dict = field(default_factory=dict)  # keywords for the model spec's function
     data_args: dict = field(default_factory=dict)  # keywords for the dataset provider
     loss_args: dict = field(default_factory=dict)  # keywords for the loss function, after (model, batch)

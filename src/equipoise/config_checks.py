@@ -125,7 +125,7 @@ def data(cfg: Config) -> None:
         if getattr(cfg, key) and ":" not in spec:
             raise ConfigError(f"{key} is for a {target} of the user's own ('file.py:function'); "
                               f"{target} = {spec or '(default)'!r} is built in")
-    for key in ("loss", "metrics", "collate"):
+    for key in ("loss", "metrics", "collate", "sparse_ids"):
         if getattr(cfg, key) and ":" not in getattr(cfg, key):
             raise ConfigError(f"{key} = {getattr(cfg, key)!r} is not a 'file.py:function' or "
                               "'package.module:function' spec (\"\" for the default)")

@@ -56,7 +56,7 @@ GROUPS: dict[str, dict[str, str]] = {
                   "schedule": "lr_schedule", "step_size": "lr_step_size", "gamma": "lr_gamma",
                   "warmup_iterations": "warmup_iterations", "lr_min": "lr_min", "clip_grad_norm": "clip_grad_norm"},
     "data": {"dataset": "dataset", "dir": "data_dir", "model": "model", "loss": "loss", "metrics": "metrics",
-             "collate": "collate", "model_args": "model_args", "data_args": "data_args", "loss_args": "loss_args",
+             "collate": "collate", "sparse_ids": "sparse_ids", "model_args": "model_args", "data_args": "data_args", "loss_args": "loss_args",
              "loader_workers": "loader_workers"},
     "eval": {"every": "eval_every", "samples": "eval_samples", "batch": "eval_batch", "device": "eval_device",
              "target": "target", "stop_at_target": "stop_at_target", "checkpoint_every": "checkpoint_every"},
@@ -96,7 +96,7 @@ def _flat_key(group: str, sub: str) -> str | None:
     return sub if sub in table.values() else None
 
 
-USER_CODE = ("model", "dataset", "loss", "metrics", "collate", "lr_schedule")
+USER_CODE = ("model", "dataset", "loss", "metrics", "collate", "sparse_ids", "lr_schedule")
 
 
 def absolute_specs(values: Mapping[str, Any]) -> dict[str, Any]:

@@ -97,13 +97,15 @@ class Workload:
     """The datasets and the step of a job, built in the process that uses them."""
 
     def __init__(self, train, eval=None, *, loss: Callable | None = None, metrics: Callable | None = None,
-                 collate: Callable | None = None, names: dict[str, str] | None = None):
+                 collate: Callable | None = None, sparse_ids: Callable | None = None,
+                 names: dict[str, str] | None = None):
         self.train, self.eval = train, eval
+        self.sparse_ids_fn = sparse_ids  # batch -> {table module: ids}: a step's table rows, fetched at once
         self.loss_fn = loss or cross_entropy
         self.metrics_fn = metrics
         self.collate = collate or default_collate
         self.names = {"dataset": "dataset", "loss": "loss", "metrics": "metrics", "collate": "collate",
-                      **(names or {})}
+                      "sparse_ids": "sparse_ids", **(names or {})}
         self.input_shape = getattr(train, "input_shape", None)
         self.num_classes = getattr(train, "num_classes", None)
 
@@ -146,6 +148,24 @@ class Workload:
         except Exception as exc:
             raise StepError(f"collate {self.names['collate']!r} failed on {len(items)} items: "
                             f"{type(exc).__name__}: {one_line(exc)}") from exc
+
+    def sparse_ids(self, batch) -> dict[str, torch.Tensor] | None:
+        """The user's `sparse_ids(batch)`: the ids each sparse table (by module name) will
+        look up in this batch; None without one. StepError naming the spec if it raises or
+        returns something else than a dict of names to integer tensors."""
+        if self.sparse_ids_fn is None:
+            return None
+        name = self.names["sparse_ids"]
+        with USER_CODE.call("sparse_ids"):
+            try:
+                out = self.sparse_ids_fn(batch)
+            except Exception as exc:
+                raise StepError(f"sparse_ids {name!r} raised {type(exc).__name__}: {str(exc)[:200]}") from exc
+        if not (isinstance(out, dict) and all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                              and not v.is_floating_point() for k, v in out.items())):
+            raise StepError(f"sparse_ids {name!r} returned {type(out).__name__}; expected a dict of table "
+                            "module names to integer tensors of ids")
+        return out
 
     # -- the step -------------------------------------------------------------------------
     def loss_of(self, model: nn.Module, batch, n: int) -> StepLoss:
@@ -285,7 +305,7 @@ def load_workload(cfg, shared=None) -> Workload:
     else:
         train, evl = provide(cfg)
     fns = {}
-    for key in ("loss", "metrics", "collate"):
+    for key in ("loss", "metrics", "collate", "sparse_ids"):
         spec = _spec(cfg, key)
         fns[key] = resolve(spec, key, StepError) if spec else None
     loss_args = getattr(cfg, "loss_args", None) or {}

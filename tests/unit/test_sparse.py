@@ -12,7 +12,7 @@ from equipoise.protocol.blocks import model_blocks, read_values, write_values
 from equipoise.sparse.checks import tables_refusal
 from equipoise.sparse.remote import IdError, RemoteTables
 from equipoise.sparse.step import check_rows, sparse_sum
-from equipoise.sparse.tables import (TableError, place_with_tables, row_order, sparse_tables, stored_positions,
+from equipoise.sparse.tables import (SHARDS_PER_SERVER, TableError, place_with_tables, row_order, sparse_tables, stored_positions,
                                      table_blocks)
 
 pytestmark = pytest.mark.timeout(60)
@@ -62,13 +62,15 @@ def test_tables_cut_into_whole_rows_and_back():
 def test_table_blocks_are_placed_by_size_after_the_dense_ones():
     tensors = [("w", 100, "param", 4), ("t", 4 * 37, "rows", 4)]
     blocks, owner = place_with_tables("round_robin", tensors, 3, 40, widths={"t": 4})
-    # 37 rows, at least 8 shards a server: 19 blocks of 2 rows (the last of 1), under 40 elements
-    assert [b.kind for b in blocks] == ["param"] * 3 + ["rows"] * 19
-    assert [b.rows for b in blocks[3:]] == [2] * 18 + [1]
+    # 37 rows, blocks under 40 elements (10 rows) and at least SHARDS_PER_SERVER × 3 of them
+    per = min(10, -(-37 // (SHARDS_PER_SERVER * 3)))
+    shards = [b for b in blocks if b.kind == "rows"]
+    assert [b.kind for b in blocks[:3]] == ["param"] * 3 and len(shards) == -(-37 // per) >= SHARDS_PER_SERVER * 3 - 1
+    assert [b.rows for b in shards[:-1]] == [per] * (len(shards) - 1) and sum(b.rows for b in shards) == 37
     loads = [sum(b.nbytes for b, j in zip(blocks, owner) if j == s) for s in range(3)]
     # server 0 holds the dense 400 bytes, more than a third of all: the 592 of the table go
     # to the other two, by size, within one shard of each other
-    assert owner[:3] == [0, 0, 0] and 0 not in owner[3:] and abs(loads[1] - loads[2]) <= 32
+    assert owner[:3] == [0, 0, 0] and 0 not in owner[3:] and abs(loads[1] - loads[2]) <= per * 16
     assert table_blocks([("t", 12, "rows", 4)], {"t": 4}, 3)[0].numel == 4  # a block smaller than a row: one row
 
 
@@ -160,3 +162,28 @@ def test_settings_sparse_tables_cannot_run_with_are_refused_in_one_line(kw, matc
     assert tables_refusal(cfg(), tables) is None and tables_refusal(cfg(**kw), {}) is None
     line = tables_refusal(cfg(**kw), tables)
     assert match in line and "(emb)" in line and "\n" not in line
+
+
+def test_rows_fetched_ahead_serve_the_forward_in_one_request():
+    """`prefetch` (the user's sparse_ids) asks for every table's rows at once; the forward
+    then asks for nothing, and the gradient is the same as a forward that fetched."""
+    torch.manual_seed(0)
+    model = Net()
+    blocks = model_blocks(model, block_size=10)
+    values = {k: v.clone() for k, v in read_values(model, blocks).items()}
+    x = torch.tensor([[3, 5, 5, 36], [0, 3, 9, 5]])
+    twins = []
+    for ahead in (False, True):
+        twin = Net()
+        twin.load_state_dict(model.state_dict())
+        tables, asked = remote(twin, blocks, values)
+        if ahead:
+            tables.prefetch({"emb": x}, lambda version, wanted: {k: values[k].view(-1, 4)[r] for k, r in wanted.items()})
+        twin(x).backward()
+        twins.append((tables.gradients(), len(asked)))
+    (grads, rows), fetched = twins[0]
+    (grads_ahead, rows_ahead), fetched_ahead = twins[1]
+    assert (fetched, fetched_ahead) == (1, 0)
+    assert all(torch.equal(grads[k], grads_ahead[k]) and torch.equal(rows[k], rows_ahead[k]) for k in grads)
+    with pytest.raises(IdError, match="sparse_ids names \\['nope'\\]"):
+        tables.prefetch({"nope": x}, lambda version, wanted: {})

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from equipoise.config import Config
+from equipoise.coordinator.rpc import JobError
 from equipoise.data import SliceSampler
 from equipoise.launch.threads import run_threads
 from equipoise.models import build_model
@@ -80,11 +81,20 @@ def data():
     return load_workload(job())
 
 
-def test_one_worker_trains_the_tables_as_torch_does(tmp_path, data):
-    cfg = job()
-    summary = run_threads(cfg, tmp_path, data)
+@pytest.mark.parametrize("ahead", [False, True])
+def test_one_worker_trains_the_tables_as_torch_does(tmp_path, ahead):
+    """Also with `sparse_ids`: a step's rows of every table fetched in one request."""
+    cfg = job(sparse_ids=f"{W}:sparse_ids" if ahead else "")
+    summary = run_threads(cfg, tmp_path, load_workload(cfg))
     assert summary["samples"] == cfg.iterations * cfg.global_batch
-    assert_near_oracle(cfg, tmp_path, data)
+    assert summary["wire_bytes_per_iteration"]["pull"] < sum(t["bytes"] for t in summary["sparse_tables"].values())
+    assert_near_oracle(cfg, tmp_path, load_workload(cfg))
+
+
+def test_an_id_outside_its_table_mid_run_names_the_worker_the_iteration_and_the_id(tmp_path, data):
+    cfg = job(model_args={"n_users": 300, "n_items": 60, "dim": 8})  # the data's items go up to 499
+    with pytest.raises(JobError, match=r"worker 0: iteration 0: table item: id \d+ outside \[0, 60\)"):
+        run_threads(cfg, tmp_path, data)
 
 
 @pytest.mark.slow

@@ -44,6 +44,7 @@ class RemoteTable(nn.Module):
         self.step_rows = self.blocks[0].rows
         self.fetch = fetch
         self.taken: list[tuple[torch.Tensor, torch.Tensor]] = []  # (ids, local matrix) of each forward
+        self.ready: tuple[torch.Tensor, torch.Tensor] | None = None  # rows fetched ahead: (ids sorted, values)
 
     def forward(self, input: torch.Tensor, offsets: torch.Tensor | None = None,
                 per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
@@ -56,7 +57,7 @@ class RemoteTable(nn.Module):
             bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
             raise IdError(f"table {t.module}: id {bad} outside [0, {t.rows})")
         uniq, inverse = torch.unique(ids, sorted=True, return_inverse=True)
-        local = self._fetch(uniq).requires_grad_(True)
+        local = self._local(uniq).requires_grad_(True)
         self.taken.append((uniq, local))
         pad = None
         if t.padding_idx is not None:
@@ -75,10 +76,32 @@ class RemoteTable(nn.Module):
         which = torch.div(pos, self.step_rows, rounding_mode="floor")
         return which, pos - which * self.step_rows
 
-    def _fetch(self, ids: torch.Tensor) -> torch.Tensor:
+    def _local(self, uniq: torch.Tensor) -> torch.Tensor:
+        """The rows of `uniq` (sorted ids): from those fetched ahead where they all are
+        (`prefetch`), else from the servers now."""
+        if self.ready is not None:
+            ids, values = self.ready
+            at = torch.searchsorted(ids, uniq).clamp(max=max(0, len(ids) - 1))
+            if len(ids) and bool((ids[at] == uniq).all()):
+                return values[at]
+        return self._fetch(uniq)
+
+    def wanted(self, ids: torch.Tensor) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """The distinct ids of `ids` (sorted, checked) and the rows of each block they are."""
+        ids = ids.reshape(-1).long()
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.table.rows):
+            bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+            raise IdError(f"table {self.table.module}: id {bad} outside [0, {self.table.rows})")
+        uniq = torch.unique(ids, sorted=True)
+        which, row = self._where(uniq)
+        return uniq, {self.blocks[int(i)].key: row[which == i] for i in torch.unique(which)}
+
+    def _fetch(self, ids: torch.Tensor, got: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
+        """The rows of `ids` (sorted, distinct): asked for now, or taken from `got` (a
+        fetch of several tables at once)."""
         which, row = self._where(ids)
-        wanted = {self.blocks[int(i)].key: row[which == i] for i in torch.unique(which)}
-        got = self.fetch(wanted)
+        if got is None:
+            got = self.fetch({self.blocks[int(i)].key: row[which == i] for i in torch.unique(which)})
         out = torch.empty(len(ids), self.table.dim)
         for i in torch.unique(which):
             key = self.blocks[int(i)].key
@@ -117,7 +140,7 @@ class RemoteTable(nn.Module):
         return values, rows
 
     def clear(self) -> None:
-        self.taken = []
+        self.taken, self.ready = [], None
 
     def extra_repr(self) -> str:
         return f"{self.table.rows}, {self.table.dim}, rows on the servers"
@@ -161,6 +184,26 @@ class RemoteTables:
             rows.update(r)
         self.counts[1] += sum(len(r) for r in rows.values())
         return values, rows
+
+    def prefetch(self, ids: dict[str, torch.Tensor], fetch: Callable[[int, dict], dict]) -> None:
+        """The rows of a step's batch for every table `ids` names (by module; the user's
+        `sparse_ids(batch)`), in one request per server for all tables; a table's forward
+        then looks up these rows without asking (ids it did not foresee are fetched then)."""
+        by_module = {m.table.module: m for m in self.modules}
+        unknown = sorted(set(ids) - set(by_module))
+        if unknown:
+            raise IdError(f"sparse_ids names {unknown[:3]}, not sparse tables of the model ({sorted(by_module)})")
+        asked, wanted = {}, {}
+        for name, t in ids.items():
+            uniq, rows = by_module[name].wanted(t)
+            asked[name] = uniq
+            for key, r in rows.items():  # two tables never share a block
+                wanted[key] = r
+        self.counts[0] += sum(len(r) for r in wanted.values())
+        got = fetch(self.version, wanted) if wanted else {}
+        for name, uniq in asked.items():
+            m = by_module[name]
+            m.ready = (uniq, m._fetch(uniq, got))
 
     def take_counts(self) -> dict[str, list[int]]:
         """A report's `rows`: [fetched, pushed] since the last call."""

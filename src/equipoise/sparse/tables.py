@@ -109,7 +109,7 @@ def scatter_rows(weight: torch.Tensor, block: Block, value: torch.Tensor) -> Non
         weight[ids] = value.view(-1, block.width).to(weight.dtype)
 
 
-SHARDS_PER_SERVER = 8  # a table is cut into at least this many shards per server (fewer rows: one each)
+SHARDS_PER_SERVER = 2  # a table is cut into at least this many shards per server (fewer rows: one each)
 
 
 def table_blocks(tensors: Sequence[tuple[str, int, str, int]], widths: Mapping[str, int], block_size: int,

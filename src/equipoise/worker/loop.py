@@ -39,7 +39,7 @@ from .backward_push import BackwardPush
 from ..user_code import USER_CODE
 from ..workload import SampleError, StepError, load_workload
 from .coordinator_link import CoordinatorLink, Reset, WorkerError, oom_report, plan_table
-from ..sparse.remote import RemoteTables, with_rows
+from ..sparse.remote import IdError, RemoteTables, with_rows
 from .stretch import Stretch, noise_seed
 
 
@@ -454,9 +454,11 @@ class Worker:
             batch = to_device(batch, self.device, non_blocking=True)
             self.link.h2d_s += time.perf_counter() - t0
         try:
+            if self.tables is not None and data.sparse_ids_fn is not None:  # every table's rows in one request
+                self.tables.prefetch(data.sparse_ids(batch), self.client.rows)
             with autocast(self.device, self.precision):
                 step = data.loss_of(self.model, batch, plan["size"])
-        except StepError as exc:
+        except (StepError, IdError) as exc:  # IdError: an id outside its sparse table
             raise WorkerError(f"worker {self.rank}: iteration {plan['iteration']}: {exc}") from None
         if not math.isfinite(step.value):
             raise WorkerError(f"worker {self.rank}: loss is {step.value} at iteration "
