@@ -154,6 +154,8 @@ SUMMARY = [
      R("pair_ratio", ge=1.0)),
     ("bench_workloads_lm-seeds", "the fortunes GPT's validation loss, equipoise vs plain PyTorch", "within noise",
      seeds),
+    ("bench_sparse_movielens", "MovieLens-100k, sparse tables on the servers: held-out RMSE", "≤ 0.94",
+     R("rmse", "equipoise", le=0.94, f=lambda s: f"**{num(s['median'])}** ({num(s['min'])}–{num(s['max'])})")),
     ("bench_testbed_lbbsp", "LB-BSP vs BSP, testbed CPU quotas [1,1,½,¼]", "≥ 2×", R("ratio", "lbbsp/bsp", ge=2)),
     ("bench_testbed_psld", "PSLD vs greedy on testbed hosts, the slow server's host at 100 Mbit/s", "≥ 1.5×",
      R("ratio", "psld/greedy samples/s", ge=1.5)),
@@ -392,11 +394,26 @@ def testbed_tables():
     return tables
 
 
+def sparse_tables() -> dict[str, str]:
+    """docs/sparse.md: MovieLens-100k, equipoise against one plain PyTorch process."""
+    d = load("bench_sparse_movielens")
+    rows = [[label, rng(d["rmse"][k]), rng(d["wall_s"][k]), rng(d["train_s"][k]), rng(d["samples_per_s"][k])]
+            for label, k in (("equipoise BSP, 2 workers, 2 servers", "equipoise"), ("plain PyTorch, one process",
+                                                                                     "plain"))]
+    rows.append(["equipoise − plain, per seed", rng(d["rmse_difference"], signed), "", "", ""])
+    wire = d["wire_share"]
+    rows.append(["a worker's bytes per iteration, sent / received, as a share of the whole model's",
+                 f"{rng(wire['push'], pct)} / {rng(wire['pull'], pct)}", "", "", ""])
+    return {"movielens": one_file("bench_sparse_movielens", [
+        f"seeds {', '.join(map(str, d['seeds']))}", "held-out RMSE", "wall s, start to result", "training s",
+        "samples/s"], rows)}
+
+
 DOCS = {"README.md": lambda: {"headline": summary_table(HEADLINE, "")},
         "docs/benchmarks.md": lambda: {"summary": summary_table(SUMMARY, "../"), **exchange_tables(), **lbbsp_tables(),
                                        **rudra_tables(), **compare_tables(), **failure_tables(), **cost_tables(),
                                        **workload_tables(), **testbed_tables()},
-        "docs/psld.md": psld_tables}
+        "docs/psld.md": psld_tables, "docs/sparse.md": sparse_tables}
 
 
 def blocks(text: str) -> dict[str, str]:
