@@ -68,8 +68,13 @@ def run_threads(cfg: Config, run_dir: Path, data, resume: Checkpoint | None = No
             return []
 
     try:
-        return make_coordinator(cfg, run_dir, transport, listener, data, peers=Threads(), resume=resume).run()
-    finally:
+        summary = make_coordinator(cfg, run_dir, transport, listener, data, peers=Threads(), resume=resume).run()
+    except BaseException:
+        transport.close()  # a failed job: every peer's next wait ends (closed), none waits out its timeout
         for p in peers:
             p.join(timeout=10)
-        transport.close()
+        raise
+    for p in peers:
+        p.join(timeout=10)
+    transport.close()
+    return summary

@@ -41,6 +41,9 @@ def _copy_frames(frames: Sequence[Any]) -> list[bytearray]:
     return [bytearray(f) for f in frames]
 
 
+_CLOSED = object()  # put in an inbox by close(): a recv waiting on it raises at once
+
+
 class InMemoryTransport(Transport):
     """Thread-safe queues standing in for sockets; see the module docstring."""
 
@@ -119,6 +122,8 @@ class _MemListener(Listener):
                 peer, frames = self._inbox.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 return None
+            if frames is _CLOSED:
+                raise RuntimeError(f"listener {self.address} is closed")
             try:
                 return peer, decode(frames, max_bytes=self._transport.max_bytes)
             except WireError as exc:
@@ -140,6 +145,7 @@ class _MemListener(Listener):
     def close(self) -> None:
         self.closed = True
         self._transport._forget(self.address)
+        self._inbox.put((b"", _CLOSED))  # a recv waiting on it ends now
 
     def __repr__(self) -> str:
         return f"<MemListener {self.address}>"
@@ -169,6 +175,8 @@ class _MemConnection(Connection):
             frames = self._inbox.get(timeout=seconds)
         except queue.Empty:
             raise PeerTimeout(f"no message from {self.address} within {seconds:g}s") from None
+        if frames is _CLOSED:  # closed while this waited (by its owner or the transport's close)
+            raise RuntimeError(f"connection to {self.address} is closed")
         try:
             return decode(frames, max_bytes=self._transport.max_bytes)
         except WireError as exc:
@@ -181,6 +189,7 @@ class _MemConnection(Connection):
     def close(self) -> None:
         self.closed = True
         self._transport._forget(self.identity)
+        self._inbox.put(_CLOSED)  # a recv waiting on it ends now, not at its timeout
 
     def __repr__(self) -> str:
         return f"<MemConnection {self.address}>"

@@ -269,3 +269,26 @@ def test_clipping_over_two_stores_equals_clip_grad_norm_on_one(optimizer):
         s.finish(p, global_norm(norms))
     for k in range(3):
         assert torch.equal(stores[owner[k]].values[k], ref[k].detach()), k
+
+
+def test_the_servers_sparse_adam_is_torch_s_bit_for_bit():
+    """server/optimizers.py SparseAdam against torch.optim.SparseAdam: five steps of
+    sparse gradients with repeated and untouched rows (an empty one too), the learning
+    rate changed between steps; the same numbers exactly."""
+    from equipoise.server.optimizers import SparseAdam
+
+    g = torch.Generator().manual_seed(0)
+    ours, theirs = (torch.nn.Parameter(torch.randn(12, 3, generator=torch.Generator().manual_seed(1)))
+                    for _ in range(2))
+    a, b = SparseAdam([ours], lr=0.01), torch.optim.SparseAdam([theirs], lr=0.01)
+    for step, n in enumerate((5, 7, 0, 9, 4)):
+        rows = torch.randint(0, 12, (n,), generator=g)
+        values = torch.randn(n, 3, generator=g)
+        for p in (ours, theirs):
+            p.grad = torch.sparse_coo_tensor(rows.unsqueeze(0), values, (12, 3))
+        for opt in (a, b):
+            opt.param_groups[0]["lr"] = 0.01 * (step + 1)
+            opt.step()
+        assert torch.equal(ours, theirs), step
+    assert torch.equal(a.state[ours]["exp_avg_sq"], b.state[theirs]["exp_avg_sq"])
+    assert a.state[ours]["step"] == b.state[theirs]["step"] == 5
