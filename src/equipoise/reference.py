@@ -38,6 +38,7 @@ from .policy.batching import equal_split
 from .policy.sync import SyncPolicy
 from .protocol.blocks import model_blocks, read_pushes, read_values, write_values
 from .protocol.optimizer import OptimizerSpec, user_schedule
+from .sparse.tables import sparse_tables
 from .telemetry.metrics import read_metrics
 from .workload import as_workload
 
@@ -64,6 +65,8 @@ def train_reference(cfg: Config, iterations: int | None = None, data=None,
     X = cfg.global_batch
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, data.input_shape, data.num_classes, cfg.model_args)
+    if sparse_tables(model):  # their oracle is torch's own sparse training (tests/unit/test_sparse_jobs.py)
+        raise ValueError("train_reference does not train sparse tables; compare with torch's sparse embedding")
     model.train()
     blocks = model_blocks(model, cfg.block_size, cfg.servers)
     values = {k: v.detach().clone().contiguous() for k, v in read_values(model, blocks).items()}

@@ -256,14 +256,9 @@ class Testbed:
         """A Ray cluster over the hosts: the head on host 0, a node on every other host,
         each at its host's address with `cpus[i]` CPUs and `resources[i]` custom
         resources, all with this testbed's Ray token (`ray_env`). Returns the head's
-        address (HOST:PORT) for `ray_address`; run the driver on host 0 with `ray_env()`. `down` ends every Ray process with the hosts (`ray stop` would
-        stop every Ray process of this machine, a user's own cluster too)."""
-        token = self.ray_token()
-        if not token.exists():
-            token.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as fh:
-                fh.write(secrets.token_hex(32))
+        address (HOST:PORT) for `ray_address`; run the driver on host 0 with `ray_env()`.
+        `down` ends every Ray process with the hosts (`ray stop` would stop every Ray
+        process of this machine, a user's own cluster too)."""
         for i in range(len(self.hosts)):
             self.start_ray_node(i, None if cpus is None else cpus[i], None if resources is None else resources[i],
                                 port=port, timeout=timeout)
@@ -277,6 +272,12 @@ class Testbed:
         bundles move to the hosts left within seconds."""
         import json
 
+        token = self.ray_token()  # made by the first node started, shared by the others and the drivers
+        if not token.exists():
+            token.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(secrets.token_hex(32))
         env = self.ray_env()
         if i == 0:
             node = ["--head", "--port", str(port), "--include-dashboard=false"]

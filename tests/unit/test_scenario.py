@@ -262,3 +262,4 @@ def test_burner_dies_with_the_process_that_started_it():
     else:
         os.kill(burner_pid, signal.SIGKILL)
         pytest.fail("burner outlived its parent")
+

@@ -156,6 +156,7 @@ def cfg(**kw):
     ({"optimizer": "adamw"}, "adamw has no sparse step"),
     ({"weight_decay": 0.01}, "weight_decay = 0.01"),
     ({"clip_grad_norm": 1.0}, "clip_grad_norm"),
+    ({"device": "cuda"}, "run on CPU workers so far, not cuda"),
 ])
 def test_settings_sparse_tables_cannot_run_with_are_refused_in_one_line(kw, match):
     tables = sparse_tables(Net())
@@ -187,3 +188,74 @@ def test_rows_fetched_ahead_serve_the_forward_in_one_request():
     assert all(torch.equal(grads[k], grads_ahead[k]) and torch.equal(rows[k], rows_ahead[k]) for k in grads)
     with pytest.raises(IdError, match="sparse_ids names \\['nope'\\]"):
         tables.prefetch({"nope": x}, lambda version, wanted: {})
+
+
+def test_a_tied_or_shared_table_and_a_bare_table_are_refused():
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(10, 4, sparse=True)
+            self.out = nn.Linear(4, 10, bias=False)
+            self.out.weight = self.emb.weight  # weight tying, as language models do
+
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Embedding(10, 4, sparse=True)
+            self.b = self.a
+
+    for model, match in ((Tied(), "emb: a sparse table shared with out.weight"),
+                         (Twice(), "a: a sparse table shared with b"),
+                         (nn.Embedding(10, 4, sparse=True), "the model itself is a sparse table")):
+        with pytest.raises(TableError, match=match):
+            sparse_tables(model)
+
+
+def test_an_embedding_bag_with_offsets_and_the_last_offset_included_gives_torch_s_gradient():
+    torch.manual_seed(0)
+
+    class Bags(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.EmbeddingBag(37, 4, mode="mean", sparse=True, include_last_offset=True)
+
+        def forward(self, x, offsets, weights=None):
+            return self.emb(x, offsets, weights)
+
+    model = Bags()
+    blocks = model_blocks(model, block_size=10)
+    values = {k: v.clone() for k, v in read_values(model, blocks).items()}
+    x, offsets = torch.tensor([3, 5, 5, 36, 0, 9]), torch.tensor([0, 2, 5, 6])
+    want = model(x, offsets)
+    want.square().sum().backward()
+    twin = Bags()
+    tables, _ = remote(twin, blocks, values)
+    got = twin(x, offsets)
+    assert got.shape == want.shape == (3, 4) and torch.allclose(got, want)
+    got.square().sum().backward()
+    grads, rows = tables.gradients()
+    dense = torch.zeros(37, 4)
+    inverse = torch.argsort(stored_positions(torch.arange(37), 37))
+    for b in (b for b in blocks if b.kind == "rows"):
+        dense[inverse[b.start // 4 + rows[b.key]]] += grads[b.key].view(-1, 4)
+    assert torch.allclose(dense, model.emb.weight.grad.to_dense(), atol=1e-6)
+
+
+def test_a_server_refuses_a_rows_request_larger_than_the_block():
+    """A worker asks for distinct rows, at most a block's: a request for more (repeats)
+    is refused before anything is held or built, and the server goes on."""
+    from equipoise.server.core import Server
+    from equipoise.server.store import OptimizerSpec
+    from equipoise.wire import InMemoryTransport, Message
+
+    transport = InMemoryTransport()
+    server = Server(0, transport, "nowhere")
+    sent = []
+    server.listener.send = lambda peer, msg: sent.append(msg) or (lambda: True)
+    spec = OptimizerSpec("sgd", 1.0, 0.0, 0.0, "constant", 100, 10, 0.1, 1).to_dict()
+    server.handle(b"c", Message("init", {"blocks": [[0, "t", 0, 12, "rows", 4, 4]], "optimizer": spec, "version": 0,
+                                         "samples": 0, "protocol": "bsp", "workers": 1}, {"b0": torch.zeros(12)}))
+    server.handle(b"w", Message("rows_req", {"worker": 0, "min_version": 0}, {"i0": torch.zeros(4, dtype=torch.int64)}))
+    assert sent[-1].type == "error" and "4 rows of block 0, which has 3" in sent[-1].fields["message"]
+    server.handle(b"w", Message("rows_req", {"worker": 0, "min_version": 0}, {"i0": torch.tensor([2, 0])}))
+    assert sent[-1].type == "rows" and tuple(sent[-1].tensors["r0"].shape) == (2, 4) and not server.done

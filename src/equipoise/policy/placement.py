@@ -77,7 +77,8 @@ class Block:
     def from_list(cls, row: Sequence) -> "Block":
         key, name, start, stop, kind, itemsize, *rest = row
         width = int(rest[0]) if rest else 1
-        if len(rest) > 1 or width < 1 or (kind == "rows" and (int(start) % width or int(stop) % width)):
+        if (len(rest) > 1 or width < 1 or not 0 <= int(key) < 1 << 31
+                or (kind == "rows" and (int(start) % width or int(stop) % width))):
             raise ValueError(f"block {key}: {list(row)[:8]} is not [key, name, start, stop, kind, itemsize(, width)] "
                              f"with whole rows")
         return cls(int(key), str(name), int(start), int(stop), str(kind), int(itemsize), width)

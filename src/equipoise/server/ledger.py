@@ -43,6 +43,16 @@ def _mask(keys: Iterable[int]) -> int:
     return m
 
 
+def _bits(mask: int) -> list[int]:
+    """The keys of a mask's set bits, ascending (one step per set bit)."""
+    out = []
+    while mask:
+        low = mask & -mask
+        out.append(low.bit_length() - 1)
+        mask ^= low
+    return out
+
+
 class PushLedger:
     def __init__(self, window: int = WINDOW):
         self.window = window
@@ -90,8 +100,7 @@ class PushLedger:
         """The ids that took any of ``keys`` (blocks leaving), as wire rows
         [worker, epoch, step, part, [blocks]]."""
         m = _mask(keys)
-        return [[w, *pid, [k for k in range(mask.bit_length()) if (mask & m) >> k & 1]]
-                for w, mine in self.taken.items() for pid, mask in mine.items() if mask & m]
+        return [[w, *pid, _bits(mask & m)] for w, mine in self.taken.items() for pid, mask in mine.items() if mask & m]
 
     def adopt(self, rows: Iterable, keys: Iterable[int]) -> None:
         """Take the rows of blocks ``keys`` handed over to this server (``rows`` of the

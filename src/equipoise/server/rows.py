@@ -41,6 +41,8 @@ class RowsPart:
             if block is None or block.kind != "rows":
                 raise ValueError(f"{who}: block {key} is not a table's block held here")
             check_rows(block, rows, who)
+            if rows.numel() > block.rows:  # a worker asks for distinct rows: a reply is at most the block
+                raise ValueError(f"{who}: {rows.numel()} rows of block {key}, which has {block.rows}")
         core.hold(Held(peer, "rows", int(msg.fields["min_version"]), core.clock.now(), int(msg.fields["worker"]),
                        wanted=wanted))
 

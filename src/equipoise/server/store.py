@@ -148,7 +148,10 @@ class ParameterStore:
         rows = push.rows.get(key)
         if rows is None:
             raise PushError(f"{who}: block {key} of table {b.name} comes without its rows (i{key})")
-        check_rows(b, rows, who)
+        try:
+            check_rows(b, rows, who)
+        except ValueError as exc:
+            raise PushError(str(exc)) from None
         if t.dim() != 1 or t.numel() != rows.numel() * b.width or t.dtype != self.values[key].dtype:
             raise PushError(f"{who}: block {key} has {tuple(t.shape)} {t.dtype} for {rows.numel()} rows of "
                             f"{b.width}")

@@ -18,6 +18,9 @@ def tables_refusal(cfg: Any, tables: Mapping[str, Table]) -> str | None:
     if not tables:
         return None
     names = ", ".join(t.module for t in tables.values())
+    devices = {cfg.device, *cfg.devices}
+    if devices != {"cpu"}:
+        return f"sparse tables ({names}) run on CPU workers so far, not {sorted(devices - {'cpu'})[0]}"
     if cfg.protocol not in ("bsp", "lbbsp"):
         return f"sparse tables ({names}) run under protocol bsp or lbbsp, not {cfg.protocol}"
     for key in _NOT_YET:

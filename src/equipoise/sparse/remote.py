@@ -68,7 +68,7 @@ class RemoteTable(nn.Module):
         if not t.bag:
             return F.embedding(index, local, padding_idx=pad)
         return F.embedding_bag(index, local, offsets, mode=t.mode, per_sample_weights=per_sample_weights,
-                               padding_idx=pad)
+                               include_last_offset=t.include_last_offset, padding_idx=pad)
 
     def _where(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each id's block index (into `blocks`) and its row within the block."""
@@ -151,13 +151,13 @@ class RemoteTables:
 
     def __init__(self, modules: list[RemoteTable]):
         self.modules = modules
-        self.version = 0  # the version the rows are asked at: the worker's last pull's
+        self.version: int | None = None  # the version the rows must be of: the worker's last pull's (None: any)
         self.counts = [0, 0]  # rows fetched, rows whose gradient was pushed, since `take_counts`
 
     @classmethod
     def install(cls, model: nn.Module, blocks: list[Block], fetch: Callable[[int, dict], dict]) -> "RemoteTables | None":
         """Replace the model's sparse tables (their weights freed); None if it has none.
-        `fetch(version, wanted)` asks the servers for rows."""
+        `fetch(version, wanted)` asks the servers for rows of `version` (None: any)."""
         tables = sparse_tables(model)
         if not tables:
             return None

@@ -47,6 +47,7 @@ class Table:
     padding_idx: int | None
     bag: bool = False
     mode: str = "sum"  # EmbeddingBag's reduction
+    include_last_offset: bool = False  # EmbeddingBag's
 
 
 def sparse_tables(model: nn.Module) -> dict[str, Table]:
@@ -54,16 +55,29 @@ def sparse_tables(model: nn.Module) -> dict[str, Table]:
     the servers cannot honour (``max_norm``: torch renormalises the looked-up rows in
     place, on the worker's copy)."""
     out: dict[str, Table] = {}
+    paths: dict[int, list[str]] = {}
+    for name, m in model.named_modules(remove_duplicate=False):
+        paths.setdefault(id(m), []).append(name)
+    owners: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        owners.setdefault(id(p), []).append(name)
     for name, m in model.named_modules():
         if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse:
+            if not name:
+                raise TableError("the model itself is a sparse table: wrap it in a module of its own")
+            if len(paths[id(m)]) > 1 or len(owners[id(m.weight)]) > 1:
+                shared = sorted(set(paths[id(m)][1:] + owners[id(m.weight)][1:]))
+                raise TableError(f"{name or 'model'}: a sparse table shared with {shared[0]} (a tied weight); "
+                                 f"a table on the servers cannot be shared yet")
             if m.max_norm is not None:
                 raise TableError(f"{name or 'model'}: {type(m).__name__}(max_norm={m.max_norm}) renormalises "
                                  f"rows in place; sparse tables on the servers cannot (drop max_norm)")
-            if isinstance(m, nn.Embedding) and m.scale_grad_by_freq:
+            if m.scale_grad_by_freq:
                 raise TableError(f"{name or 'model'}: scale_grad_by_freq is not supported for sparse tables")
             param = f"{name}.weight" if name else "weight"
             out[param] = Table(name, param, int(m.weight.shape[0]), int(m.weight.shape[1]), m.padding_idx,
-                               isinstance(m, nn.EmbeddingBag), getattr(m, "mode", "sum"))
+                               isinstance(m, nn.EmbeddingBag), getattr(m, "mode", "sum"),
+                               bool(getattr(m, "include_last_offset", False)))
     return out
 
 
@@ -140,10 +154,11 @@ def place_with_tables(policy: str, tensors: Sequence[tuple[str, int, str, int]],
 
     dense = [t for t in tensors if t[2] != "rows"]
     tables = [t for t in tensors if t[2] == "rows"]
-    blocks, owner = placement_blocks(policy, dense, servers, block_size, rates)
+    size = resolve_block_size(block_size, tensors, servers)  # sized over every tensor, as model_blocks does
+    blocks, owner = placement_blocks(policy, dense, servers, size, rates)
     if not tables:
         return blocks, owner
-    shards = table_blocks(tables, widths or {}, resolve_block_size(block_size, tensors, servers), len(blocks), servers)
+    shards = table_blocks(tables, widths or {}, size, len(blocks), servers)
     loads = [0] * servers
     for b, j in zip(blocks, owner):
         loads[j] += b.nbytes

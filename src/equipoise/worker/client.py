@@ -191,16 +191,22 @@ class PSClient:
             {**{grad_name(b.key): grads[b.key] for b in blocks if r not in sent or b.key in grads},
              **{row_name(b.key): rows[b.key] for b in blocks if b.key in rows}}), only)
 
-    def rows(self, min_version: int, wanted: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+    def rows(self, version: int | None, wanted: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
         """Rows of sparse tables' blocks (`wanted[key]`: rows within block `key`, int64)
-        from the servers holding them once each is at `min_version`; by key, rows × width."""
+        from the servers holding them, of `version` exactly (the barrier protocols: the
+        version of the worker's dense weights; None: any, before the first pull); by key,
+        rows × width. ClientError if a server is at another version."""
         owner = {b.key: r for r, blocks in self.by_server.items() for b in blocks}
         ticket = self._send("rows", lambda r, blocks: Message(
-            "rows_req", {"worker": self.worker, "min_version": int(min_version), "epoch": self.epoch},
+            "rows_req", {"worker": self.worker, "min_version": int(version or 0), "epoch": self.epoch},
             {row_name(k): ids for k, ids in wanted.items() if owner.get(k) == r}),
             only=sorted({owner[k] for k in wanted if k in owner}))
         out: dict[int, torch.Tensor] = {}
-        for reply in self.wait(ticket).values():
+        for r, reply in self.wait(ticket).items():
+            got = reply.fields.get("version")
+            if version is not None and got != version:  # e.g. a lost worker's share recomputed after the update
+                raise ClientError(f"{self.who}: server {r} has table rows of version {got}, not {version}; "
+                                  "recomputing a lost worker's share with sparse tables is not supported yet")
             out.update(row_values_of(reply.tensors))
         return out
 
@@ -214,6 +220,7 @@ class PSClient:
         self.conns[server].send(Message("fragment", {"worker": self.worker, "epoch": self.epoch, "seq": int(seq),
                                                      **(tags or {})},
                                         {grad_name(k): t for k, t in grads.items()}))
+        self.wire_bytes[0] += _nbytes(grads)
         self.timeline.append(("fragment", server, time.perf_counter(), None, sorted(grads)))
 
     def pull(self, min_version: int, part_kb: int = 0, early: bool = False) -> Ticket:
