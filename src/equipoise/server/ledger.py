@@ -106,6 +106,12 @@ class PushLedger:
         """Take the rows of blocks ``keys`` handed over to this server (``rows`` of the
         old owner's ledger; bits of other blocks are ignored); a malformed row raises
         ValueError and changes nothing."""
+        self.take(self.parse(rows, keys))
+
+    @staticmethod
+    def parse(rows: Iterable, keys: Iterable[int]) -> list[tuple[int, PushId, int]]:
+        """``adopt``'s rows checked and read, nothing taken yet: (worker, id, mask) each;
+        ValueError for a malformed row."""
         allowed, parsed = _mask(keys), []
         for row in rows:
             if not (isinstance(row, list) and len(row) == 5 and isinstance(row[4], list)
@@ -116,6 +122,10 @@ class PushLedger:
                 if allowed >> k & 1:
                     mask |= 1 << k
             parsed.append((row[0], (row[1], row[2], row[3]), mask))
+        return parsed
+
+    def take(self, parsed: list[tuple[int, PushId, int]]) -> None:
+        """Record rows `parse` read."""
         for worker, pid, mask in parsed:
             self._add(worker, pid, mask)
 

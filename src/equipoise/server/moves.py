@@ -99,8 +99,7 @@ class BlockMoves:
         values = {b.key: sent[b.key] for b in blocks}
         counts = {int(k): int(n) for k, n in f.get("block_gradients", [])}
         version, samples = int(f["version"]), int(f["samples"])
-        ledger = PushLedger()  # checked whole before anything changes
-        ledger.adopt(f.get("ledger", []), [b.key for b in blocks])
+        taken = PushLedger.parse(f.get("ledger", []), [b.key for b in blocks])  # checked before anything changes
         if not store.blocks:  # an empty server saw no updates: it joins the sender's version (and clocks)
             self.core.sync.join(version, None if barrier else f.get("clocks"))
             store.version, store.samples = version, samples
@@ -109,7 +108,7 @@ class BlockMoves:
                             f"version {f['version']}")
         # Without a barrier each server is at its own moment: the blocks join this one's stream.
         self.rebuild(list(store.blocks.values()) + blocks, values, states_of(msg.tensors))
-        self.core.ledger.adopt(f.get("ledger", []), [b.key for b in blocks])
+        self.core.ledger.take(taken)
         for b in blocks:
             self.core.block_grads[b.key] = counts.get(b.key, 0)
             self.core.handover.adopted(b.key)

@@ -49,14 +49,7 @@ class RemoteTable(nn.Module):
     def forward(self, input: torch.Tensor, offsets: torch.Tensor | None = None,
                 per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
         t = self.table
-        ids = input.reshape(-1)
-        if ids.dtype not in (torch.int64, torch.int32):
-            raise IdError(f"table {t.module}: ids of dtype {ids.dtype}, not an integer type")
-        ids = ids.long()
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= t.rows):
-            bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
-            raise IdError(f"table {t.module}: id {bad} outside [0, {t.rows})")
-        uniq, inverse = torch.unique(ids, sorted=True, return_inverse=True)
+        uniq, inverse = torch.unique(self._checked(input), sorted=True, return_inverse=True)
         local = self._local(uniq).requires_grad_(True)
         self.taken.append((uniq, local))
         pad = None
@@ -69,6 +62,18 @@ class RemoteTable(nn.Module):
             return F.embedding(index, local, padding_idx=pad)
         return F.embedding_bag(index, local, offsets, mode=t.mode, per_sample_weights=per_sample_weights,
                                include_last_offset=t.include_last_offset, padding_idx=pad)
+
+    def _checked(self, ids: torch.Tensor) -> torch.Tensor:
+        """`ids` flat as int64; IdError naming the table for a non-integer id or one outside it."""
+        t = self.table
+        ids = ids.reshape(-1)
+        if ids.dtype not in (torch.int64, torch.int32):
+            raise IdError(f"table {t.module}: ids of dtype {ids.dtype}, not an integer type")
+        ids = ids.long()
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= t.rows):
+            bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+            raise IdError(f"table {t.module}: id {bad} outside [0, {t.rows})")
+        return ids
 
     def _where(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each id's block index (into `blocks`) and its row within the block."""
@@ -88,11 +93,7 @@ class RemoteTable(nn.Module):
 
     def wanted(self, ids: torch.Tensor) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """The distinct ids of `ids` (sorted, checked) and the rows of each block they are."""
-        ids = ids.reshape(-1).long()
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.table.rows):
-            bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
-            raise IdError(f"table {self.table.module}: id {bad} outside [0, {self.table.rows})")
-        uniq = torch.unique(ids, sorted=True)
+        uniq = torch.unique(self._checked(ids), sorted=True)
         which, row = self._where(uniq)
         return uniq, {self.blocks[int(i)].key: row[which == i] for i in torch.unique(which)}
 
