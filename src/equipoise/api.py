@@ -44,14 +44,17 @@ def resolve_config(config: ConfigLike = None, **overrides: Any) -> Config:
 
 
 def train(config: ConfigLike = None, *, out: str | Path | None = None,
-          resume: str | Path | None = None, **overrides: Any) -> dict:
+          resume: str | Path | None = None, started_at: float | None = None, **overrides: Any) -> dict:
     """Run a training job and return its summary (also in summary.json): on this machine,
     or on a Ray cluster with ``launcher="ray"``.
 
     `config` is a `Config`, a dict of config keys, or a TOML path; keyword arguments
     override single keys (``train(protocol="asp", workers=2)``). With `resume`, the job
     continues from that run directory's checkpoint, using its config.toml plus overrides.
+    `started_at` (``time.time()``; default: now) is when the command started, from which
+    the summary's `startup_s` counts.
     """
+    started_at = time.time() if started_at is None else float(started_at)
     if resume is not None:
         run_dir = Path(resume)
         if not (run_dir / "config.toml").exists():
@@ -90,10 +93,24 @@ def train(config: ConfigLike = None, *, out: str | Path | None = None,
         _write_summary(run_dir, {"status": "failed", "error": f"{type(exc).__name__}: {exc}",
                                  "protocol": cfg.protocol})
         raise
+    summary.update(timing_split(started_at, time.time(), summary.pop("marks", None)))
     summary["run_dir"] = str(run_dir)
     summary["warnings"] = cfg.warnings()
     _write_summary(run_dir, summary)
     return summary
+
+
+def timing_split(started: float, ended: float, marks: dict | None) -> dict:
+    """Where a job's wall time went (summary.json): `startup_s` from the command to the
+    first iteration (`train_s`, first to last report, is the coordinator's), `eval_s` the
+    time after training spent on evaluations it did not hide, `shutdown_s` from the last
+    evaluation to the end, and `total_s` all of it. `marks` are the coordinator's wall
+    clock times of the first iteration, the last report and the last evaluation."""
+    total = max(0.0, ended - started)
+    if not marks:
+        return {"total_s": total}
+    first, trained, evaluated = (float(marks[k]) for k in ("first_iteration", "trained", "evaluated"))
+    return {"startup_s": max(0.0, first - started), "eval_s": max(0.0, evaluated - trained), "shutdown_s": max(0.0, ended - evaluated), "total_s": total}
 
 
 def check_specs_as_workers(cfg: Config) -> None:

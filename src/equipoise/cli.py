@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import warnings
+from pathlib import Path
 
 from .config import ConfigError, parse_override
 
@@ -191,6 +192,19 @@ def _testbed(args: argparse.Namespace) -> int:
         return 2
 
 
+def _process_started() -> float | None:
+    """When this process started (time.time()'s clock), so that a job's startup_s counts
+    the interpreter's own start and imports; None where /proc does not say (the API's
+    call then counts)."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "report":
@@ -226,9 +240,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.ray_address is not None:
             overrides["ray_address"] = args.ray_address
         if args.resume:
-            summary = api.train(args.config, resume=args.resume, **overrides)
+            summary = api.train(args.config, resume=args.resume, started_at=_process_started(), **overrides)
         else:
-            summary = api.train(args.config, out=args.out, **overrides)
+            summary = api.train(args.config, out=args.out, started_at=_process_started(), **overrides)
     except (ConfigError, DataError, ModelError, StepError, CheckpointError, CgroupError, OSError) as exc:
         print(f"equipoise: error: {exc}", file=sys.stderr)
         return 2

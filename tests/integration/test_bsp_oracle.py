@@ -21,6 +21,13 @@ def test_bsp_equals_single_process_sgd(small, tmp_path, split):
     assert summary["iterations"] == 24
     assert summary["samples"] == 24 * 64
     assert_equals_reference(cfg, tmp_path / "run")
+    # evaluations at 10, 20 and the end: each run or superseded by a newer one, the last run
+    ev = summary["evaluations"]
+    assert sorted(ev["run"] + ev["superseded"]) == [10, 20, 24] and ev["run"][-1] == 24
+    # where the time went: the parts are read off one wall clock (train_s off another,
+    # read within microseconds of it at each end), so they add up to the whole
+    parts = [summary[k] for k in ("startup_s", "train_s", "eval_s", "shutdown_s")]
+    assert min(parts) >= 0 and sum(parts) == pytest.approx(summary["total_s"], abs=0.01)
 
 
 def test_bsp_adam_cosine_equals_single_process(small, tmp_path):

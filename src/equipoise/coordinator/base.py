@@ -461,12 +461,18 @@ class Coordinator:
     def _finish(self, start: float) -> dict:
         self._wind_down()
         evals = self.snapshots.results()
+        evaluated = time.time()  # every evaluation in: what training did not hide ends here
         totals = ServerTotals.of(self.servers.broadcast(Message("stop", {"reason": "job finished"}), "ack"))
         summary = self.stats.summary(self.cfg, self.total, evals[-1] if evals else {},
                                      wall_s=time.time() - start, staleness=totals.histogram, blocks=self.blocks)
         summary["resumed_from"] = self.resume.iteration if self.resume else None
         summary["target"] = self.snapshots.settings.target or None
         summary["time_to_target"] = self.snapshots.reached
+        summary["evaluations"] = {"run": [e["iteration"] for e in evals], "superseded": self.snapshots.superseded}
+        # wall-clock marks api.train turns into startup_s, eval_s and shutdown_s (timing_split)
+        trained = self.stats.last_at or evaluated
+        summary["marks"] = {"first_iteration": self.stats.began_at or trained, "trained": trained,
+                            "evaluated": evaluated}
         summary["recovered"] = self.recovery.recovered  # lost_updates: 0 under a barrier (stats), counted below without
         if not self.barrier_paced:  # each plan is one gradient owed to every block
             counts = list(totals.applied.values()) or [0]

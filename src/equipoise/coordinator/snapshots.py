@@ -58,6 +58,7 @@ class Snapshots:
         self.metrics, self.new_model, self.total = metrics, new_model, total
         self._evals = ThreadPoolExecutor(1, thread_name_prefix="eval")
         self._pending: list[tuple[int, Future]] = []  # (iteration, its evaluation)
+        self.superseded: list[int] = []  # iterations whose evaluation a newer one replaced before it began
         self._taken_at: int | None = None
         self.reached: dict | None = None  # when the target was first met (an eval's thread sets it)
 
@@ -100,7 +101,22 @@ class Snapshots:
             write_values(model, blocks, state.values)  # a plain state_dict: load with weights_only=True
             write_atomic(self.run_dir / "model.pt", tensor_bytes(model.state_dict()))
         if want_eval:
+            self._supersede(t)
             self._pending.append((t, self._evals.submit(self._evaluate, t, blocks, state.values, elapsed)))
+
+    def _supersede(self, t: int) -> None:
+        """Drop the evaluations still queued (not begun) for a newer one, at iteration t:
+        an evaluation that falls behind training is replaced, not queued, so the job
+        never waits at its end for a backlog. Each dropped one is an `eval_superseded`
+        event and listed in summary.json's `evaluations`."""
+        kept = []
+        for at, f in self._pending:
+            if not f.done() and f.cancel():
+                self.superseded.append(at)
+                self.event("eval_superseded", at, by=t)
+            else:
+                kept.append((at, f))
+        self._pending = kept
 
     def replay_from(self, t: int) -> None:
         """The job rolled back to iteration t: the snapshots from t on are due again."""

@@ -91,17 +91,20 @@ class RunStats:
     def __init__(self, global_batch: int):
         self.global_batch = global_batch
         self.t_start: float | None = None
+        self.began_at: float | None = None
         self.t_last = 0.0
         self.samples = 0
         self.busy = {"compute_s": 0.0, "wait_s": 0.0, "comm_s": 0.0}
         self.data_s = 0.0  # waiting for samples (not in `busy`: barrier_wait_fraction is unchanged)
         self.wire = [0, 0, 0]  # bytes the workers sent (pushes, rows asked), received (weights, rows); reports
         self.last_loss = float("nan")
+        self.last_at: float | None = None
         self._t_prev_record: float | None = None
 
     def begin(self) -> None:
         if self.t_start is None:
             self.t_start = self._t_prev_record = time.perf_counter()
+            self.began_at = time.time()  # the first iteration's start, on the wall clock (summary's startup_s)
 
     def elapsed(self) -> float:
         """Seconds since training started (0 before it has)."""
@@ -109,6 +112,7 @@ class RunStats:
 
     def add(self, report: dict) -> None:
         self.t_last = time.perf_counter()
+        self.last_at = time.time()  # the last report, on the wall clock (training's end for eval_s)
         self.samples += int(report["samples"])
         for k in self.busy:
             self.busy[k] += float(report[k])

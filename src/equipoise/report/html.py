@@ -22,7 +22,8 @@ from typing import Any, Iterable
 from .plots import Run, ReportError, _number, load_run, plot_accuracy, plot_throughput, report
 
 SUMMARY_KEYS = ("status", "protocol", "workers", "servers", "iterations", "global_batch", "samples",
-                "final_accuracy", "final_test_loss", "final_train_loss", "samples_per_s", "train_s", "wall_s",
+                "final_accuracy", "final_test_loss", "final_train_loss", "samples_per_s", "startup_s", "train_s", "eval_s",
+                "shutdown_s", "total_s", "wall_s",
                 "barrier_wait_fraction", "staleness_mean", "staleness_max", "lost_updates", "predictor",
                 "resumed_from", "error")
 CONFIG_KEYS = ("dataset", "model", "loss", "metrics", "collate", "loader_workers", "target", "optimizer", "lr", "placement", "slowdown", "trace", "server_slowdown",

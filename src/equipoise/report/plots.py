@@ -151,11 +151,21 @@ def plot_time_split(run: Run, path: str | Path) -> Path:
     ax.invert_yaxis()
     ax.set_xlabel("mean time per iteration (s)")
     ax.set_title(_title(run, "Where each worker's iteration goes") +
-                 f"\nbarrier wait = {wait_fraction:.0%} of all worker time", fontsize=11)
+                 f"\nbarrier wait = {wait_fraction:.0%} of all worker time" + _job_split(run.summary), fontsize=11)
     ax.grid(True, axis="x", alpha=0.3)
     fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncols=4, fontsize=9,
                frameon=False)
     return _save(fig, path)
+
+
+def _job_split(summary: dict) -> str:
+    """The job's own split (summary.json), as a title line: '' for a run without it."""
+    parts = [(k, summary.get(k)) for k in ("startup_s", "train_s", "eval_s", "shutdown_s")]
+    if any(_number(v) is None for _, v in parts):
+        return ""
+    names = {"startup_s": "start-up", "train_s": "training", "eval_s": "evaluation after training",
+             "shutdown_s": "shutdown"}
+    return "\njob: " + " · ".join(f"{names[k]} {float(v):.1f} s" for k, v in parts)
 
 
 def plot_timeline(run: Run, path: str | Path) -> Path:
