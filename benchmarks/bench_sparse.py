@@ -14,6 +14,13 @@ worker sent and received per iteration against what pulling and pushing the whol
 would move (its parameters' bytes each way).
 
     python -m benchmarks.bench_sparse movielens
+
+Preset ``memory`` (bench_sparse_memory.json): the DLRM-style example
+(examples/workloads/dlrm.py) with one table of 10⁷ rows × 32 on 4 servers, 4 workers,
+against the same job with a table of 1,000 rows, interleaved: each process's peak
+resident memory, sampled every 0.2 s. Preset ``dlrm`` (bench_sparse_dlrm.json):
+samples/s of the same model with 4 tables of 10⁵, 10⁶ and 10⁷ rows, and with 10⁵-row
+tables as dense parameters.
 """
 
 from __future__ import annotations
@@ -118,15 +125,120 @@ def bench_movielens(seeds: tuple[int, ...] = (0, 1, 2)) -> dict[str, Any]:
     return out
 
 
+class PeakRss:
+    """The largest resident set of each child process of this one (the job's workers,
+    servers) and of this process (the coordinator), sampled every `every` seconds."""
+
+    def __init__(self, every: float = 0.2):
+        import threading
+
+        self.every, self.peak, self._stop = every, {}, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "PeakRss":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        import psutil
+
+        me = psutil.Process()
+        while not self._stop.is_set():
+            for proc in [me] + me.children(recursive=True):
+                try:
+                    cmd = proc.cmdline()
+                    role = ("coordinator" if proc.pid == me.pid else
+                            f"{cmd[-3]} {cmd[-2]}" if "equipoise.launch.proc" in cmd else None)
+                    if role:
+                        self.peak[role] = max(self.peak.get(role, 0), proc.memory_info().rss)
+                except (psutil.Error, IndexError):
+                    pass
+            self._stop.wait(self.every)
+
+    def of(self, role: str) -> list[float]:
+        """Peak RSS in MB of every process whose role starts with `role`, by rank."""
+        return [v / 1e6 for k, v in sorted(self.peak.items()) if k.startswith(role)]
+
+
+DLRM = {k: f"{EXAMPLE / 'dlrm.py'}:{v}" for k, v in
+        (("dataset", "clicks"), ("model", "dlrm"), ("loss", "bce"), ("metrics", "metrics"))}
+DLRM_SETTINGS = dict(protocol="bsp", workers=4, servers=4, global_batch=512, optimizer="sgd", lr=0.05,
+                     momentum=0.0, eval_every=0, checkpoint_every=0, progress=False, threads=1, timeout=600.0)
+
+
+def run_dlrm(rows: int, tables: int, dim: int, sparse: bool, iterations: int, tmp: Path) -> dict[str, Any]:
+    """One DLRM-style job (examples/workloads/dlrm.py); its figures and peak RSS per role."""
+    import equipoise
+
+    cfg = {**DLRM_SETTINGS, **DLRM, "iterations": iterations,
+           "model_args": {"rows": rows, "tables": tables, "dim": dim, "sparse": sparse},
+           "data_args": {"rows": rows, "tables": tables, "eval": 2048}}
+    if sparse:
+        cfg["sparse_ids"] = f"{EXAMPLE / 'dlrm.py'}:sparse_ids"
+    t0 = time.perf_counter()
+    with PeakRss() as rss:
+        s = equipoise.train(cfg, out=tmp / f"dlrm-{rows}-{sparse}-{time.monotonic_ns()}")
+    return {"rows": rows, "sparse": sparse, "wall_s": time.perf_counter() - t0, "train_s": s["train_s"],
+            "startup_s": s.get("startup_s"), "samples_per_s": s["samples_per_s"],
+            "final_logloss": s["final_metrics"].get("logloss"),
+            "wire_bytes_per_iteration": s["wire_bytes_per_iteration"],
+            "table_bytes": sum(t["bytes"] for t in s.get("sparse_tables", {}).values()),
+            "rss_mb": {"workers": rss.of("worker"), "servers": rss.of("server"), "coordinator": rss.of("coordinator")}}
+
+
+def bench_memory(reps: int = 3) -> dict[str, Any]:
+    """A 10⁷-row table (dim 32) on 4 servers against the same job with a 1,000-row table:
+    each worker's peak RSS, interleaved rounds."""
+    big, small = 10_000_000, 1_000
+    with tempfile.TemporaryDirectory(prefix="bench-sparse-") as name:
+        tmp = Path(name)
+        runs = interleave({"table": lambda: run_dlrm(big, 1, 32, True, 20, tmp),
+                           "without": lambda: run_dlrm(small, 1, 32, True, 20, tmp)}, reps)
+    worker = {k: [max(r["rss_mb"]["workers"]) for r in v] for k, v in runs.items()}
+    return {"settings": {**DLRM_SETTINGS, "tables": 1, "dim": 32, "rows": [big, small], "iterations": 20},
+            "loadavg_at_start": load_average(), "runs": runs,
+            "worker_peak_rss_mb": {k: summary(v) for k, v in worker.items()},
+            "worker_rss_difference_mb": summary([a - b for a, b in zip(worker["table"], worker["without"])]),
+            "server_peak_rss_mb": {k: summary([sum(r["rss_mb"]["servers"]) for r in v]) for k, v in runs.items()},
+            "table_bytes": runs["table"][0]["table_bytes"]}
+
+
+def bench_dlrm(reps: int = 3) -> dict[str, Any]:
+    """DLRM-style, 4 workers and 4 servers, 4 tables of dim 16: samples/s with tables of
+    10⁵, 10⁶ and 10⁷ rows on the sparse path, and with 10⁵ rows as dense parameters
+    (larger ones do not fit a dense pull a step on this machine), interleaved rounds."""
+    sizes = (100_000, 1_000_000, 10_000_000)
+    with tempfile.TemporaryDirectory(prefix="bench-sparse-") as name:
+        tmp = Path(name)
+        systems = {f"sparse/{n}": (lambda n=n: run_dlrm(n, 4, 16, True, 60, tmp)) for n in sizes}
+        systems["dense/100000"] = lambda: run_dlrm(100_000, 4, 16, False, 60, tmp)
+        runs = interleave(systems, reps)
+    return {"settings": {**DLRM_SETTINGS, "tables": 4, "dim": 16, "iterations": 60}, "loadavg_at_start": load_average(),
+            "runs": runs, "samples_per_s": {k: summary([r["samples_per_s"] for r in v]) for k, v in runs.items()},
+            "wire_bytes_per_iteration": {k: v[0]["wire_bytes_per_iteration"] for k, v in runs.items()}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("preset", choices=["movielens"])
+    parser.add_argument("preset", choices=["movielens", "memory", "dlrm"])
+    parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
-    result = bench_movielens()
-    for key in ("rmse", "wall_s", "samples_per_s"):
-        r = result[key]
-        print(f"{key}: equipoise {r['equipoise']['median']:.4g} ({r['equipoise']['min']:.4g}–"
-              f"{r['equipoise']['max']:.4g}), plain {r['plain']['median']:.4g}")
+    if args.preset == "memory":
+        result = bench_memory(args.reps)
+        print(f"worker peak RSS (MB): {result['worker_peak_rss_mb']}; difference {result['worker_rss_difference_mb']}")
+    elif args.preset == "dlrm":
+        result = bench_dlrm(args.reps)
+        print(f"samples/s: {result['samples_per_s']}")
+    else:
+        result = bench_movielens()
+        for key in ("rmse", "wall_s", "samples_per_s"):
+            r = result[key]
+            print(f"{key}: equipoise {r['equipoise']['median']:.4g} ({r['equipoise']['min']:.4g}–"
+                  f"{r['equipoise']['max']:.4g}), plain {r['plain']['median']:.4g}")
     print(f"wrote {write_results(f'bench_sparse_{args.preset}', result)}")
 
 

@@ -259,3 +259,35 @@ def test_a_server_refuses_a_rows_request_larger_than_the_block():
     assert sent[-1].type == "error" and "4 rows of block 0, which has 3" in sent[-1].fields["message"]
     server.handle(b"w", Message("rows_req", {"worker": 0, "min_version": 0}, {"i0": torch.tensor([2, 0])}))
     assert sent[-1].type == "rows" and tuple(sent[-1].tensors["r0"].shape) == (2, 4) and not server.done
+
+
+def test_a_workers_tables_are_never_held_and_other_threads_build_as_usual():
+    """Under untouched_tables a sparse table's weight is on "meta" (no memory, its
+    initialisation a no-op, the user's own nn.init call included); dense modules, a
+    non-sparse Embedding, another thread's model and any model built after are as usual."""
+    import threading
+
+    from equipoise.sparse.tables import untouched_tables
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = nn.Embedding(10 ** 9, 64, sparse=True, padding_idx=0)  # 256 GB if written
+            nn.init.uniform_(self.table.weight, -0.1, 0.1)
+            self.bag = nn.EmbeddingBag(10 ** 9, 8, sparse=True)
+            self.dense = nn.Embedding(10, 3)
+            self.linear = nn.Linear(3, 1)
+
+    other, own = {}, nn.Embedding.__dict__["__init__"]
+    with untouched_tables():
+        assert nn.Embedding.__dict__["__init__"] is not own
+        model = Model()
+        thread = threading.Thread(target=lambda: other.update(e=nn.Embedding(4, 2, sparse=True)))
+        thread.start()
+        thread.join(30)
+    assert model.table.weight.is_meta and model.bag.weight.is_meta
+    assert not model.dense.weight.is_meta and not model.linear.weight.is_meta
+    assert not other["e"].weight.is_meta  # another thread's model: as usual
+    assert set(sparse_tables(model)) == {"table.weight", "bag.weight"}  # read from the shapes
+    assert not nn.Embedding(4, 2, sparse=True).weight.is_meta  # after it: as usual
+    assert nn.Embedding.__dict__["__init__"] is own  # put back

@@ -17,8 +17,11 @@ blocks, and each server's measured load is that of the rows it serves.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import inspect
 import math
+import threading
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -27,7 +30,7 @@ from torch import nn
 
 from ..policy.placement import Block, _lpt, placement_blocks
 
-__all__ = ["Table", "sparse_tables", "row_order", "stored_positions", "table_blocks", "place_with_tables",
+__all__ = ["Table", "sparse_tables", "untouched_tables", "row_order", "stored_positions", "table_blocks", "place_with_tables",
            "TableError", "gather_rows", "scatter_rows", "tables_summary"]
 
 _GOLDEN = 0.6180339887498949
@@ -79,6 +82,58 @@ def sparse_tables(model: nn.Module) -> dict[str, Table]:
                                isinstance(m, nn.EmbeddingBag), getattr(m, "mode", "sum"),
                                bool(getattr(m, "include_last_offset", False)))
     return out
+
+
+_untouched = threading.local()  # this thread builds a worker's model: its sparse tables on "meta"
+_patch_lock = threading.Lock()
+_patched: dict[type, tuple] = {}  # class -> (its own __init__, threads inside)
+
+
+@contextlib.contextmanager
+def untouched_tables():
+    """Within it, on this thread, a ``sparse=True`` Embedding or EmbeddingBag puts its
+    weight on the "meta" device: no memory, and an initialisation of it (the module's or
+    the user's own ``nn.init`` call) does nothing, so a 10⁷-row table costs a worker
+    neither 1.3 GB nor the seconds of writing it. For a worker's model only, whose
+    tables RemoteTables.install replaces (sparse/remote.py) before it is moved to its
+    device or run; its dense tensors are built as written (the servers' values replace
+    them at the first pull). Other threads build models as usual meanwhile (the threads
+    launcher runs workers beside the coordinator)."""
+    with _patch_lock:
+        for cls in (nn.Embedding, nn.EmbeddingBag):
+            if cls not in _patched:
+                _patched[cls] = (cls.__dict__["__init__"], 0)
+                cls.__init__ = _on_meta(cls.__dict__["__init__"])
+            own, inside = _patched[cls]
+            _patched[cls] = (own, inside + 1)
+    before = getattr(_untouched, "on", False)
+    _untouched.on = True
+    try:
+        yield
+    finally:
+        _untouched.on = before
+        with _patch_lock:
+            for cls in (nn.Embedding, nn.EmbeddingBag):
+                own, inside = _patched[cls]
+                if inside > 1:
+                    _patched[cls] = (own, inside - 1)
+                else:
+                    cls.__init__ = own
+                    del _patched[cls]
+
+
+def _on_meta(own):
+    signature = inspect.signature(own)
+
+    @functools.wraps(own)
+    def __init__(self, *args, **kwargs):
+        if getattr(_untouched, "on", False):
+            bound = signature.bind(self, *args, **kwargs)
+            if bound.arguments.get("sparse") and bound.arguments.get("_weight") is None:
+                bound.arguments["device"] = "meta"
+                return own(*bound.args, **bound.kwargs)
+        return own(self, *args, **kwargs)
+    return __init__
 
 
 def row_order(rows: int) -> tuple[int, int]:

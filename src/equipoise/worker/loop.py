@@ -40,6 +40,7 @@ from ..user_code import USER_CODE
 from ..workload import SampleError, StepError, load_workload
 from .coordinator_link import CoordinatorLink, Reset, WorkerError, oom_report, plan_table
 from ..sparse.remote import IdError, RemoteTables, with_rows
+from ..sparse.tables import untouched_tables
 from .stretch import Stretch, noise_seed
 
 
@@ -101,8 +102,10 @@ class Worker:
         self.client.epoch = int(welcome.fields.get("epoch", 0))
         try:
             self.client.set_table(welcome.fields["table"], welcome.fields["servers"])
-            self.model = build_model(cfg.model, data.input_shape, data.num_classes, cfg.model_args).to(self.device)
+            with untouched_tables():  # a table's rows stay on the servers: never held here
+                self.model = build_model(cfg.model, data.input_shape, data.num_classes, cfg.model_args)
             self.tables = RemoteTables.install(self.model, self.blocks, self.client.rows)  # sparse tables: by rows
+            self.model.to(self.device)
             self.link = DeviceLink(self.model, [b for b in self.blocks if b.kind != "rows"], self.device, self.depth)
             if cfg.backward_push:
                 self.early = BackwardPush(self.model, self.blocks, self.link, self.part_kb * 1024)
