@@ -36,6 +36,7 @@ from ..user_code import Busy
 from ..coordinator.pacings import make_coordinator
 from ..coordinator.rpc import JobError, LaunchedPeers
 from .cgroup import CpuLimit
+from .warm import Template, WarmProcess
 
 MISSED_BEATS = 3  # heartbeats missed before a process counts as lost
 SPARE_SERVERS = 16  # server ranks with credentials beyond those the config can add (control.jsonl's)
@@ -155,7 +156,7 @@ class Children(LaunchedPeers):
                  beats: Heartbeats | None = None):
         super().__init__()
         self.cfg, self.coordinator, self.keys, self.beats = cfg, coordinator, keys, beats
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.procs: dict[str, subprocess.Popen | WarmProcess] = {}
         self.tolerated: set[str] = set()
         self.logs = run_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -172,6 +173,8 @@ class Children(LaunchedPeers):
         self.limits: dict[int, CpuLimit] = {}
         self.stopped: set[str] = set()  # processes stopped on purpose (elastic servers)
         tag = f"equipoise-{os.getpid()}"
+        # children start warm (launch/warm.py)
+        self.template = Template(self.env, min(cfg.timeout, 120.0), self.logs / "template.log")
         try:
             for rank, cpus in enumerate(cfg.cpu_limit):
                 self.limits[rank] = CpuLimit(f"{tag}-worker{rank}", cpus)
@@ -180,6 +183,13 @@ class Children(LaunchedPeers):
             for rank in range(cfg.workers):
                 self.spawn("worker", rank)
         except BaseException:
+            self.template.close()
+            for proc in self.procs.values():  # those started before the failure
+                proc.kill()
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
             self._remove_tmp()
             raise
 
@@ -191,14 +201,17 @@ class Children(LaunchedPeers):
             if self.beats is not None:
                 self.beats.last.pop(name, None)
             (self.logs / f"{name}.log").replace(self.logs / f"{name}.lost.log")
-        with (self.logs / f"{name}.log").open("w") as log:
-            self.procs[name] = proc = subprocess.Popen(
-                [sys.executable, "-m", "equipoise.launch.proc", role, str(rank), self.coordinator],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.PIPE, env=self.env)
-        keys = process_keys(self.keys, role, rank)
-        _write_all(proc.stdin, json.dumps({"config": self.cfg.to_dict(), "keys": keys,
-                                            "beats": self.beats.listener.address if self.beats else ""}).encode(),
-                   self.cfg.timeout)
+        job = {"config": self.cfg.to_dict(), "keys": process_keys(self.keys, role, rank),
+               "beats": self.beats.listener.address if self.beats else ""}
+        warm = self.template.spawn(role, rank, self.coordinator, self.logs / f"{name}.log", job)
+        if warm is not None:
+            self.procs[name] = warm
+        else:  # cold: a fresh interpreter, the job on its stdin
+            with (self.logs / f"{name}.log").open("w") as log:
+                self.procs[name] = proc = subprocess.Popen(
+                    [sys.executable, "-m", "equipoise.launch.proc", role, str(rank), self.coordinator],
+                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.PIPE, env=self.env)
+            _write_all(proc.stdin, json.dumps(job).encode(), self.cfg.timeout)
         if role == "worker" and rank in self.limits:
             self.limits[rank].add(self.procs[name].pid)
 
@@ -260,6 +273,7 @@ class Children(LaunchedPeers):
             for limit in self.limits.values():
                 limit.remove()
         finally:
+            self.template.close()
             self._remove_tmp()
 
     def _remove_tmp(self) -> None:

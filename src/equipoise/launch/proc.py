@@ -136,13 +136,15 @@ def host(role: str, rank: int, coordinator: str, job: dict, *, data=None, addres
         transport.close()
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], job: dict | None = None) -> int:
+    """ROLE RANK COORDINATOR_ADDRESS; the job from stdin, or `job` (a warm start's,
+    launch/warm.py)."""
     role, rank, coordinator = argv
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {role}{rank} %(levelname)s %(message)s")
     try:
-        host(role, int(rank), coordinator, read_job(sys.stdin.fileno()))
+        host(role, int(rank), coordinator, read_job(sys.stdin.fileno()) if job is None else job)
     except Exception as exc:  # the launcher shows this line, naming the process
         logging.getLogger("equipoise").debug("failure", exc_info=True)
         print(f"error: {role} {rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)

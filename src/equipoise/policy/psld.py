@@ -44,8 +44,8 @@ with that server at half its rate. Light now, it looks fast by the same extrapol
 says without that), and a trial kept by the host's noise (two equal servers swapping
 the largest block) was otherwise reversed at the next decision, the reversal kept or
 undone by noise in turn. A slowdown that moved to the block's new server still sends it
-back: at half its rate the old server is still faster than one slowed 2.3x or more, and
-one measured with half the bytes or more is rated as measured.
+back where the old server is faster even at half its rate (a slowdown of more than about
+twice), and a server measured with half the bytes or more is rated as measured.
 
 The noise a gain must exceed is the larger of two estimates: the standard error of the
 interval means compared (from the spread of their iterations, ``interval_noise``), and
