@@ -27,6 +27,20 @@ def no_orphans():
         except psutil.Error:
             pass
     assert not left, f"processes left running: {names}"
+    # nor this process a child subreaper (launch/warm.py, while a job's template runs):
+    # orphans of later tests' processes would become its zombies
+    assert _subreaper() == 0, "this process is still a child subreaper after the test"
+
+
+def _subreaper() -> int:
+    import ctypes
+
+    value = ctypes.c_int(0)
+    try:
+        ctypes.CDLL("libc.so.6").prctl(37, ctypes.byref(value), 0, 0, 0)  # PR_GET_CHILD_SUBREAPER
+    except OSError:
+        return 0
+    return value.value
 
 
 @pytest.fixture

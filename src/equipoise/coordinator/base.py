@@ -2,18 +2,16 @@
 
 It registers servers and workers, hands each worker its slice of every iteration,
 collects worker reports into metrics.jsonl, and finally stops everyone. Its parts own
-their own state: the server manager (servers.py: placement, moves, elastic servers),
-the planner (planner.py: batch sizes), snapshots (snapshots.py: evaluation and
-checkpoints), the metrics writer and recovery (losses.py: lost workers and servers),
-which asks the plan what it must through the `Plan` methods below.
+their own state: the server manager (server_manager.py), the planner (planner.py),
+snapshots (snapshots.py), the metrics writer and recovery (recovery.py), which asks the
+plan what it must through the `Plan` methods below.
 
-Two pacings share this loop (coordinator/pacings.py). Under a barrier protocol (BSP, LB-BSP) the coordinator
-answers the plan requests of iteration t only once every worker has asked, i.e. once
-all pushes of t−1 are acknowledged. That costs nothing extra (the servers' barrier waits
-for the same last push), lets the batching policy decide iteration t from all reports of
-t−1, and gives the snapshot of version t a quiet moment in which no update is in flight.
-Without a barrier (ASP, softsync, SSP) each request gets the next positions of the
-global sample stream at once.
+Two pacings share this loop (coordinator/pacings.py). Under a barrier (BSP, LB-BSP) the
+coordinator answers the plan requests of iteration t once every worker has asked, i.e.
+once all pushes of t−1 are acknowledged: nothing extra (the servers' barrier waits for
+the same last push), the batching policy decides t from all reports of t−1, and the
+snapshot of version t gets a quiet moment with no update in flight. Without a barrier
+(ASP, softsync, SSP) each request gets the next positions of the sample stream at once.
 """
 
 from __future__ import annotations
@@ -462,17 +460,13 @@ class Coordinator:
         self._wind_down()
         evals = self.snapshots.results()
         evaluated = time.time()  # every evaluation in: what training did not hide ends here
-        totals = ServerTotals.of(self.servers.broadcast(Message("stop", {"reason": "job finished"}), "ack"))
+        totals = ServerTotals.of(self.servers.stop("job finished"))
         summary = self.stats.summary(self.cfg, self.total, evals[-1] if evals else {},
                                      wall_s=time.time() - start, staleness=totals.histogram, blocks=self.blocks)
-        summary["resumed_from"] = self.resume.iteration if self.resume else None
-        summary["target"] = self.snapshots.settings.target or None
-        summary["time_to_target"] = self.snapshots.reached
-        summary["evaluations"] = {"run": [e["iteration"] for e in evals], "superseded": self.snapshots.superseded}
-        # wall-clock marks api.train turns into startup_s, eval_s and shutdown_s (timing_split)
-        trained = self.stats.last_at or evaluated
-        summary["marks"] = {"first_iteration": self.stats.began_at or trained, "trained": trained,
-                            "evaluated": evaluated}
+        summary.update(resumed_from=self.resume.iteration if self.resume else None,
+                       target=self.snapshots.settings.target or None, time_to_target=self.snapshots.reached,
+                       evaluations={"run": [e["iteration"] for e in evals], "superseded": self.snapshots.superseded},
+                       marks=self.stats.marks(evaluated))  # marks: api.train's startup_s, eval_s, shutdown_s
         summary["recovered"] = self.recovery.recovered  # lost_updates: 0 under a barrier (stats), counted below without
         if not self.barrier_paced:  # each plan is one gradient owed to every block
             counts = list(totals.applied.values()) or [0]

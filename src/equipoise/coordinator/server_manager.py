@@ -237,6 +237,13 @@ class ServerManager:
     def addresses(self) -> list[str]:
         return self.pool.addresses
 
+    def stop(self, reason: str) -> dict[int, Message]:
+        """Stop every server at the job's end; their acks. Each is marked retired first:
+        one that exits before the others have acked is no failure."""
+        for r in self.live():
+            self.peers.retired("server", r)
+        return self.broadcast(Message("stop", {"reason": reason}), "ack")
+
     def broadcast(self, msg: Message, kind: str) -> dict[int, Message]:
         return self.pool.broadcast(msg, kind)
 

@@ -120,6 +120,12 @@ class RunStats:
         sent, received = report.get("wire_bytes", (0, 0))
         self.wire = [self.wire[0] + sent, self.wire[1] + received, self.wire[2] + 1]
 
+    def marks(self, evaluated: float) -> dict:
+        """Wall-clock times of the first iteration, the last report and the last
+        evaluation (`evaluated`), which api.timing_split turns into the summary's split."""
+        trained = self.last_at or evaluated
+        return {"first_iteration": self.began_at or trained, "trained": trained, "evaluated": evaluated}
+
     def iteration_record(self, t: int, reports: list[dict]) -> dict:
         """One metrics.jsonl record for iteration t from its workers' reports."""
         now = time.perf_counter()
