@@ -8,6 +8,7 @@ on a thread of its own so training goes on meanwhile.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -131,7 +132,9 @@ class Snapshots:
         seconds in; the first that meets the target records when it did."""
         from ..device import resolve
 
-        torch.set_num_threads(1)
+        # One thread while training runs beside it; the final one runs after training, the
+        # workers idle: every core of this machine (it was the largest part of a short job's wall time).
+        torch.set_num_threads(max(1, os.cpu_count() or 1) if t >= self.total else 1)
         model = self.new_model()
         write_values(model, blocks, values)
         device = resolve(self.settings.eval_device, "evaluation (eval_device)")
