@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import interleave, load_average, summary, write_results
+from benchmarks.common import fmt_range, interleave, load_average, summary, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "workloads"
@@ -229,16 +229,17 @@ def main() -> None:
     args = parser.parse_args()
     if args.preset == "memory":
         result = bench_memory(args.reps)
-        print(f"worker peak RSS (MB): {result['worker_peak_rss_mb']}; difference {result['worker_rss_difference_mb']}")
+        print(f"worker peak RSS (MB): with the table {fmt_range(result['worker_peak_rss_mb']['table'])}, without "
+              f"{fmt_range(result['worker_peak_rss_mb']['without'])}; difference "
+              f"{fmt_range(result['worker_rss_difference_mb'])}")
     elif args.preset == "dlrm":
         result = bench_dlrm(args.reps)
         print(f"samples/s: {result['samples_per_s']}")
     else:
         result = bench_movielens()
         for key in ("rmse", "wall_s", "samples_per_s"):
-            r = result[key]
-            print(f"{key}: equipoise {r['equipoise']['median']:.4g} ({r['equipoise']['min']:.4g}–"
-                  f"{r['equipoise']['max']:.4g}), plain {r['plain']['median']:.4g}")
+            print(f"{key}: equipoise {fmt_range(result[key]['equipoise'], 4)}, plain "
+                  f"{fmt_range(result[key]['plain'], 4)}")
     print(f"wrote {write_results(f'bench_sparse_{args.preset}', result)}")
 
 

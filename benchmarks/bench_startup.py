@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import interleave, load_average, summary, write_results
+from benchmarks.common import fmt_range, interleave, load_average, summary, write_results
 
 PRESETS = {
     "start": ["--set", "workers=4", "--set", "servers=2", "--set", "iterations=20", "--set", "eval_every=0",
@@ -73,9 +73,7 @@ def main() -> None:
     args = parser.parse_args()
     result = bench(args.preset, args.reps)
     for key in ("startup_s", "wall_s_command", "wall_over_train"):
-        r = result[key]
-        print(f"{key}: cold {r['cold']['median']:.3g} ({r['cold']['min']:.3g}–{r['cold']['max']:.3g}), "
-              f"warm {r['warm']['median']:.3g} ({r['warm']['min']:.3g}–{r['warm']['max']:.3g})")
+        print(f"{key}: cold {fmt_range(result[key]['cold'])}, warm {fmt_range(result[key]['warm'])}")
     print(f"wrote {write_results(f'bench_startup_{args.preset}', result, args.results)}")
 
 

@@ -230,8 +230,7 @@ class Psld:
         moves, new_owner = exploit_moves(self.sizes, owner, speeds)
         after = server_loads(self.sizes, new_owner, len(live))
         # a kept trial's blocks going back to a server that would hold over twice what it was measured with
-        back = {index[m.dst] for m in (MoveBlock(m.block, live[m.src], live[m.dst]) for m in moves)
-                if (m.block, m.dst) in self.left and after[index[m.dst]] > 2 * loads[index[m.dst]]}
+        back = {m.dst for m in moves if (m.block, live[m.dst]) in self.left and after[m.dst] > 2 * loads[m.dst]}
         if back:  # rated at its time's own word (the fixed cost left in: half, at most), planned anew
             speeds = [v / 2 if i in back else v for i, v in enumerate(speeds)]
             moves, new_owner = exploit_moves(self.sizes, owner, speeds)
