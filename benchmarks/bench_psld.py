@@ -172,7 +172,9 @@ def run_unseen(preset: str, results_path: str | None = None, reps: int | None = 
                cases: int | None = None) -> dict[str, Any]:
     """Every random case under greedy, PSLD and the oracle (the best static placement for
     the speeds in force at the end), interleaved: round r runs case 0's three, then case
-    1's, ... Ratios per case and round: PSLD's whole-run speed-up over greedy, and its
+    1's, ..., each case's three starting one later in each round (greedy first in round
+    1, PSLD in round 2, the oracle in round 3), so that no policy always runs right after
+    another case's runs. Ratios per case and round: PSLD's whole-run speed-up over greedy, and its
     whole-run and settled iteration time over the oracle's."""
     base = PRESETS[preset]
     n = cases if cases is not None else UNSEEN_CASES
@@ -185,7 +187,7 @@ def run_unseen(preset: str, results_path: str | None = None, reps: int | None = 
         tmp = Path(name)
         systems = {f"{i}/{label}": (lambda spec=spec, slow=slow, label=label: run_one(spec, label, slow, tmp))
                    for i, (spec, slow) in enumerate(specs) for label in ("greedy", "psld", "oracle")}
-        runs = interleave(systems, reps)
+        runs = interleave(systems, reps, rotate=3)  # a case's three, in a rotating order
     for i, (case, (spec, slow)) in enumerate(zip(drawn, specs)):
         mine = {label: runs[f"{i}/{label}"] for label in ("greedy", "psld", "oracle")}
         for rs in mine.values():

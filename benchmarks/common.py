@@ -41,17 +41,23 @@ def ratio(numerator: float, denominator: float) -> float:
 
 
 def interleave(systems: Mapping[str, Callable[[], T]], reps: int, *,
-               warmup: int = 0) -> dict[str, list[T]]:
+               warmup: int = 0, rotate: int = 1) -> dict[str, list[T]]:
     """Run each system `warmup` times (results dropped), then `reps` rounds of one call
-    of every system in turn, in the mapping's order (A, B, A, B, ...). Returns each
-    system's results in call order."""
+    of every system in turn, in the mapping's order (A, B, A, B, ...). With `rotate` = k,
+    each run of k consecutive systems starts one later in each round (A B C, B C A,
+    C A B, ...), so that none of them always runs first, right after another case's
+    runs. Returns each system's results in call order."""
     for _ in range(warmup):
         for fn in systems.values():
             fn()
     results: dict[str, list[T]] = {name: [] for name in systems}
-    for _ in range(reps):
-        for name, fn in systems.items():
-            results[name].append(fn())
+    names = list(systems)
+    k = max(1, rotate)
+    for r in range(reps):
+        for start in range(0, len(names), k):
+            group = names[start:start + k]
+            for name in group[r % len(group):] + group[:r % len(group)]:
+                results[name].append(systems[name]())
     return results
 
 

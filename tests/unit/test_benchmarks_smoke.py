@@ -115,6 +115,10 @@ def test_common_helpers():
     out = common.interleave({"a": lambda: calls.append("a") or 1, "b": lambda: calls.append("b") or 2},
                             reps=2, warmup=1)
     assert calls == ["a", "b", "a", "b", "a", "b"] and out == {"a": [1, 1], "b": [2, 2]}
+    calls.clear()
+    systems = {n: (lambda n=n: calls.append(n) or n) for n in ("a", "b", "c", "x", "y", "z")}
+    out = common.interleave(systems, reps=3, rotate=3)  # each three start one later per round
+    assert "".join(calls) == "abcxyz" + "bcayzx" + "cabzxy" and out["b"] == ["b"] * 3
     table = common.markdown_table(["x", "y"], [[1, 0.5], [None, float("nan")]])
     assert table.splitlines()[2] == "| 1 | 0.5 |"
 

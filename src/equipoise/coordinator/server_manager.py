@@ -88,7 +88,7 @@ class ServerManager:
         self._spawning: dict[int, float] = {}  # started, not yet joined: rank -> start time
         self._hellos: dict[int, str] = {}  # of those, registered: rank -> address
         self._planned: dict[int, int] = {}  # scenario additions started early: rank -> join iteration
-        self._rates: dict[int, float] = {}  # last measured bytes/s per server
+        self._rates, self._upper = {}, {}  # last measured bytes/s per server, and upper (psld)
         self.share = 1.0  # the part of the last interval's wall time its slowest server took
         self.noise = 0.0  # the relative standard error of the last interval's mean iteration time
         self.backup_of: dict[int, int] = {}  # replication = 1: primary rank -> backup rank
@@ -346,7 +346,8 @@ class ServerManager:
             throughput, iteration_s = self._measure(t)
             if self.psld is not None and not actions and iteration_s:
                 actions = self.psld.decide(self.pool.table, self.pool.serving(), throughput, iteration_s,
-                                           set(self._added), share=self.share, noise=self.noise)
+                                           set(self._added), share=self.share, noise=self.noise,
+                                           upper=self._upper)
         return actions
 
     def _update_stragglers(self, t: int) -> None:
@@ -437,7 +438,7 @@ class ServerManager:
         fixed_s = fixed_cost(nbytes, seconds, 2 * interval, self.workers, self.pool.round_trip_s)
         throughput = server_rates(nbytes, seconds, fixed_s)
         self.share = server_share(seconds, interval, iteration_s)  # PSLD weighs a cut by it
-        self._rates = throughput
+        self._rates, self._upper = throughput, server_rates(nbytes, seconds, fixed_s, most=0.9)
         ranks = sorted(stats)
         self._record({
             "type": "servers", "iteration": t, "time": time.time(), "elapsed": self._elapsed(),

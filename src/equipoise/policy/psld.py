@@ -50,7 +50,7 @@ twice), and a server measured with half the bytes or more is rated as measured.
 The noise a gain must exceed is the larger of two estimates: the standard error of the
 interval means compared (from the spread of their iterations, ``interval_noise``), and
 the spread of the differences between consecutive interval means while the placement
-stood still (1.4826 × their median absolute value, once two are known). The first
+stood still (1.4826 × their median absolute value, once three are known). The first
 misses noise that holds for seconds (a neighbour's burst, the host's scheduler): on one
 machine under two busy workers consecutive means of one placement differed by 10-20%
 while the iterations within each said 2-4%.
@@ -114,6 +114,7 @@ class _Trial:
     relieve: int | None = None  # the server whose time it was to cut
     pause_s: float = 0.0
     settle: int = 1  # intervals still to pass before it is judged (the moves' own: skipped)
+    relief: bool = False  # started by ``Psld._relief``
 
 
 class Psld:
@@ -148,11 +149,12 @@ class Psld:
         self.steady: list[float] = []  # relative differences of consecutive means, placement unchanged
         self._previous: tuple[tuple[int, ...], float] | None = None  # the last decision's table and mean
         self._quiet = 0  # decisions in a row with no moves made and no trial in flight
+        self.relieved: int | None = None  # the slowest server when a relief trial was last undone
 
     def decide(self, table: Sequence[int], live: Sequence[int],
                throughput: Mapping[int, float], iteration_s: float,
                added: Set[int] = frozenset(), share: float = 1.0,
-               noise: float = 0.0) -> list[ServerAction]:
+               noise: float = 0.0, upper: Mapping[int, float] | None = None) -> list[ServerAction]:
         """The actions to carry out now. ``table[k]`` is the server rank of block k,
         ``live`` the ranks running, ``throughput`` their measured bytes/s (missing for a
         server that handled nothing), ``iteration_s`` the mean iteration time since the
@@ -162,18 +164,22 @@ class Psld:
         ``threshold`` of the iteration time (where the workers' compute decides, moves
         only cost pauses). ``noise`` is the relative standard error of ``iteration_s``
         (``interval_noise``; 0: exact): a cut or a gain must exceed ``z`` standard errors
-        of the difference it is judged by, as well as ``threshold``."""
+        of the difference it is judged by, as well as ``threshold``. ``upper`` is each
+        server's rate with the whole fixed cost taken off (``server_rates``, ``most``
+        0.9): where it is given, a plan these rates predict is tried once when
+        ``throughput`` predicts none (``_relief``)."""
         noise = noise if math.isfinite(noise) and noise > 0 else 0.0
         self._observe(table, iteration_s)
-        actions = self._decide(table, live, throughput, iteration_s, added, share, noise)
+        actions = self._decide(table, live, throughput, iteration_s, added, share, noise, upper or {})
         self._previous = (tuple(table), iteration_s)
         self._quiet = 0 if actions or self.trial is not None else self._quiet + 1
         return actions
 
     def steady_noise(self) -> float:
         """The standard deviation of the relative difference between two consecutive
-        interval means at one placement (0 until two are known)."""
-        if len(self.steady) < 2:
+        interval means at one placement (0 until three are known: the median of two is
+        their mean, and one of them may be a step, a slowdown arriving, not noise)."""
+        if len(self.steady) < 3:
             return 0.0
         return 1.4826 * statistics.median(self.steady)
 
@@ -187,7 +193,8 @@ class Psld:
             self.steady = (self.steady + [abs(iteration_s / prev[1] - 1.0)])[-8:]
 
     def _decide(self, table: Sequence[int], live: Sequence[int], throughput: Mapping[int, float],
-                iteration_s: float, added: Set[int], share: float, noise: float) -> list[ServerAction]:
+                iteration_s: float, added: Set[int], share: float, noise: float,
+                upper: Mapping[int, float]) -> list[ServerAction]:
         if self.trial is not None and self.trial.settle > 0:
             self.trial.settle -= 1  # the interval the moves were made in: it measures neither placement
             return []
@@ -200,13 +207,18 @@ class Psld:
         if trial is not None:
             self.log.append({"judged": trial.actions, "before_s": trial.before_s,
                              "after_s": iteration_s, "kept": keep})
-            if not keep:
+            if not keep and trial.relief:  # no back-off: one relief per episode (``_relief``)
+                self.relieved = trial.relieve
+            elif not keep:
                 self.failures += 1
                 self.hold, self.held_for = min(2 ** self.failures, self.max_hold), trial.relieve
+            if not keep:
                 self.undone |= {a.dst for a in trial.actions}
-                self.tabu[frozenset(trial.actions)] = self.tabu_decisions  # do not retry at once
+                if not trial.relief:  # a relief is not retried anyway; exploit may plan it on measured rates
+                    self.tabu[frozenset(trial.actions)] = self.tabu_decisions  # do not retry at once
                 return list(trial.undo)
             self.failures = self.hold = 0
+            self.relieved = None
             self.left |= {(a.block, a.src) for a in trial.actions}
             return []
         self.tabu = {k: n - 1 for k, n in self.tabu.items() if n > 1}
@@ -242,7 +254,43 @@ class Psld:
         bar = max(self.threshold, self.z * math.sqrt(2) * noise, self.z * self.steady_noise())
         if plan and (now - then) * share > now * bar and frozenset(plan) not in self.tabu:
             return self._start(list(plan), iteration_s, noise, slowest)
+        relief = [] if slowest == self.relieved else self._relief(owner, live, speeds, loads, upper, share, bar)
+        if relief:
+            self._start(relief, iteration_s, noise, slowest)
+            assert self.trial is not None
+            self.trial.relief = True
+            return relief
         return []  # nothing worth a trial (or the best plan was just undone): keep the placement
+
+    def _relief(self, owner: list[int], live: Sequence[int], speeds: list[float], loads: list[int],
+                upper: Mapping[int, float], share: float, bar: float) -> list[MoveBlock]:
+        """A trial the rates cannot rule out: the plan that cuts the predicted server time
+        where each server is rated at ``upper``, its rate with the whole measured fixed
+        cost taken off (``server_rates`` with ``most`` 0.9), if it cuts by more than the
+        bar; a destination an undone trial measured under load keeps that rate. One such
+        trial per episode: none while trials relieving the slowest server are failing
+        (``failures``), and none again after one is undone until a trial is kept or
+        another server is the slowest (``relieved``). An undone relief starts no back-off:
+        a slowdown arriving on the same server later is answered at once.
+
+        ``server_rates`` takes off at most half of a server's time, so a lightly loaded
+        server, whose time is almost all the exchanges' fixed cost, is rated at what its
+        time says with half of that cost left in. On the single-block case under SSP,
+        with the fixed cost at 11-14 ms an iteration under load, the light servers rated
+        38-66 MB/s against the slow server's 62, and PSLD made no move in a run where
+        moving the block off was worth 1.3x. Its upper rate is what the measurements
+        allow; the trial measures it, and undone, the destination is rated as it measured
+        under the block (``loaded``)."""
+        if self.failures or not upper:
+            return []
+        fast = [v if r in self.loaded else max(v, upper.get(r, v)) for r, v in zip(live, speeds)]
+        moves, new_owner = exploit_moves(self.sizes, owner, fast)
+        now = predicted_time(loads, fast)
+        then = predicted_time(server_loads(self.sizes, new_owner, len(live)), fast)
+        plan = [MoveBlock(m.block, live[m.src], live[m.dst]) for m in moves]
+        if plan and (now - then) * share > now * bar and frozenset(plan) not in self.tabu:
+            return plan
+        return []
 
     def charge(self, pause_s: float) -> None:
         """Add ``pause_s``, the pause the current trial's migration cost, to the trial
@@ -371,11 +419,11 @@ def server_share(seconds: Mapping[int, float], interval: int, iteration_s: float
 
 
 def server_rates(nbytes: Mapping[int, float], seconds: Mapping[int, float],
-                 fixed_s: float = 0.0) -> dict[int, float]:
+                 fixed_s: float = 0.0, most: float = 0.5) -> dict[int, float]:
     """Each server's throughput r_j for PSLD: ``nbytes[j]`` bytes handled in
     ``seconds[j]`` (its busy time or the workers' exchange time with it, the larger) over
     one interval, less ``fixed_s`` (``fixed_cost``), the part of that time no byte
-    causes, but never more than half of it.
+    causes, but never more than ``most`` of it (half; PSLD's upper rates take 0.9).
 
     Counted as bytes, the fixed cost makes a lightly loaded server look slow: with the
     CNN's first layer alone on a 4x-slower server (58 MB/s measured), a server holding
@@ -386,7 +434,7 @@ def server_rates(nbytes: Mapping[int, float], seconds: Mapping[int, float],
     nothing, or took no time, get no rate."""
     timed = {r: float(s) for r, s in seconds.items() if s > 0 and nbytes.get(r, 0) > 0}
     fixed = max(0.0, float(fixed_s)) if math.isfinite(fixed_s) else 0.0
-    return {r: nbytes[r] / (s - min(fixed, s / 2)) for r, s in timed.items()}
+    return {r: nbytes[r] / (s - min(fixed, s * most)) for r, s in timed.items()}
 
 
 def parse_control(line: str) -> ServerAction:

@@ -227,7 +227,7 @@ class Simulation:
             self.emit(rec)
             if psld is not None and not actions and iteration_s:
                 actions = psld.decide(srv.owner.tolist(), sorted(srv.live), thr, iteration_s, psld_added,
-                                      share=srv.share)
+                                      share=srv.share, upper=srv.upper)
         pause = 0.0
         for action in actions:
             refused = self._refusal(action)

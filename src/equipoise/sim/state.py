@@ -107,6 +107,7 @@ class Servers:
         self.bytes: Counter[int] = Counter()
         self.exchanges: Counter[int] = Counter()  # one worker's pushes and pulls with each server
         self.share = 1.0  # the part of the last interval's wall time its slowest server took
+        self.upper: dict[int, float] = {}  # rates with the whole fixed cost off (policy.psld)
         self.version = 0  # the block table's
         self.update(0.0, 0)
 
@@ -155,6 +156,7 @@ class Servers:
                              2 * self.cost.latency)
         thr = server_rates(nbytes, seconds, fixed_s)
         self.share = server_share(seconds, self.cfg.psld_interval, iteration_s)
+        self.upper = server_rates(nbytes, seconds, fixed_s, most=0.9)
         rec = {"type": "servers", "iteration": t, "elapsed": elapsed, "servers": ranks,
                "load_bytes": [int(loads[r]) for r in ranks], "blocks": [int(blocks[r]) for r in ranks],
                "busy_s": [self.busy[r] for r in ranks], "bytes": [int(self.bytes[r]) for r in ranks],

@@ -6,7 +6,8 @@ import dataclasses
 
 import pytest
 
-from equipoise.policy.psld import AddServer, MoveBlock, Psld, RemoveServer, fixed_cost, parse_control, server_rates
+from equipoise.policy.psld import (AddServer, MoveBlock, Psld, RemoveServer, fixed_cost, parse_control, server_rates,
+                                   server_share)
 
 SIZES = [400, 400, 100, 100, 100, 100]
 TABLE, LIVE = [0, 1, 2, 3, 0, 1], [0, 1, 2, 3]
@@ -426,3 +427,58 @@ def test_consecutive_means_at_one_placement_set_the_noise_a_gain_must_exceed():
     # the first two decisions only count quiet intervals: differences from the third on
     assert len(c.steady) == 4 and c.steady_noise() > 0.12 / 1.645
     assert judged(noisy) != []  # undone
+
+
+# The single-block case under SSP, measured under load: the CNN's first layer (block 0)
+# alone on the 4x-slower server 0; over an interval of 5 iterations of 2 workers (a push
+# and a pull each) the exchanges' fixed cost is 60 ms (12 ms an iteration), almost all
+# of the light servers' time.
+RELIEF_SIZES = [1605632, 73728, 5120, 1152]
+RELIEF_BYTES = {r: 20 * b for r, b in enumerate(RELIEF_SIZES)}
+RELIEF_SECONDS = {0: 0.58, 1: 0.075, 2: 0.062, 3: 0.06}
+RELIEF_LIVE = [0, 1, 2, 3]
+
+
+def relief_measured() -> tuple[dict, dict, float]:
+    fixed = fixed_cost(RELIEF_BYTES, RELIEF_SECONDS, exchanges=10, workers=2, round_trip=0.0005)
+    assert fixed == pytest.approx(0.06)  # server 3's time: 1152 bytes a message
+    rates = server_rates(RELIEF_BYTES, RELIEF_SECONDS, fixed)
+    upper = server_rates(RELIEF_BYTES, RELIEF_SECONDS, fixed, most=0.9)
+    return rates, upper, server_share(RELIEF_SECONDS, 5, 0.13)
+
+
+def test_a_move_the_upper_rates_predict_is_tried_where_the_rates_predict_none():
+    """With at most half of each time taken off, server 1 (73 KB) rates 39 MB/s against
+    the slow server's 62, and no move pays; with the whole fixed cost off it rates 98 MB/s,
+    and the layer moving there cuts the predicted time by a third: a relief trial takes
+    the layer off server 0. Without upper rates, no trial."""
+    rates, upper, share = relief_measured()
+    assert rates[1] == pytest.approx(RELIEF_BYTES[1] / 0.0375) and rates[1] < rates[0] < upper[1]
+    assert Psld(RELIEF_SIZES, epsilon=0.0).decide(RELIEF_LIVE, RELIEF_LIVE, rates, 0.13, share=share) == []
+    actions = Psld(RELIEF_SIZES, epsilon=0.0).decide(RELIEF_LIVE, RELIEF_LIVE, rates, 0.13, share=share,
+                                                     upper=upper)
+    assert MoveBlock(0, 0, 1) in actions
+    # where the servers take a small part of the iteration, no relief either
+    assert Psld(RELIEF_SIZES, epsilon=0.0).decide(RELIEF_LIVE, RELIEF_LIVE, rates, 0.13, share=0.02,
+                                                  upper=upper) == []
+
+
+def test_an_undone_relief_is_not_retried_and_starts_no_back_off():
+    """Server 1 was no faster under the layer than server 0 (the upper rate was the
+    fixed cost's error): the trial is undone, and, server 0 still the slowest, no relief
+    is tried again. It starts no back-off: when server 0 then slows down for real (its
+    rate a fifth of server 1's measured under the layer), the exploit trial starts at
+    the next decision."""
+    rates, upper, share = relief_measured()
+    c = Psld(RELIEF_SIZES, epsilon=0.0)
+    actions = c.decide(RELIEF_LIVE, RELIEF_LIVE, rates, 0.13, share=share, upper=upper)
+    table = list(RELIEF_LIVE)
+    for a in actions:
+        table[a.block] = a.dst
+    on_1 = {**rates, 1: 60e6, 0: 2e6}
+    assert c.decide(table, RELIEF_LIVE, on_1, 0.2, share=share, upper=upper) == []  # the moves' interval
+    assert c.decide(table, RELIEF_LIVE, on_1, 0.131, share=share, upper=upper) != [] and not c.log[-1]["kept"]
+    for _ in range(8):
+        assert c.decide(RELIEF_LIVE, RELIEF_LIVE, rates, 0.13, share=share, upper=upper) == []
+    slowed = {**rates, 0: 12e6}
+    assert MoveBlock(0, 0, 1) in c.decide(RELIEF_LIVE, RELIEF_LIVE, slowed, 0.5, share=share, upper=upper)
