@@ -21,6 +21,18 @@ against the same job with a table of 1,000 rows, interleaved: each process's pea
 resident memory, sampled every 0.2 s. Preset ``dlrm`` (bench_sparse_dlrm.json):
 samples/s of the same model with 4 tables of 10⁵, 10⁶ and 10⁷ rows, and with 10⁵-row
 tables as dense parameters.
+
+Preset ``psld`` (bench_sparse_psld.json): the DLRM-style job (8 tables of 10⁵ rows × 32,
+Zipf ids), 2 workers, 4 servers behind 100 MB/s emulated links, server 0 four times
+slower, interleaved under the hash placement (``round_robin``: shard i on server
+i mod 4), greedy (by size), PSLD (shards moved by the bytes they carried) and the oracle
+(by size over the known speeds): seconds per iteration over the whole run and the last
+third, the blocks PSLD moved, and how unequal the shards' traffic was (the hottest
+shard's bytes over the mean shard's, from the servers' records).
+
+Preset ``lbbsp`` (bench_sparse_lbbsp.json): the DLRM-style job (8 tables of 10⁵ rows ×
+32), 4 workers stretched [1, 1, 2, 4], 2 servers, under BSP and LB-BSP, interleaved:
+samples/s and LB-BSP's speed-up.
 """
 
 from __future__ import annotations
@@ -170,23 +182,27 @@ DLRM_SETTINGS = dict(protocol="bsp", workers=4, servers=4, global_batch=512, opt
                      momentum=0.0, eval_every=0, checkpoint_every=0, progress=False, threads=1, timeout=600.0)
 
 
-def run_dlrm(rows: int, tables: int, dim: int, sparse: bool, iterations: int, tmp: Path) -> dict[str, Any]:
+def run_dlrm(rows: int, tables: int, dim: int, sparse: bool, iterations: int, tmp: Path,
+             **extra: Any) -> dict[str, Any]:
     """One DLRM-style job (examples/workloads/dlrm.py); its figures and peak RSS per role."""
     import equipoise
 
-    cfg = {**DLRM_SETTINGS, **DLRM, "iterations": iterations,
+    cfg = {**DLRM_SETTINGS, **DLRM, **extra, "iterations": iterations,
            "model_args": {"rows": rows, "tables": tables, "dim": dim, "sparse": sparse},
            "data_args": {"rows": rows, "tables": tables, "eval": 2048}}
     if sparse:
         cfg["sparse_ids"] = f"{EXAMPLE / 'dlrm.py'}:sparse_ids"
     t0 = time.perf_counter()
+    run_dir = tmp / f"dlrm-{rows}-{sparse}-{time.monotonic_ns()}"
     with PeakRss() as rss:
-        s = equipoise.train(cfg, out=tmp / f"dlrm-{rows}-{sparse}-{time.monotonic_ns()}")
+        s = equipoise.train(cfg, out=run_dir)
     return {"rows": rows, "sparse": sparse, "wall_s": time.perf_counter() - t0, "train_s": s["train_s"],
+            "iteration_s": s["train_s"] / iterations, "run_dir": str(run_dir),
             "startup_s": s.get("startup_s"), "samples_per_s": s["samples_per_s"],
             "final_logloss": s["final_metrics"].get("logloss"),
             "wire_bytes_per_iteration": s["wire_bytes_per_iteration"],
             "table_bytes": sum(t["bytes"] for t in s.get("sparse_tables", {}).values()),
+            "shards": sum(t["shards"] for t in s.get("sparse_tables", {}).values()),
             "rss_mb": {"workers": rss.of("worker"), "servers": rss.of("server"), "coordinator": rss.of("coordinator")}}
 
 
@@ -198,6 +214,8 @@ def bench_memory(reps: int = 3) -> dict[str, Any]:
         tmp = Path(name)
         runs = interleave({"table": lambda: run_dlrm(big, 1, 32, True, 20, tmp),
                            "without": lambda: run_dlrm(small, 1, 32, True, 20, tmp)}, reps)
+    for r in (r for rs in runs.values() for r in rs):
+        r.pop("run_dir")  # gone with the temporary folder
     worker = {k: [max(r["rss_mb"]["workers"]) for r in v] for k, v in runs.items()}
     return {"settings": {**DLRM_SETTINGS, "tables": 1, "dim": 32, "rows": [big, small], "iterations": 20},
             "loadavg_at_start": load_average(), "runs": runs,
@@ -217,14 +235,101 @@ def bench_dlrm(reps: int = 3) -> dict[str, Any]:
         systems = {f"sparse/{n}": (lambda n=n: run_dlrm(n, 4, 16, True, 60, tmp)) for n in sizes}
         systems["dense/100000"] = lambda: run_dlrm(100_000, 4, 16, False, 60, tmp)
         runs = interleave(systems, reps)
+        for r in (r for rs in runs.values() for r in rs):
+            r["servers"] = rows_rates(r.pop("run_dir"))
     return {"settings": {**DLRM_SETTINGS, "tables": 4, "dim": 16, "iterations": 60}, "loadavg_at_start": load_average(),
             "runs": runs, "samples_per_s": {k: summary([r["samples_per_s"] for r in v]) for k, v in runs.items()},
-            "wire_bytes_per_iteration": {k: v[0]["wire_bytes_per_iteration"] for k, v in runs.items()}}
+            "wire_bytes_per_iteration": {k: v[0]["wire_bytes_per_iteration"] for k, v in runs.items()},
+            "rows_per_s_over_gather_bound": {k: summary([s["rows_per_s"] / s["gather_rows_per_s"] for r in v
+                                                         for s in r["servers"] if s["gather_rows_per_s"]])
+                                             for k, v in runs.items() if k.startswith("sparse")}}
+
+
+def rows_rates(run_dir: str) -> list[dict[str, float]]:
+    """Per server over a run (its "servers" records): the rows it served per second of its
+    busy time, and per second of their gather (`index_select`) alone, the memory bound."""
+    import json
+
+    rows: dict[int, list[float]] = {}
+    for line in Path(run_dir, "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r.get("type") == "servers" and "rows" in r:
+            for s, n, busy, gather in zip(r["servers"], r["rows"], r["busy_s"], r["gather_s"]):
+                acc = rows.setdefault(s, [0.0, 0.0, 0.0])
+                acc[0], acc[1], acc[2] = acc[0] + n, acc[1] + busy, acc[2] + gather
+    return [{"server": s, "rows": n, "rows_per_s": n / busy if busy else 0.0,
+             "gather_rows_per_s": n / gather if gather else 0.0} for s, (n, busy, gather) in sorted(rows.items())]
+
+
+PSLD_SLOW = dict(workers=2, servers=4, server_slowdown=[4.0, 1.0, 1.0, 1.0], server_rate=100.0,
+                 server_bandwidth=[100.0] * 4, psld_interval=5, psld_epsilon=0.0, heartbeat_s=10.0)
+
+
+def shard_traffic(run_dir: str, shards: int, iterations: int) -> dict[str, Any]:
+    """From a run's metrics: the blocks moved, the mean iteration time of each
+    measurement interval in the last third, and per interval the hottest shard's bytes
+    over the mean shard's (the tables' shards are the last `shards` block keys)."""
+    import json
+
+    moved, settled, heat = [], [], []
+    for line in Path(run_dir, "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r.get("event") == "block_moved":
+            moved += r["blocks"]
+        elif r.get("type") == "servers" and r.get("iteration_s"):
+            if r["iteration"] > iterations - iterations // 3:
+                settled.append(r["iteration_s"])
+            b = [v for _, v in sorted(r.get("block_bytes", []))[-shards:]]
+            if b and sum(b) > 0:
+                heat.append(max(b) / (sum(b) / len(b)))
+    return {"moved": moved, "settled_iteration_s": sum(settled) / len(settled) if settled else math.nan,
+            "hottest_over_mean": heat}
+
+
+def bench_psld(reps: int = 3, iterations: int = 90) -> dict[str, Any]:
+    """The hash placement, greedy, PSLD and the oracle on the DLRM-style job with a slow
+    server (PSLD_SLOW), interleaved."""
+    with tempfile.TemporaryDirectory(prefix="bench-sparse-") as name:
+        tmp = Path(name)
+        systems = {p: (lambda p=p: run_dlrm(100_000, 8, 32, True, iterations, tmp, placement=p, **PSLD_SLOW))
+                   for p in ("round_robin", "greedy", "psld", "oracle")}
+        runs = interleave(systems, reps)
+        for rs in runs.values():
+            for r in rs:
+                r.update(shard_traffic(r.pop("run_dir"), r.pop("shards"), iterations))
+    def ratios(key: str, a: str, b: str) -> dict[str, Any]:
+        return summary([x[key] / y[key] for x, y in zip(runs[a], runs[b])])
+    heat = [h for r in runs["psld"] + runs["greedy"] for h in r["hottest_over_mean"]]
+    return {"settings": {**DLRM_SETTINGS, **PSLD_SLOW, "rows": 100_000, "tables": 8, "dim": 32,
+                         "iterations": iterations},
+            "loadavg_at_start": load_average(), "runs": runs,
+            "iteration_s": {k: summary([r["iteration_s"] for r in v]) for k, v in runs.items()},
+            "psld_speed_up_x_hash": ratios("iteration_s", "round_robin", "psld"),
+            "psld_speed_up_x_greedy": ratios("iteration_s", "greedy", "psld"),
+            "psld_settled_x_oracle": ratios("settled_iteration_s", "psld", "oracle"),
+            "shards_moved": summary([len(r["moved"]) for r in runs["psld"]]),
+            "hottest_shard_over_mean": summary(heat) if heat else None}
+
+
+def bench_lbbsp(reps: int = 3, iterations: int = 60) -> dict[str, Any]:
+    """BSP against LB-BSP on the DLRM-style job with workers stretched [1, 1, 2, 4]."""
+    extra = dict(workers=4, servers=2, slowdown=[1.0, 1.0, 2.0, 4.0])
+    with tempfile.TemporaryDirectory(prefix="bench-sparse-") as name:
+        tmp = Path(name)
+        runs = interleave({p: (lambda p=p: run_dlrm(100_000, 8, 32, True, iterations, tmp, protocol=p, **extra))
+                           for p in ("bsp", "lbbsp")}, reps)
+    for r in (r for rs in runs.values() for r in rs):
+        r.pop("run_dir")  # gone with the temporary folder
+    return {"settings": {**DLRM_SETTINGS, **extra, "rows": 100_000, "tables": 8, "dim": 32, "iterations": iterations},
+            "loadavg_at_start": load_average(), "runs": runs,
+            "samples_per_s": {k: summary([r["samples_per_s"] for r in v]) for k, v in runs.items()},
+            "lbbsp_speed_up_x_bsp": summary([b["train_s"] / lb["train_s"]
+                                             for b, lb in zip(runs["bsp"], runs["lbbsp"])])}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("preset", choices=["movielens", "memory", "dlrm"])
+    parser.add_argument("preset", choices=["movielens", "memory", "dlrm", "psld", "lbbsp"])
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
     if args.preset == "memory":
@@ -232,6 +337,17 @@ def main() -> None:
         print(f"worker peak RSS (MB): with the table {fmt_range(result['worker_peak_rss_mb']['table'])}, without "
               f"{fmt_range(result['worker_peak_rss_mb']['without'])}; difference "
               f"{fmt_range(result['worker_rss_difference_mb'])}")
+    elif args.preset == "lbbsp":
+        result = bench_lbbsp(args.reps)
+        print(f"samples/s: bsp {fmt_range(result['samples_per_s']['bsp'])}, lbbsp "
+              f"{fmt_range(result['samples_per_s']['lbbsp'])}; speed-up {fmt_range(result['lbbsp_speed_up_x_bsp'])}")
+    elif args.preset == "psld":
+        result = bench_psld(args.reps)
+        print("s/iteration: " + ", ".join(f"{k} {fmt_range(v)}" for k, v in result["iteration_s"].items()))
+        print(f"psld speed-up × hash {fmt_range(result['psld_speed_up_x_hash'])}, × greedy "
+              f"{fmt_range(result['psld_speed_up_x_greedy'])}; settled × oracle "
+              f"{fmt_range(result['psld_settled_x_oracle'])}; blocks moved {fmt_range(result['shards_moved'])}; "
+              f"hottest shard / mean {fmt_range(result['hottest_shard_over_mean'])}")
     elif args.preset == "dlrm":
         result = bench_dlrm(args.reps)
         print(f"samples/s: {result['samples_per_s']}")

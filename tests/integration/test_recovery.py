@@ -196,3 +196,28 @@ def test_without_a_barrier_a_killed_server_is_replaced_and_a_killed_worker_dropp
     if protocol == "ssp":
         assert summary["staleness_max"] <= 2  # the bound holds across the rollback and the loss
     assert torch.load(run / "model.pt", weights_only=True)
+
+
+@pytest.mark.parametrize("replication", [0, 1])
+def test_a_killed_server_holding_table_shards_changes_nothing_but_the_time(tmp_path, replication):
+    """The DLRM-style example's tables (4 of 2,000 rows, Zipf ids) with Adagrad, whose
+    sums are per row: server 1, holding shards, is killed. replication = 0: a replacement
+    and a replay from the last snapshot; replication = 1: its backup takes its shards, their
+    rows and sums as of the last version both acknowledged. Either way the job ends where
+    single-process training with torch's sparse embedding and Adagrad does (the tolerance
+    of tests/unit/test_sparse_jobs.py: the order duplicate ids' gradients are summed in)."""
+    from equipoise.workload import load_workload
+
+    from ..unit.test_sparse_jobs import assert_near_oracle, dlrm_job
+
+    cfg = dlrm_job(workers=2, servers=3, iterations=40, slowdown=[20.0, 20.0], snapshot_every=10,
+                   replication=replication, heartbeat_s=1.0, timeout=60.0)
+    at = random.Random(f"sparse-server-{replication}").randrange(12, 30)
+    run = tmp_path / "run"
+    summary = _run_killing(cfg, run, "server 1", at)
+    assert summary["status"] == "completed" and summary["iterations"] == 40
+    [lost] = summary["recovered"]
+    assert (lost["role"], lost["rank"]) == ("server", 1)
+    if replication:
+        assert "its backup, server 2, took its blocks" in lost["action"]
+    assert_near_oracle(cfg, run, load_workload(cfg))

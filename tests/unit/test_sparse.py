@@ -61,7 +61,7 @@ def test_tables_cut_into_whole_rows_and_back():
 
 def test_table_blocks_are_placed_by_size_after_the_dense_ones():
     tensors = [("w", 100, "param", 4), ("t", 4 * 37, "rows", 4)]
-    blocks, owner = place_with_tables("round_robin", tensors, 3, 40, widths={"t": 4})
+    blocks, owner = place_with_tables("mxnet", tensors, 3, 40, widths={"t": 4})
     # 37 rows, blocks under 40 elements (10 rows) and at least SHARDS_PER_SERVER × 3 of them
     per = min(10, -(-37 // (SHARDS_PER_SERVER * 3)))
     shards = [b for b in blocks if b.kind == "rows"]
@@ -72,6 +72,14 @@ def test_table_blocks_are_placed_by_size_after_the_dense_ones():
     # to the other two, by size, within one shard of each other
     assert owner[:3] == [0, 0, 0] and 0 not in owner[3:] and abs(loads[1] - loads[2]) <= per * 16
     assert table_blocks([("t", 12, "rows", 4)], {"t": 4}, 3)[0].numel == 4  # a block smaller than a row: one row
+    # greedy does not know the servers' speeds, the oracle does; round_robin hashes shards
+    slow = [1.0, 1.0, 0.25]
+    assert place_with_tables("greedy", tensors, 3, 40, slow, {"t": 4}) == place_with_tables("greedy", tensors, 3, 40,
+                                                                                           widths={"t": 4})
+    _, oracle = place_with_tables("oracle", tensors, 3, 40, slow, {"t": 4})
+    assert oracle[3:].count(2) < min(oracle[3:].count(0), oracle[3:].count(1))
+    _, hashed = place_with_tables("round_robin", tensors, 3, 40, slow, {"t": 4})
+    assert hashed[3:] == [i % 3 for i in range(len(shards))]
 
 
 def remote(model, blocks, values):
@@ -291,3 +299,33 @@ def test_a_workers_tables_are_never_held_and_other_threads_build_as_usual():
     assert set(sparse_tables(model)) == {"table.weight", "bag.weight"}  # read from the shapes
     assert not nn.Embedding(4, 2, sparse=True).weight.is_meta  # after it: as usual
     assert nn.Embedding.__dict__["__init__"] is own  # put back
+
+
+def test_a_server_books_the_bytes_each_block_carried():
+    """PSLD weighs a table's shards by what they carried: a rows reply books its rows'
+    bytes to the table's block, a push its gradient rows and their ids, a pull's reply
+    the dense blocks it carries (tables are left out of it); the stats report them by
+    block, and the total is the server's bytes."""
+    from equipoise.server.core import Server
+    from equipoise.server.store import OptimizerSpec
+    from equipoise.wire import InMemoryTransport, Message
+
+    server = Server(0, InMemoryTransport(), "nowhere")
+    sent = []
+    server.listener.send = lambda peer, msg: sent.append(msg) or (lambda: True)
+    spec = OptimizerSpec("sgd", 1.0, 0.0, 0.0, "constant", 100, 10, 0.1, 1).to_dict()
+    server.handle(b"c", Message("init", {"blocks": [[0, "w", 0, 6, "param", 4], [1, "t", 0, 12, "rows", 4, 4]],
+                                         "optimizer": spec, "version": 0, "samples": 0, "protocol": "bsp",
+                                         "workers": 1}, {"b0": torch.zeros(6), "b1": torch.zeros(12)}))
+    server.handle(b"w", Message("rows_req", {"worker": 0, "min_version": 0}, {"i1": torch.tensor([2, 0])}))
+    assert sent[-1].type == "rows"  # 2 rows × 4 float32: 32 B
+    server.handle(b"w", Message("push", {"worker": 0, "version": 0, "samples": 1},
+                                {"g0": torch.ones(6), "g1": torch.ones(8), "i1": torch.tensor([2, 0])}))
+    assert sent[-1].type == "ack"  # 24 B dense, 32 B of rows and 16 B of their ids
+    server.handle(b"w", Message("pull", {"worker": 0, "min_version": 1}))
+    assert sent[-1].type == "params" and set(sent[-1].tensors) == {"b0"}  # 24 B
+    server.handle(b"c", Message("stats_req", {}))
+    stats = sent[-1].fields
+    assert stats["block_bytes"] == [(0, 48), (1, 80)] and stats["bytes"] == 128
+    server.handle(b"c", Message("stats_req", {}))
+    assert sent[-1].fields["block_bytes"] == [] and sent[-1].fields["bytes"] == 0  # since the last request

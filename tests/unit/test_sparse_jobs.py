@@ -19,6 +19,8 @@ the gradient's own size, unless a sum cancels to about zero (then Adam's step is
 the learning rate either way); the ratings here make no such sum.
 """
 
+import json
+
 import pytest
 import torch
 
@@ -166,3 +168,29 @@ def test_the_dlrm_example_on_four_workers_trains_as_one_process_does(tmp_path, p
     summary = run_threads(cfg, tmp_path, load_workload(cfg))
     assert summary["samples"] == cfg.iterations * cfg.global_batch
     assert_near_oracle(cfg, tmp_path, load_workload(cfg))
+
+
+@pytest.mark.parametrize("protocol", ["bsp", "lbbsp"])
+def test_shards_moved_while_the_job_runs_keep_every_update(tmp_path, protocol):
+    """A table's shards move between servers at barriers as dense blocks do, with their
+    optimizer state (Adagrad's sums): the job ends where one process does. The moves are
+    the scenario's, so that they happen in every run, at iterations 4 and 8."""
+    from equipoise.protocol.blocks import model_tensors, table_widths
+    from equipoise.sparse.tables import place_with_tables
+
+    cfg = dlrm_job(workers=2, servers=3, protocol=protocol, iterations=12)
+    data = load_workload(cfg)
+    model = build_model(cfg.model, data.input_shape, data.num_classes, cfg.model_args)
+    blocks, owner = place_with_tables(cfg.placement, model_tensors(model), cfg.servers, cfg.block_size,
+                                      widths=table_widths(model))
+    shards = [b.key for b in blocks if b.kind == "rows"]
+    first, last = shards[0], shards[-1]
+    events = [{"iteration": 4, "move": first, "to": (owner[first] + 1) % 3},
+              {"iteration": 8, "move": last, "to": (owner[last] + 1) % 3},
+              {"iteration": 8, "move": first, "to": owner[first]}]
+    cfg = dlrm_job(workers=2, servers=3, protocol=protocol, iterations=12, server_events=events)
+    run_threads(cfg, tmp_path, data)
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    moved = [r for r in map(json.loads, lines) if r.get("event") == "block_moved"]
+    assert sorted(b for r in moved for b in r["blocks"]) == sorted([first, last, first])
+    assert_near_oracle(cfg, tmp_path, data)

@@ -21,8 +21,8 @@ from typing import Callable
 
 from ..policy.placement import Block
 from ..sparse.tables import place_with_tables
-from ..policy.psld import (AddServer, MoveBlock, Psld, RemoveServer, ServerAction, fixed_cost,
-                          interval_noise, server_rates, server_share)
+from ..policy.measure import block_traffic, fixed_cost, interval_noise, server_rates, server_share
+from ..policy.psld import AddServer, MoveBlock, Psld, RemoveServer, ServerAction
 from ..scenario import BlockMove, Scenario, ServerRemove
 from ..wire import Message, PeerTimeout, Transport, names
 from .control import ControlFile
@@ -88,7 +88,7 @@ class ServerManager:
         self._spawning: dict[int, float] = {}  # started, not yet joined: rank -> start time
         self._hellos: dict[int, str] = {}  # of those, registered: rank -> address
         self._planned: dict[int, int] = {}  # scenario additions started early: rank -> join iteration
-        self._rates, self._upper = {}, {}  # last measured bytes/s per server, and upper (psld)
+        self._rates, self._upper, self._traffic = {}, {}, {}  # bytes/s per server, upper; bytes per block
         self.share = 1.0  # the part of the last interval's wall time its slowest server took
         self.noise = 0.0  # the relative standard error of the last interval's mean iteration time
         self.backup_of: dict[int, int] = {}  # replication = 1: primary rank -> backup rank
@@ -122,7 +122,7 @@ class ServerManager:
         if self.settings.placement == "psld":
             s = self.settings
             self.psld = Psld([b.nbytes for b in blocks], epsilon=s.psld_epsilon, max_servers=s.psld_max_servers,
-                             seed=s.seed)
+                             seed=s.seed, measured={b.key for b in blocks if b.kind == "rows"})
 
     def _init(self, rank: int, mine: list[Block], values, optim, version: int, samples: int,
               gradients: dict[int, int] | None = None) -> Message:
@@ -347,7 +347,7 @@ class ServerManager:
             if self.psld is not None and not actions and iteration_s:
                 actions = self.psld.decide(self.pool.table, self.pool.serving(), throughput, iteration_s,
                                            set(self._added), share=self.share, noise=self.noise,
-                                           upper=self._upper)
+                                           upper=self._upper, traffic=self._traffic)
         return actions
 
     def _update_stragglers(self, t: int) -> None:
@@ -439,18 +439,17 @@ class ServerManager:
         throughput = server_rates(nbytes, seconds, fixed_s)
         self.share = server_share(seconds, interval, iteration_s)  # PSLD weighs a cut by it
         self._rates, self._upper = throughput, server_rates(nbytes, seconds, fixed_s, most=0.9)
+        self._traffic = block_traffic(m.fields.get("block_bytes") for m in stats.values())
         ranks = sorted(stats)
         self._record({
             "type": "servers", "iteration": t, "time": time.time(), "elapsed": self._elapsed(),
             "servers": ranks, "load_bytes": [stats[r].fields["load_bytes"] for r in ranks],
-            "blocks": [stats[r].fields["blocks"] for r in ranks],
-            "busy_s": [stats[r].fields["busy_s"] for r in ranks],
+            **{k: [stats[r].fields.get(k, 0) for r in ranks] for k in ("blocks", "busy_s", "bytes", "rows", "gather_s")},
             "exchange_s": [exchange[r] for r in ranks],
             "busy_share": [stats[r].fields["busy_s"] / (interval * iteration_s) if iteration_s else None
                            for r in ranks],
-            "bytes": [stats[r].fields["bytes"] for r in ranks],
             "throughput_mbps": [throughput.get(r, 0.0) / 1e6 for r in ranks], "fixed_s": fixed_s,
-            "share": self.share, "noise": self.noise,
+            "share": self.share, "noise": self.noise, "block_bytes": sorted(self._traffic.items()),
             "iteration_s": iteration_s, "table_version": self.pool.version})
         return throughput, iteration_s
 

@@ -73,10 +73,11 @@ import statistics
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 
+from .measure import block_traffic, fixed_cost, interval_noise, server_rates, server_share
 from .placement import exploit_moves, predicted_time, server_loads
 
-__all__ = ["MoveBlock", "AddServer", "RemoveServer", "ServerAction", "Psld", "fixed_cost", "parse_control",
-           "server_rates", "server_share", "interval_noise", "NOISE_Z"]
+__all__ = ["MoveBlock", "AddServer", "RemoveServer", "ServerAction", "Psld", "block_traffic", "fixed_cost",
+           "parse_control", "server_rates", "server_share", "interval_noise", "NOISE_Z"]
 
 # A measured gain (the difference of two interval means) is believed beyond this many of
 # its standard errors: one-sided, a trial without effect is kept 5 times in 100.
@@ -122,8 +123,11 @@ class Psld:
 
     def __init__(self, sizes: Sequence[int], epsilon: float = 0.1, max_servers: int = 0,
                  threshold: float = 0.03, horizon: int = 50, tabu_decisions: int = 6,
-                 memory: int = 20, seed: int = 0, z: float = NOISE_Z, max_hold: int = 8) -> None:
-        self.sizes = list(sizes)
+                 memory: int = 20, seed: int = 0, z: float = NOISE_Z, max_hold: int = 8,
+                 measured: Set[int] = frozenset()) -> None:
+        self.sizes = list(sizes)  # what each block weighs in a plan (``_weigh``)
+        self.nbytes = list(sizes)
+        self.measured = frozenset(k for k in measured if 0 <= k < len(self.sizes))  # weighed by traffic
         self.epsilon = epsilon
         self.max_servers = max_servers
         self.threshold = threshold
@@ -154,7 +158,8 @@ class Psld:
     def decide(self, table: Sequence[int], live: Sequence[int],
                throughput: Mapping[int, float], iteration_s: float,
                added: Set[int] = frozenset(), share: float = 1.0,
-               noise: float = 0.0, upper: Mapping[int, float] | None = None) -> list[ServerAction]:
+               noise: float = 0.0, upper: Mapping[int, float] | None = None,
+               traffic: Mapping[int, float] | None = None) -> list[ServerAction]:
         """The actions to carry out now. ``table[k]`` is the server rank of block k,
         ``live`` the ranks running, ``throughput`` their measured bytes/s (missing for a
         server that handled nothing), ``iteration_s`` the mean iteration time since the
@@ -167,13 +172,40 @@ class Psld:
         of the difference it is judged by, as well as ``threshold``. ``upper`` is each
         server's rate with the whole fixed cost taken off (``server_rates``, ``most``
         0.9): where it is given, a plan these rates predict is tried once when
-        ``throughput`` predicts none (``_relief``)."""
+        ``throughput`` predicts none (``_relief``). ``traffic`` is the bytes each block's
+        exchanges carried over the interval (``block_traffic``): the blocks ``measured``
+        (a sparse table's shards) weigh what they carried (``_weigh``)."""
         noise = noise if math.isfinite(noise) and noise > 0 else 0.0
+        self._weigh(traffic or {})
         self._observe(table, iteration_s)
         actions = self._decide(table, live, throughput, iteration_s, added, share, noise, upper or {})
         self._previous = (tuple(table), iteration_s)
         self._quiet = 0 if actions or self.trial is not None else self._quiet + 1
         return actions
+
+    def _weigh(self, traffic: Mapping[int, float]) -> None:
+        """Weigh each ``measured`` block by the bytes its exchanges carried, in the units
+        of the others' sizes: a dense block carries its size at every exchange, so the
+        dense blocks' traffic over their sizes is the number of exchanges, and a shard's
+        traffic over that number is what it weighs. (With tables only, the shards'
+        traffic is scaled to their total size.) A table's shard carries only the rows
+        its batch touched: a shard of Zipf-distributed ids holding the hottest rows
+        carries many times what a cold one of the same size does, and it is what it
+        carries that loads its server."""
+        if not self.measured or not traffic:
+            return
+        load = {k: float(v) for k, v in traffic.items() if 0 <= k < len(self.sizes) and math.isfinite(v) and v >= 0}
+        dense = [k for k in range(len(self.sizes)) if k not in self.measured]
+        carried = sum(load.get(k, 0.0) for k in dense)
+        if dense and carried > 0:
+            scale = sum(self.nbytes[k] for k in dense) / carried
+        else:
+            carried = sum(load.get(k, 0.0) for k in self.measured)
+            if carried <= 0:
+                return
+            scale = sum(self.nbytes[k] for k in self.measured) / carried
+        for k in self.measured:
+            self.sizes[k] = load.get(k, 0.0) * scale
 
     def steady_noise(self) -> float:
         """The standard deviation of the relative difference between two consecutive
@@ -353,88 +385,6 @@ class Psld:
         moved), and its light measurements are what shows it."""
         fallback = max((self.known[r] for r in live if r in self.known), default=1.0)
         return {r: self.loaded[r][0] if r in self.loaded else self.known.get(r, fallback) for r in live}
-
-
-# An exchange carrying at most this many bytes is timed as its fixed cost: 16 KB take
-# 0.33 ms on a 50 MB/s link, 1.3 ms on a 100 Mbit/s one, against the 2-4 ms an exchange
-# costs on one machine (a round trip, two processes' handling and scheduling).
-SMALL_EXCHANGE_BYTES = 16 * 1024
-
-
-def fixed_cost(nbytes: Mapping[int, float], seconds: Mapping[int, float], exchanges: int, workers: int,
-               round_trip: float) -> float:
-    """The seconds of one interval that no byte causes, the same for every server: each
-    of a worker's ``exchanges`` with a server costs at least what an exchange carrying
-    almost nothing costs. Measured on the servers whose exchanges carry at most
-    SMALL_EXCHANGE_BYTES (``nbytes[j]`` over ``workers`` × ``exchanges``; ``seconds[j]``
-    a worker's time with server j over the interval), the least of them; without such a
-    server, ``round_trip`` (the least round trip of a message without bytes, which misses
-    a worker's own handling: a lower bound)."""
-    n = max(1, int(exchanges))
-    small = [float(seconds[r]) / n for r, b in nbytes.items()
-             if r in seconds and seconds[r] > 0 and b <= SMALL_EXCHANGE_BYTES * n * max(1, workers)]
-    each = min(small) if small else (round_trip if math.isfinite(round_trip) else 0.0)
-    return n * max(0.0, each)
-
-
-def interval_noise(durations: Sequence[float]) -> float:
-    """The relative standard error of an interval's mean iteration time, from the
-    ``durations`` of its iterations: σ / sqrt(n) / mean, σ estimated robustly as 1.4826 ×
-    the median absolute deviation (the standard deviation, for normal noise); 0 for
-    fewer than two.
-
-    Robust because an interval's one long iteration is seldom noise: a snapshot every
-    `snapshot_every` iterations, or a move's pause, lands in the same iteration of every
-    interval of its phase, and the intervals a trial compares are of one phase (two
-    intervals apart). Counted as spread, one snapshot among five iterations raised the bar
-    to about 40% and kept PSLD from every trial after it (the dynamic preset's settled
-    time went from 0.91 to 1.19 times the oracle's)."""
-    d = [float(x) for x in durations if math.isfinite(x) and x >= 0]
-    if len(d) < 2 or sum(d) <= 0:
-        return 0.0
-    middle = statistics.median(d)
-    sigma = 1.4826 * statistics.median(abs(x - middle) for x in d)
-    return sigma / math.sqrt(len(d)) / statistics.fmean(d)
-
-
-def server_share(seconds: Mapping[int, float], interval: int, iteration_s: float | None) -> float:
-    """The part of an interval's wall time (``interval`` iterations of ``iteration_s``)
-    that a placement could cut: what its slowest server took (``seconds``) beyond the
-    median of the others' times, at most 1; 1 when the wall time is unknown.
-
-    Beyond the others' median, because a placement only moves bytes between servers:
-    time every server takes alike (the exchanges' fixed cost on a fast link, a worker
-    waiting on the link rather than on any server) stays wherever blocks go. On a case
-    where a 5.6x-slower server held only small blocks on 700 MB/s links, every server's
-    exchanges took about the same 9-11 ms an iteration; counted whole, the slowest
-    server's 10 ms made half of a 20 ms iteration look movable, and PSLD moved blocks
-    back and forth for nothing (0.71x greedy). With one server the whole time counts."""
-    if not iteration_s:
-        return 1.0
-    times = sorted(seconds.values())
-    if not times:
-        return 0.0
-    movable = times[-1] - (statistics.median(times[:-1]) if len(times) > 1 else 0.0)
-    return min(1.0, max(0.0, movable) / (interval * iteration_s))
-
-
-def server_rates(nbytes: Mapping[int, float], seconds: Mapping[int, float],
-                 fixed_s: float = 0.0, most: float = 0.5) -> dict[int, float]:
-    """Each server's throughput r_j for PSLD: ``nbytes[j]`` bytes handled in
-    ``seconds[j]`` (its busy time or the workers' exchange time with it, the larger) over
-    one interval, less ``fixed_s`` (``fixed_cost``), the part of that time no byte
-    causes, but never more than ``most`` of it (half; PSLD's upper rates take 0.9).
-
-    Counted as bytes, the fixed cost makes a lightly loaded server look slow: with the
-    CNN's first layer alone on a 4x-slower server (58 MB/s measured), a server holding
-    73 KB measured 45-68 MB/s, 5.5 ms per iteration of which its bytes explained about
-    one, so moving the layer there never looked worth a trial (it ran at 260 MB/s once
-    it did). Taking at most half of a server's time keeps an error in ``fixed_s`` from
-    making a server look more than twice as fast as its time says. Servers that handled
-    nothing, or took no time, get no rate."""
-    timed = {r: float(s) for r, s in seconds.items() if s > 0 and nbytes.get(r, 0) > 0}
-    fixed = max(0.0, float(fixed_s)) if math.isfinite(fixed_s) else 0.0
-    return {r: nbytes[r] / (s - min(fixed, s * most)) for r, s in timed.items()}
 
 
 def parse_control(line: str) -> ServerAction:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from ..wire import Message
 from ..wire.names import pack
-from .parts import Core, nbytes as _nbytes
+from .parts import Core, nbytes as _nbytes, per_block
 from .store import Push
 
 
@@ -85,7 +85,7 @@ class AheadUpdates:
             return
         t0 = self.core.clock.now()
         for part in split(new, h.part_bytes):
-            self.core.charge(_nbytes(part.values()), t0)
+            self.core.charge(per_block(part), t0)
             msg = Message("params", {"version": h.min_version, "held_s": 0.0, "early": True, "last": False,
                                      **self.core.applied_s(h, part, self.core.early_at)}, pack(part))
             store.lend(list(part.values()), self.core.listener.send(h.peer, msg))

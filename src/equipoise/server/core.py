@@ -15,7 +15,7 @@ import logging
 import math
 import os
 import time
-from typing import Callable
+from typing import Callable, Mapping
 
 from ..clock import SYSTEM, Clock
 from ..policy.placement import Block
@@ -30,7 +30,7 @@ from .handover import Forwarding
 from .ledger import PushLedger, drop_taken
 from .replica import BackupPart, Replication
 from .moves import BlockMoves
-from .parts import Held, nbytes as _nbytes, remember_read
+from .parts import Held, per_block, remember_read
 from .rows import RowsPart
 from .origin import refusal
 from ..protocol.fields import FieldError, read_field
@@ -81,7 +81,7 @@ class Server:
         # and the busy time and bytes handled since the coordinator last asked, on `clock`.
         self.factor, self.rate = 1.0, 1000e6
         self.bucket: TokenBucket | None = None
-        self.busy_s, self.bytes = 0.0, 0
+        self.busy_s, self.bytes, self.block_bytes, self.rows_served, self.gather_s = 0.0, 0, {}, 0, 0.0
         self.refusals = QuietLog(log)  # the first refusal of each kind per peer, then counts
         self.eager = False  # eager_update, set by the coordinator's init
         self.moves = BlockMoves(self)
@@ -227,9 +227,15 @@ class Server:
         self._straggle(msg.fields)
         self.listener.send(peer, Message("ack", {"version": self.sync.published()}))
 
-    def charge(self, nbytes: int, since: float) -> None:
+    def charge(self, nbytes: int | Mapping[int, int], since: float) -> None:
         """Emulate a slower server or link for `nbytes` handled — (factor − 1)·nbytes/rate
-        more on `clock` — then book the busy time since `since` (a `clock.now()`)."""
+        more on `clock` — then book the busy time since `since` (a `clock.now()`). Given
+        by block (`per_block`), the bytes are also booked to each block (PSLD weighs a
+        table's shards by them)."""
+        if not isinstance(nbytes, int):
+            for k, b in nbytes.items():
+                self.block_bytes[k] = self.block_bytes.get(k, 0) + b
+            nbytes = sum(nbytes.values())
         extra = (self.factor - 1.0) * nbytes / self.rate
         if self.bucket is not None:  # the link's own time; with rate = bandwidth, factor f is f× slower
             extra += self.bucket.delay(nbytes)
@@ -347,7 +353,6 @@ class Server:
             # since): their version and stamp are the nearest it has, up to our own.
             version = min(version, self.sync.published())
         own = grads_of(msg.tensors)
-        nbytes = _nbytes(own.values())
         earlier, checked = self.fragments.take(int(f["worker"]), count_field(f, "seq", None),
                                                count_field(f, "fragments", 0))
         again = sorted(set(earlier) & set(own))
@@ -374,7 +379,7 @@ class Server:
         if away:
             self.moves.forward(push, away, step, pid)
         self._apply_ready(release=False)  # after the ack
-        self.charge(nbytes, t0)
+        self.charge(per_block(own, push.rows), t0)
         self.listener.send(peer, Message("ack", {"version": self.sync.published(),
                                                  "staleness": self.sync.take_staleness(push.worker)}))
         try:
@@ -453,7 +458,7 @@ class Server:
             if h.part_bytes:
                 return self._reply_in_parts(h, fields, values, t0)
             msg = Message("params", {**fields, **self.applied_s(h, values)}, pack(values))
-            self.charge(_nbytes(values.values()), t0)
+            self.charge(per_block(values), t0)
         else:
             msg = Message("state", {"version": store.version, "samples": store.samples,
                                     "blocks": len(store.blocks),
@@ -473,7 +478,7 @@ class Server:
                 values = {k: v for k, v in values.items() if k not in h.early}
         parts = split(values, h.part_bytes)
         for i, part in enumerate(parts):
-            self.charge(_nbytes(part.values()), t0)
+            self.charge(per_block(part), t0)
             msg = Message("params", {**fields, "last": i == len(parts) - 1, **self.applied_s(h, part)}, pack(part))
             self.store.lend(list(part.values()), self.listener.send(h.peer, msg))
             t0 = self.clock.now()

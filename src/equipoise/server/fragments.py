@@ -22,7 +22,7 @@ from ..policy.sync import SyncFault
 from ..protocol.fields import read_field
 from ..wire import Message
 from ..wire.names import grads_of
-from .parts import Core, nbytes as _nbytes
+from .parts import Core, per_block
 from .store import Push, PushError
 
 
@@ -117,7 +117,7 @@ class FragmentPart:
             self.core.store.check(Push(worker, 0, 1, mine), partial=True)
         self.core.fragments.add(worker, seq, tensors, checked=set(mine), version=self.core.sync.version,
                            tags=_fragment_tags(f))
-        self.core.charge(_nbytes(tensors.values()), t0)
+        self.core.charge(per_block(tensors), t0)
         if self.core.eager and mine and self.ahead.speculate(mine):
             self.core.release()
 

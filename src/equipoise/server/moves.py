@@ -26,9 +26,12 @@ class BlockMoves:
     def on_stats_req(self, peer: bytes, msg: Message) -> None:
         """Busy seconds and bytes handled since the last request (PSLD's measurements)."""
         nbytes = sum(b.nbytes for b in self.core.store.blocks.values())
-        self.core.listener.send(peer, Message("stats", {"busy_s": self.core.busy_s, "bytes": self.core.bytes,
-                                                   "load_bytes": nbytes, "blocks": len(self.core.store.blocks)}))
-        self.core.busy_s, self.core.bytes = 0.0, 0
+        self.core.listener.send(peer, Message("stats", {
+            "busy_s": self.core.busy_s, "bytes": self.core.bytes, "load_bytes": nbytes,
+            "blocks": len(self.core.store.blocks), "block_bytes": sorted(self.core.block_bytes.items()),
+            "rows": self.core.rows_served, "gather_s": self.core.gather_s}))
+        self.core.busy_s, self.core.bytes, self.core.block_bytes = 0.0, 0, {}
+        self.core.rows_served, self.core.gather_s = 0, 0.0
 
     def on_migrate(self, peer: bytes, msg: Message) -> None:
         """Hand blocks, with their optimizer state, to the server at `to`. Only at a

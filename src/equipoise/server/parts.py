@@ -11,7 +11,9 @@ part's `on_*` handlers directly.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Mapping, Protocol
+
+import torch
 
 if TYPE_CHECKING:
     from ..clock import Clock
@@ -58,11 +60,14 @@ class Core(Protocol):
     replication: Any                 # replica.Replication, or None without replication
     busy_s: float                    # PSLD's measurements since the coordinator last asked
     bytes: int
+    block_bytes: dict[int, int]      # of those bytes, each block's (migrations not counted)
+    rows_served: int                 # tables' rows sent in rows replies, and the seconds their
+    gather_s: float                  # gather (index_select) alone took
 
     def apply(self, update: Update, group: list[Push] | None = None, prepared: Prepared | None = None,
               norm: float | None = None) -> None: ...
 
-    def charge(self, nbytes: int, since: float) -> None: ...
+    def charge(self, nbytes: int | Mapping[int, int], since: float) -> None: ...
 
     def release(self) -> None: ...
 
@@ -78,6 +83,15 @@ def nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def per_block(*maps: Mapping[int, torch.Tensor]) -> dict[int, int]:
+    """The bytes of block-keyed tensors, by block (a push's gradients and its rows)."""
+    out: dict[int, int] = {}
+    for m in maps:
+        for k, t in m.items():
+            out[k] = out.get(k, 0) + t.numel() * t.element_size()
+    return out
+
+
 def remember_read(reads: dict, worker: int, stamp: int, values: dict, blocks: dict, kept: int) -> None:
     """Delay compensation needs w_then: the weights each worker read, kept for its last
     `kept` reads (a worker computes on its last pull's weights, or with overlap on the
@@ -90,4 +104,4 @@ def remember_read(reads: dict, worker: int, stamp: int, values: dict, blocks: di
         del mine[min(mine)]
 
 
-__all__ = ["Core", "Held", "nbytes", "remember_read"]
+__all__ = ["Core", "Held", "nbytes", "per_block", "remember_read"]

@@ -8,7 +8,7 @@ from .tables import Table
 
 __all__ = ["tables_refusal"]
 
-_NOT_YET = ("overlap", "backward_push", "forward_pull", "eager_update", "replication")
+_NOT_YET = ("overlap", "backward_push", "forward_pull", "eager_update")
 
 
 def tables_refusal(cfg: Any, tables: Mapping[str, Table]) -> str | None:

@@ -201,10 +201,12 @@ def table_blocks(tensors: Sequence[tuple[str, int, str, int]], widths: Mapping[s
 def place_with_tables(policy: str, tensors: Sequence[tuple[str, int, str, int]], servers: int, block_size: int,
                       rates: Sequence[float] | None = None, widths: Mapping[str, int] | None = None,
                       ) -> tuple[list[Block], list[int]]:
-    """``placement_blocks`` for the dense tensors, then each table's blocks after them,
-    each onto the server that finishes first by bytes (over ``rates``) given what it
-    holds: a shard is placed by size, as every policy places blocks; PSLD moves it by
-    its measured load later."""
+    """``placement_blocks`` for the dense tensors, then each table's blocks after them:
+    under ``round_robin`` shard i on server i mod ``servers`` (rows hashed to servers,
+    as PERSIA and Monolith place them); otherwise each onto the server that finishes
+    first by bytes given what it holds, over ``rates`` for the oracle (which knows the
+    servers' speeds) and equal rates for every other policy. A shard is placed by size:
+    nothing is measured yet; PSLD moves it by its measured load later."""
     from ..policy.block_size import resolve_block_size
 
     dense = [t for t in tensors if t[2] != "rows"]
@@ -217,10 +219,11 @@ def place_with_tables(policy: str, tensors: Sequence[tuple[str, int, str, int]],
     loads = [0] * servers
     for b, j in zip(blocks, owner):
         loads[j] += b.nbytes
-    out = list(owner) + [0] * len(shards)
-    for i, j in _lpt([b.nbytes for b in shards], range(len(shards)), loads,
-                     list(rates) if rates is not None else [1.0] * servers):
-        out[len(blocks) + i] = j
+    out = list(owner) + [i % servers for i in range(len(shards))]
+    if policy != "round_robin":
+        for i, j in _lpt([b.nbytes for b in shards], range(len(shards)), loads,
+                         list(rates) if rates is not None and policy == "oracle" else [1.0] * servers):
+            out[len(blocks) + i] = j
     return blocks + shards, out
 
 

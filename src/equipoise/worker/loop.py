@@ -5,9 +5,8 @@ Each step: ask the coordinator for a plan (a slice of the global sample order), 
 weights the plan names from every server, compute the gradient of the mean loss over the
 slice, push each server its blocks' gradients tagged with (worker, version, samples), and
 report what the step cost. The servers are reached through a `PSClient`; `cfg.overlap`
-exchanges are kept in flight while the next step computes (0 or 1). The loop takes its
-endpoints and config as arguments and returns, so the same function runs in a local
-process or a Ray actor.
+exchanges are kept in flight while the next step computes (0 or 1). The same loop runs
+in a local process or a Ray actor.
 """
 
 from __future__ import annotations
@@ -31,8 +30,8 @@ from ..policy.sync import make_sync_policy
 from ..scenario import Scenario
 from ..wire import Message, Transport
 from .probes import fixed_cost, memory_cap
-from ..device import DeviceError, DeviceLink, OutOfMemory, autocast, check_precision, resolve, set_deterministic
-from ..device import to_device, worker_device, worker_precision
+from ..device import (DeviceError, DeviceLink, OutOfMemory, autocast, check_precision, resolve, set_deterministic,
+                      to_device, worker_device, worker_precision)
 from .client import PSClient, Pulled, Ticket
 from .forward_pull import ForwardPull
 from .backward_push import BackwardPush
@@ -47,9 +46,9 @@ from .stretch import Stretch, noise_seed
 class Worker:
     def __init__(self, cfg: Config, rank: int, transport: Transport, coordinator: str, data=None,
                  machine_factor: float = 1.0):
-        """`data`: the built-in dataset, if the launcher shares one between the workers of
-        a node; else the worker builds the job's workload itself. `machine_factor`: how much slower the machine this worker
-        runs on is emulated to be (a Ray node's label), on top of the config's slowdowns."""
+        """`data`: the built-in dataset a launcher shares between a node's workers, else
+        built here. `machine_factor`: how much slower this machine is emulated to be (a
+        Ray node's label), on top of the config's slowdowns."""
         self.cfg, self.rank, self.transport, self.data = cfg, rank, transport, data
         self.machine_factor = machine_factor
         self.depth = int(cfg.overlap)  # exchanges kept in flight while a step computes
@@ -70,13 +69,11 @@ class Worker:
         self._next_pull: Ticket | None = None  # eager_update: the next version's pull, sent before backward
         self._step_t: tuple[float, float] | None = None  # the last step's forward start and backward end
         self._pulled: tuple[dict[int, int], dict[int, int], float] | None = None  # forward_pull: finished by a step
-        # Neighbours are real processes the launcher runs; the worker only emulates factors.
-        self.scenario = Scenario.of(cfg)
+        self.scenario = Scenario.of(cfg)  # neighbours are the launcher's processes: only factors emulated here
 
     @property
     def epoch(self) -> int:
-        """Rollbacks so far (the client's, which tags every request with it): plan
-        requests carry it, older ones are ignored."""
+        """Rollbacks so far (the client's: every request carries it; older ones are ignored)."""
         return self.client.epoch if self.client is not None else 0
 
     def run(self) -> None:
@@ -119,8 +116,7 @@ class Worker:
             self.loader = Loader(data, sampler, cfg.loader_workers, timeout=cfg.timeout)
             self.end = cfg.total_iterations(len(data)) * cfg.global_batch  # the stream's last position
             # what this worker measures of itself before its first step (worker/probes.py)
-            self.memory_cap = memory_cap(cfg, self.rank, self.model, self.loader, data, self.device,
-                                                self.precision)
+            self.memory_cap = memory_cap(cfg, self.rank, self.model, self.loader, data, self.device, self.precision)
             self.fixed_s = fixed_cost(cfg, self.model, self.loader, data, self.device, self.precision)
             while True:
                 try:
@@ -138,6 +134,11 @@ class Worker:
 
     def _plan_table(self, plan: Message, versions: dict[int, int], in_flight: int) -> dict[int, int]:
         return plan_table(self.client, self.barrier, self.rank, plan, versions, in_flight)
+
+    def _new_table(self, versions: dict[int, int], in_flight: int) -> dict[int, int]:
+        """Wait for the block table the moves under way make, and route by it."""
+        table = self._request(Message("table_req", {"worker": self.rank, "epoch": self.epoch}), "table")
+        return self._plan_table(table, versions, in_flight)
 
     # -- the loop -----------------------------------------------------------------------
     def _loop(self, data, sampler: SliceSampler) -> None:
@@ -164,17 +165,20 @@ class Worker:
     def _sequential(self, data, sampler: SliceSampler, plan: Message, versions: dict[int, int],
                     reads: dict[int, int], exchange: dict) -> None:
         """Exchange k is complete before step k+1 computes. Under a barrier the pull goes
-        out first, so the server registers it before our push can complete the update (by
-        the time every ack is in, every pull is answered: nothing is in flight at the
-        barrier, when blocks may move between servers); otherwise the push goes first,
-        so the weights the pull brings include our own gradient. The acks are in before
-        the plan request, whose report carries their σ. The next plan is read before the
-        pulled weights are written: if it is a recovery plan (a share of a lost worker's
-        slice, barrier protocols) the model still holds the weights of the iteration in
-        flight."""
+        out first, so the server registers it before our push can complete the update
+        (nothing is in flight at the barrier, when blocks may move); otherwise the push
+        goes first, so the weights the pull brings include our own gradient. The acks are
+        in before the plan request, whose report carries their σ. The next plan is read
+        before the pulled weights are written: if it is a recovery plan (a share of a
+        lost worker's slice) the model still holds the weights of the iteration in flight.
+        With sparse tables, blocks moving during a step (`await_table`) are waited for
+        before it: its forward fetches rows by the new table."""
         step = 0
         while True:
             f = plan.fields
+            if self.tables is not None and f.get("await_table"):  # a moved shard's rows: from its new server
+                versions = self._new_table(versions, 0)
+                f = {**f, "await_table": False}
             self._arm(f)
             try:
                 loss, count, measured = self._step(data, sampler, f)
@@ -263,8 +267,7 @@ class Worker:
         ended."""
         t3 = time.perf_counter()
         if f.get("await_table"):  # blocks moved during this compute: route by the new table
-            table = self._request(Message("table_req", {"worker": self.rank, "epoch": self.epoch}), "table")
-            versions = self._plan_table(table, versions, in_flight)
+            versions = self._new_table(versions, in_flight)
             measured["table_wait_s"] = time.perf_counter() - t3
         sent, streamed = self._disarm()
         if self.cfg.clip_grad_norm and not self.barrier:
@@ -318,8 +321,7 @@ class Worker:
         plan, the versions and the exchange's times."""
         t3 = time.perf_counter()
         if f.get("await_table"):  # blocks moved during this iteration: the shares route by the new table
-            table = self._request(Message("table_req", {"worker": self.rank, "epoch": self.epoch}), "table")
-            versions = self._plan_table(table, versions, 0)
+            versions = self._new_table(versions, 0)
         pull = self._pull(self.policy.pull_version(step + 1, f["iteration"]))
         self.coord.send(self._plan_req(step + 1, oom_report(f, oom, versions)))
         plan = self._recv_coord("plan")
@@ -382,10 +384,9 @@ class Worker:
         weight), and the measured data wait, compute time and CPU use."""
         self.stretch.factor = self.machine_factor * self.scenario.worker_factor(
             self.rank, elapsed=float(f.get("elapsed", 0.0)), iteration=f["iteration"])
-        # Seeded by the slice before its samples are read, so dropout-like randomness (and
-        # a dataset's own, read in this thread) is the same on any split or resume. (The CPU
-        # generator alone: torch.manual_seed would also queue a CUDA seeding with a stack
-        # capture: ~0.3 ms per step here.)
+        # Seeded by the slice before its samples are read: dropout-like randomness (and a
+        # dataset's own) is the same on any split or resume. The CPU generator alone:
+        # torch.manual_seed would also queue a CUDA seeding (~0.3 ms per step here).
         torch.default_generator.manual_seed(self.cfg.seed * 1_000_003 + f["start"])
         USER_CODE.iteration = int(f["iteration"])  # what the heartbeat names a stuck call by
         try:
@@ -470,9 +471,8 @@ class Worker:
             if step.count is not None and step.count != plan["size"]:
                 self._tags["count"] = float(step.count)  # as the push sends it
             if self.cfg.eager_update and self._next_pull is None:
-                # The next version's pull goes ahead of the fragments on each connection:
-                # a server holds it when it computes the first blocks ahead, and sends them
-                # down while the rest of the gradients still come up (server/ahead.py).
+                # The next version's pull goes ahead of the fragments: a server sends the blocks
+                # it computes ahead while the rest of the gradients come up (server/ahead.py).
                 self._next_pull = self.client.pull(self.policy.pull_version(0, plan["iteration"]),
                                                    self.part_kb, early=True)
         step.objective.backward()

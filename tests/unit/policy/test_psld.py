@@ -482,3 +482,35 @@ def test_an_undone_relief_is_not_retried_and_starts_no_back_off():
         assert c.decide(RELIEF_LIVE, RELIEF_LIVE, rates, 0.13, share=share, upper=upper) == []
     slowed = {**rates, 0: 12e6}
     assert MoveBlock(0, 0, 1) in c.decide(RELIEF_LIVE, RELIEF_LIVE, slowed, 0.5, share=share, upper=upper)
+
+
+def test_a_hot_shard_is_weighed_by_what_it_carried_and_moved_off_its_server():
+    """Two equal servers, each a dense block of 1,000 B and two shards of a table of
+    1,000 B each: by size the placement is even (3,000 B each) and nothing moves. Over the
+    interval every dense block carried its size 20 times (20 exchanges); server 0's
+    shards carried 20,000 and 15,000 B (the hottest rows), server 1's 1,000 each: in the
+    dense blocks' units they weigh 1,000, 750, 50 and 50, server 0 holds 2,750 against
+    1,100, and a trial moves load to server 1 (best fit: at most 2,100 on either)."""
+    from equipoise.policy.psld import block_traffic
+
+    sizes, table, live = [1000] * 6, [0, 1, 0, 0, 1, 1], [0, 1]
+    rates = {0: 1e6, 1: 1e6}
+    assert Psld(sizes, epsilon=0.0, measured={2, 3, 4, 5}).decide(table, live, rates, 0.1) == []
+    reports = [[[0, 20000], [2, 20000], [3, 15000]], [[1, 20000], [4, 1000], [5, 1000]]]
+    traffic = block_traffic(reports)
+    c = Psld(sizes, epsilon=0.0, measured={2, 3, 4, 5})
+    actions = c.decide(table, live, rates, 0.1, traffic=traffic)
+    assert c.sizes == [1000, 1000, 1000, 750, 50, 50] and c.nbytes == sizes
+    then = list(table)
+    for a in actions:
+        then[a.block] = a.dst
+    assert actions and max(sum(c.sizes[k] for k in range(6) if then[k] == r) for r in live) <= 2100
+    # dense blocks are weighed by their sizes whatever they carried; unmeasured: sizes
+    assert Psld(sizes, epsilon=0.0).decide(table, live, rates, 0.1, traffic=traffic) == []
+
+
+def test_block_traffic_sums_the_servers_reports_and_skips_what_is_malformed():
+    from equipoise.policy.psld import block_traffic
+
+    assert block_traffic([[[0, 10], [1, 5]], [[1, 7]], None, "junk", [[2], ["x", 1], [3, -1], [4, True],
+                                                                       (5, 2.5)]]) == {0: 10.0, 1: 12.0, 5: 2.5}

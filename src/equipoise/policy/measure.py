@@ -1,0 +1,110 @@
+"""What PSLD measures of the servers, from their ``stats`` and the workers' exchanges:
+each server's throughput (``server_rates``, less the exchanges' fixed cost,
+``fixed_cost``), the part of the iteration a placement could cut (``server_share``),
+the noise of an interval's mean (``interval_noise``) and the bytes each block carried
+(``block_traffic``). Pure functions: the runtime (coordinator/server_manager.py) and
+the simulator (sim/state.py) call the same ones; ``policy.psld.Psld`` decides on them.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+
+__all__ = ["SMALL_EXCHANGE_BYTES", "block_traffic", "fixed_cost", "interval_noise", "server_rates", "server_share"]
+
+
+# An exchange carrying at most this many bytes is timed as its fixed cost: 16 KB take
+# 0.33 ms on a 50 MB/s link, 1.3 ms on a 100 Mbit/s one, against the 2-4 ms an exchange
+# costs on one machine (a round trip, two processes' handling and scheduling).
+SMALL_EXCHANGE_BYTES = 16 * 1024
+
+
+def fixed_cost(nbytes: Mapping[int, float], seconds: Mapping[int, float], exchanges: int, workers: int,
+               round_trip: float) -> float:
+    """The seconds of one interval that no byte causes, the same for every server: each
+    of a worker's ``exchanges`` with a server costs at least what an exchange carrying
+    almost nothing costs. Measured on the servers whose exchanges carry at most
+    SMALL_EXCHANGE_BYTES (``nbytes[j]`` over ``workers`` × ``exchanges``; ``seconds[j]``
+    a worker's time with server j over the interval), the least of them; without such a
+    server, ``round_trip`` (the least round trip of a message without bytes, which misses
+    a worker's own handling: a lower bound)."""
+    n = max(1, int(exchanges))
+    small = [float(seconds[r]) / n for r, b in nbytes.items()
+             if r in seconds and seconds[r] > 0 and b <= SMALL_EXCHANGE_BYTES * n * max(1, workers)]
+    each = min(small) if small else (round_trip if math.isfinite(round_trip) else 0.0)
+    return n * max(0.0, each)
+
+
+def interval_noise(durations: Sequence[float]) -> float:
+    """The relative standard error of an interval's mean iteration time, from the
+    ``durations`` of its iterations: σ / sqrt(n) / mean, σ estimated robustly as 1.4826 ×
+    the median absolute deviation (the standard deviation, for normal noise); 0 for
+    fewer than two.
+
+    Robust because an interval's one long iteration is seldom noise: a snapshot every
+    `snapshot_every` iterations, or a move's pause, lands in the same iteration of every
+    interval of its phase, and the intervals a trial compares are of one phase (two
+    intervals apart). Counted as spread, one snapshot among five iterations raised the bar
+    to about 40% and kept PSLD from every trial after it (the dynamic preset's settled
+    time went from 0.91 to 1.19 times the oracle's)."""
+    d = [float(x) for x in durations if math.isfinite(x) and x >= 0]
+    if len(d) < 2 or sum(d) <= 0:
+        return 0.0
+    middle = statistics.median(d)
+    sigma = 1.4826 * statistics.median(abs(x - middle) for x in d)
+    return sigma / math.sqrt(len(d)) / statistics.fmean(d)
+
+
+def server_share(seconds: Mapping[int, float], interval: int, iteration_s: float | None) -> float:
+    """The part of an interval's wall time (``interval`` iterations of ``iteration_s``)
+    that a placement could cut: what its slowest server took (``seconds``) beyond the
+    median of the others' times, at most 1; 1 when the wall time is unknown.
+
+    Beyond the others' median, because a placement only moves bytes between servers:
+    time every server takes alike (the exchanges' fixed cost on a fast link, a worker
+    waiting on the link rather than on any server) stays wherever blocks go. On a case
+    where a 5.6x-slower server held only small blocks on 700 MB/s links, every server's
+    exchanges took about the same 9-11 ms an iteration; counted whole, the slowest
+    server's 10 ms made half of a 20 ms iteration look movable, and PSLD moved blocks
+    back and forth for nothing (0.71x greedy). With one server the whole time counts."""
+    if not iteration_s:
+        return 1.0
+    times = sorted(seconds.values())
+    if not times:
+        return 0.0
+    movable = times[-1] - (statistics.median(times[:-1]) if len(times) > 1 else 0.0)
+    return min(1.0, max(0.0, movable) / (interval * iteration_s))
+
+
+def server_rates(nbytes: Mapping[int, float], seconds: Mapping[int, float],
+                 fixed_s: float = 0.0, most: float = 0.5) -> dict[int, float]:
+    """Each server's throughput r_j for PSLD: ``nbytes[j]`` bytes handled in
+    ``seconds[j]`` (its busy time or the workers' exchange time with it, the larger) over
+    one interval, less ``fixed_s`` (``fixed_cost``), the part of that time no byte
+    causes, but never more than ``most`` of it (half; PSLD's upper rates take 0.9).
+
+    Counted as bytes, the fixed cost makes a lightly loaded server look slow: with the
+    CNN's first layer alone on a 4x-slower server (58 MB/s measured), a server holding
+    73 KB measured 45-68 MB/s, 5.5 ms per iteration of which its bytes explained about
+    one, so moving the layer there never looked worth a trial (it ran at 260 MB/s once
+    it did). Taking at most half of a server's time keeps an error in ``fixed_s`` from
+    making a server look more than twice as fast as its time says. Servers that handled
+    nothing, or took no time, get no rate."""
+    timed = {r: float(s) for r, s in seconds.items() if s > 0 and nbytes.get(r, 0) > 0}
+    fixed = max(0.0, float(fixed_s)) if math.isfinite(fixed_s) else 0.0
+    return {r: nbytes[r] / (s - min(fixed, s * most)) for r, s in timed.items()}
+
+
+def block_traffic(reports) -> dict[int, float]:
+    """The bytes each block's exchanges carried, summed over the servers' ``stats``
+    reports (each a list of [block, bytes] pairs, or None from a server that sent
+    none); a pair that is not two non-negative numbers is skipped."""
+    out: dict[int, float] = {}
+    for pairs in reports:
+        for pair in pairs if isinstance(pairs, list) else ():
+            if (isinstance(pair, (list, tuple)) and len(pair) == 2 and isinstance(pair[0], int)
+                    and isinstance(pair[1], (int, float)) and not isinstance(pair[1], bool) and pair[1] >= 0):
+                out[pair[0]] = out.get(pair[0], 0.0) + float(pair[1])
+    return out
