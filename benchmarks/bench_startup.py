@@ -12,6 +12,13 @@ figures and its final accuracy; the target is a wall time within 1.15× the trai
 time. Each run is a separate ``equipoise`` process from the command line, as a user
 starts it.
 
+Preset ``replace`` (bench_startup_replace.json): a job of 4 workers and 2 servers (the MLP
+on digits, each worker stretched 20×, ``worker_restarts = 1``) run in a thread of the
+harness; worker 1's process is killed (SIGKILL) once iteration 10 is recorded. Per run:
+seconds from the kill to the coordinator's failure event (detection), to the
+replacement's registration (``worker_joined``) and to the first iteration it took part
+in, cold against warm.
+
     python -m benchmarks.bench_startup start [--reps 3]
 """
 
@@ -53,10 +60,73 @@ def run_cli(args: list[str], warm: bool, tmp: Path) -> dict[str, Any]:
             "evaluations": s.get("evaluations")}
 
 
+REPLACE = dict(dataset="digits", model="mlp", global_batch=64, workers=4, servers=2, iterations=60, eval_every=0,
+               checkpoint_every=0, progress=False, timeout=60.0, heartbeat_s=1.0, slowdown=[20.0] * 4,
+               worker_restarts=1, seed=5)
+REPLACE_FIGURES = ("detected_s", "joined_s", "first_step_s")
+
+
+def worker_pid(rank: int) -> int | None:
+    """The pid of this process's descendant running worker `rank` (its command line, as
+    launch/proc.py and launch/warm.py show it), or None."""
+    import psutil
+
+    for p in psutil.Process().children(recursive=True):
+        try:
+            cmd = p.cmdline()
+        except psutil.Error:
+            continue
+        if "equipoise.launch.proc" in cmd and cmd[cmd.index("equipoise.launch.proc") + 1:][:2] == ["worker", str(rank)]:
+            return p.pid
+    return None
+
+
+def run_replace(warm: bool, tmp: Path) -> dict[str, Any]:
+    """One job of REPLACE; worker 1 killed at iteration 10; the replacement's times."""
+    import signal
+    import threading
+
+    import equipoise
+
+    out = tmp / f"replace-{'warm' if warm else 'cold'}-{time.monotonic_ns()}"
+    os.environ["EQUIPOISE_WARM"] = "1" if warm else "0"
+    result: dict[str, Any] = {}
+    job = threading.Thread(target=lambda: result.update(equipoise.train(REPLACE, out=out)))
+    job.start()
+    killed = None
+    try:
+        deadline = time.monotonic() + 300
+        while killed is None and time.monotonic() < deadline and job.is_alive():
+            metrics = out / "metrics.jsonl"
+            done = metrics.exists() and sum('"type": "iteration"' in line
+                                            for line in metrics.read_text().splitlines()) >= 10
+            pid = worker_pid(1) if done else None
+            if pid is not None:
+                os.kill(pid, signal.SIGKILL)
+                killed = time.time()
+            time.sleep(0.01)
+    finally:
+        job.join(timeout=600)
+        os.environ.pop("EQUIPOISE_WARM", None)
+    if killed is None or result.get("status") != "completed":
+        raise RuntimeError(f"the replace job did not run as planned: killed={killed}, {result.get('status')}")
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    failure = next(r for r in records if r.get("event") == "failure")
+    joined = next(r for r in records if r.get("event") == "worker_joined")
+    first = next(r for r in records if r.get("type") == "iteration" and joined["worker"] in r["workers"])
+    return {"detected_s": failure["time"] - killed, "joined_s": joined["time"] - killed,
+            "first_step_s": first["time"] - killed, "first_step_iteration": first["iteration"]}
+
+
 def bench(preset: str, reps: int) -> dict[str, Any]:
-    args = PRESETS[preset]
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as name:
         tmp = Path(name)
+        if preset == "replace":
+            runs = interleave({"cold": lambda: run_replace(False, tmp), "warm": lambda: run_replace(True, tmp)}, reps)
+            return {"preset": preset, "settings": REPLACE, "reps": reps, "loadavg_at_start": load_average(),
+                    "runs": runs, **{k: {s: summary([r[k] for r in v]) for s, v in runs.items()}
+                                     for k in REPLACE_FIGURES}}
+        args = PRESETS[preset]
         runs = interleave({"cold": lambda: run_cli(args, False, tmp), "warm": lambda: run_cli(args, True, tmp)}, reps)
     out: dict[str, Any] = {"preset": preset, "args": args, "reps": reps, "loadavg_at_start": load_average(),
                            "runs": runs}
@@ -67,12 +137,12 @@ def bench(preset: str, reps: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("preset", choices=sorted(PRESETS))
+    parser.add_argument("preset", choices=sorted(PRESETS) + ["replace"])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--results", default=None)
     args = parser.parse_args()
     result = bench(args.preset, args.reps)
-    for key in ("startup_s", "wall_s_command", "wall_over_train"):
+    for key in REPLACE_FIGURES if args.preset == "replace" else ("startup_s", "wall_s_command", "wall_over_train"):
         print(f"{key}: cold {fmt_range(result[key]['cold'])}, warm {fmt_range(result[key]['warm'])}")
     print(f"wrote {write_results(f'bench_startup_{args.preset}', result, args.results)}")
 

@@ -66,6 +66,17 @@ def train(config: ConfigLike = None, *, out: str | Path | None = None,
         cfg = resolve_config(config, **overrides)
         run_dir = _new_run_dir(out, cfg)
         ckpt = None
+    from .launch import warm
+
+    if cfg.launcher != "ray":  # its imports run beside the checks below (launch/warm.py)
+        warm.prestart(cfg.threads, min(cfg.timeout, 120.0))
+    try:
+        return _train(cfg, run_dir, ckpt, started_at)
+    finally:
+        warm.discard_early()  # not adopted: the job was refused before it started
+
+
+def _train(cfg: Config, run_dir: Path, ckpt, started_at: float) -> dict:
     for advice in cfg.warnings():
         warnings.warn(advice, EquipoiseWarning, stacklevel=2)
     data = check_workload(cfg)

@@ -205,6 +205,24 @@ def _process_started() -> float | None:
         return None
 
 
+def _prestart(args) -> None:
+    """Start the job's template (launch/warm.py) from the config as given, if it reads
+    without the API (torch-free); anything unusual is left to `train`, which reports it."""
+    if args.resume:
+        return
+    try:
+        from .config import Config
+
+        cfg = Config.load(args.config, dict(parse_override(item) for item in args.overrides))
+        if (args.launcher or cfg.launcher) == "ray":
+            return
+    except Exception:  # noqa: BLE001 -- a mistake here is reported by train, with its proper message
+        return
+    from .launch.warm import prestart
+
+    prestart(cfg.threads, min(cfg.timeout, 120.0))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "report":
@@ -217,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         return _simulate(args)
     if args.command == "testbed":
         return _testbed(args)
+    _prestart(args)  # before this process imports torch (below): the two run side by side
     from . import api
     from .data import DataError
     from .workload import StepError

@@ -59,6 +59,10 @@ class SampleError(RuntimeError):
     exception (the worker adds its rank)."""
 
 
+class EvalAborted(Exception):
+    """An evaluation stopped by its caller between batches (superseded)."""
+
+
 @dataclass(frozen=True)
 class StepLoss:
     """One batch's loss: `objective` is what is back-propagated (the mean over the batch's
@@ -236,14 +240,17 @@ class Workload:
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, batch_size: int = 1000, limit: int = 0,
-                 device: torch.device | None = None) -> dict[str, float]:
+                 device: torch.device | None = None, abort: Callable[[], bool] | None = None) -> dict[str, float]:
         """The metrics of `model` over the evaluation set (its first `limit` samples), its
-        batches moved to `device` (where the model is) if given."""
+        batches moved to `device` (where the model is) if given. `abort` is asked before
+        each batch: true, the evaluation stops with `EvalAborted`."""
         from .device import to_device
 
         model.eval()
         sums: dict[str, list[float]] = {}
         for batch, n in self.eval_batches(batch_size, limit):
+            if abort is not None and abort():
+                raise EvalAborted("evaluation aborted")
             if device is not None:
                 batch = to_device(batch, device)
             for key, (s, c) in self.batch_metrics(model, batch, n).items():
@@ -323,5 +330,5 @@ def as_workload(cfg, data=None) -> Workload:
     return load_workload(cfg, shared=data)
 
 
-__all__ = ["as_workload", "SampleError", "StepError", "StepLoss", "Workload", "classification_metrics", "cross_entropy",
+__all__ = ["as_workload", "EvalAborted", "SampleError", "StepError", "StepLoss", "Workload", "classification_metrics", "cross_entropy",
            "load_workload", "provide"]

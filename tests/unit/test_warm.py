@@ -4,6 +4,7 @@ while a template runs, and the cold fallback."""
 
 import ctypes
 import os
+import shutil
 import signal
 import time
 
@@ -70,4 +71,30 @@ def test_a_job_runs_with_warm_children_and_leaves_none(tmp_path):
     while any(psutil.pid_exists(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(psutil.pid_exists(p) for p in pids)  # reaped: no zombie left either
+    assert not [p for p in psutil.Process().children() if "equipoise.launch.warm" in " ".join(p.cmdline())]
+
+
+def test_a_template_started_early_is_adopted_by_the_job_it_was_started_for_or_stopped():
+    """`prestart` starts the template and the job's folder before the checks; the job of
+    the same thread count adopts both; one of another thread count does not (the early
+    one is stopped), and `discard_early` stops one no job took, folder and all."""
+    from equipoise.launch import warm
+
+    warm.prestart(1, 60)
+    early = warm.adopt(1)
+    assert early is not None
+    env, tmp, template = early
+    try:
+        assert env["TMPDIR"] == tmp and os.path.isdir(tmp) and env["OMP_NUM_THREADS"] == "1"
+        assert template.proc.poll() is None and warm.adopt(1) is None  # adopted once
+    finally:
+        template.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    warm.prestart(1, 60)
+    [(_, _, other_tmp, other)] = warm._early
+    assert warm.adopt(2) is None and other.proc is None and not os.path.exists(other_tmp)
+    warm.prestart(1, 60)
+    [(_, _, left_tmp, left)] = warm._early
+    warm.discard_early()
+    assert left.proc is None and not os.path.exists(left_tmp) and warm._early == []
     assert not [p for p in psutil.Process().children() if "equipoise.launch.warm" in " ".join(p.cmdline())]

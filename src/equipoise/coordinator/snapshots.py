@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -20,6 +21,7 @@ import torch
 from torch import nn
 
 from ..telemetry.metrics import MetricsWriter
+from ..workload import EvalAborted
 from ..wire import Message, names
 from ..protocol.blocks import write_values
 from ..protocol.checkpoint import Checkpoint, save_checkpoint, tensor_bytes, write_atomic
@@ -59,7 +61,8 @@ class Snapshots:
         self.metrics, self.new_model, self.total = metrics, new_model, total
         self._evals = ThreadPoolExecutor(1, thread_name_prefix="eval")
         self._pending: list[tuple[int, Future]] = []  # (iteration, its evaluation)
-        self.superseded: list[int] = []  # iterations whose evaluation a newer one replaced before it began
+        self.superseded: list[int] = []  # iterations whose evaluation a newer one replaced
+        self._final = threading.Event()  # the final evaluation is due: a periodic one still running stops
         self._taken_at: int | None = None
         self.reached: dict | None = None  # when the target was first met (an eval's thread sets it)
 
@@ -103,13 +106,17 @@ class Snapshots:
             write_atomic(self.run_dir / "model.pt", tensor_bytes(model.state_dict()))
         if want_eval:
             self._supersede(t)
+            if t >= self.total:
+                self._final.set()
             self._pending.append((t, self._evals.submit(self._evaluate, t, blocks, state.values, elapsed)))
 
     def _supersede(self, t: int) -> None:
         """Drop the evaluations still queued (not begun) for a newer one, at iteration t:
         an evaluation that falls behind training is replaced, not queued, so the job
-        never waits at its end for a backlog. Each dropped one is an `eval_superseded`
-        event and listed in summary.json's `evaluations`."""
+        never waits at its end for a backlog. The final one also stops a periodic one
+        still running, at its next batch (`_evaluate`): the job waits for the final one
+        only. Each dropped one is an `eval_superseded` event and listed in summary.json's
+        `evaluations`."""
         kept = []
         for at, f in self._pending:
             if not f.done() and f.cancel():
@@ -123,11 +130,13 @@ class Snapshots:
         """The job rolled back to iteration t: the snapshots from t on are due again."""
         if self._taken_at is not None and self._taken_at >= t:
             self._taken_at = None
+        if t < self.total:
+            self._final.clear()
 
     def event(self, name: str, t: int, **fields) -> None:
         self.metrics.write({"type": "event", "event": name, "iteration": t, "time": time.time(), **fields})
 
-    def _evaluate(self, t: int, blocks, values, elapsed: float) -> dict:
+    def _evaluate(self, t: int, blocks, values, elapsed: float) -> dict | None:
         """The metrics (test_<name> for each) of the snapshot taken `elapsed` training
         seconds in; the first that meets the target records when it did."""
         from ..device import resolve
@@ -139,8 +148,14 @@ class Snapshots:
         write_values(model, blocks, values)
         device = resolve(self.settings.eval_device, "evaluation (eval_device)")
         limit = 0 if t >= self.total else self.settings.eval_samples
-        metrics = self.data.evaluate(model.to(device), batch_size=self.settings.eval_batch, limit=limit,
-                                     device=device)
+        final = t >= self.total
+        try:
+            metrics = self.data.evaluate(model.to(device), batch_size=self.settings.eval_batch, limit=limit,
+                                         device=device, abort=None if final else self._final.is_set)
+        except EvalAborted:
+            self.superseded.append(t)
+            self.event("eval_superseded", t, by=self.total, begun=True)
+            return None
         n = self.data.num_eval
         record = {"type": "eval", "iteration": t, "time": time.time(), "elapsed": elapsed,
                   **{f"test_{k}": v for k, v in metrics.items()},
@@ -171,7 +186,9 @@ class Snapshots:
         out = []
         for t, f in self._pending:
             try:
-                out.append(f.result(timeout=max(60.0, self.settings.timeout)))
+                record = f.result(timeout=max(60.0, self.settings.timeout))
+                if record is not None:  # None: stopped for the final one
+                    out.append(record)
             except FutureTimeout:
                 log.warning("the evaluation at iteration %d did not finish within %.0f s: left out", t,
                             max(60.0, self.settings.timeout))

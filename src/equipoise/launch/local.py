@@ -20,7 +20,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -30,13 +29,12 @@ from ..neighbour import Burner, start_burner
 from ..scenario import Scenario, ServerAdd, WorkerJoin
 from ..wire import JobKeys, Listener, Message, generate_keys, make_transport
 from ..wire.auth import identity
-from ..wire.zmq_transport import ipc_fits
 from ..protocol.checkpoint import Checkpoint
 from ..user_code import Busy
 from ..coordinator.pacings import make_coordinator
 from ..coordinator.rpc import JobError, LaunchedPeers
 from .cgroup import CpuLimit
-from .warm import Template, WarmProcess
+from .warm import Template, WarmProcess, adopt, job_env, job_folder
 
 MISSED_BEATS = 3  # heartbeats missed before a process counts as lost
 SPARE_SERVERS = 16  # server ranks with credentials beyond those the config can add (control.jsonl's)
@@ -160,21 +158,19 @@ class Children(LaunchedPeers):
         self.tolerated: set[str] = set()
         self.logs = run_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
-        self.env = child_env(cfg)
         # The children's temporary files (their ipc sockets) in a folder of the job's: a
         # process killed by a signal cannot remove its own; `stop` removes the folder.
-        # Not where a socket's path in it would be too long for a Unix socket.
-        self.tmp: str | None = tempfile.mkdtemp(prefix="equipoise-job-")
-        if not ipc_fits(self.tmp):
-            os.rmdir(self.tmp)
-            self.tmp = None
+        # Children start warm (launch/warm.py), from the template started early if any.
+        early = adopt(cfg.threads)
+        if early is not None:
+            self.env, self.tmp, self.template = early
         else:
-            self.env["TMPDIR"] = self.tmp
+            self.env = child_env(cfg)
+            self.tmp = job_folder(self.env)
+            self.template = Template(self.env, min(cfg.timeout, 120.0), self.logs / "template.log")
         self.limits: dict[int, CpuLimit] = {}
         self.stopped: set[str] = set()  # processes stopped on purpose (elastic servers)
         tag = f"equipoise-{os.getpid()}"
-        # children start warm (launch/warm.py)
-        self.template = Template(self.env, min(cfg.timeout, 120.0), self.logs / "template.log")
         try:
             for rank, cpus in enumerate(cfg.cpu_limit):
                 self.limits[rank] = CpuLimit(f"{tag}-worker{rank}", cpus)
@@ -278,6 +274,9 @@ class Children(LaunchedPeers):
 
     def _remove_tmp(self) -> None:
         if self.tmp is not None:
+            early_log = Path(self.tmp) / "template.log"  # an early template's (warm.prestart)
+            if early_log.exists() and early_log.stat().st_size:
+                shutil.copyfile(early_log, self.logs / "template.log")
             shutil.rmtree(self.tmp, ignore_errors=True)
 
 
@@ -331,7 +330,7 @@ class Neighbours:
 def child_env(cfg: Config) -> dict[str, str]:
     """The environment the job's processes start with (the working directory is this
     process's): this one's, with `threads` for OpenMP and MKL."""
-    return dict(os.environ, OMP_NUM_THREADS=str(cfg.threads), MKL_NUM_THREADS=str(cfg.threads))
+    return job_env(cfg.threads)
 
 
 def run_local(cfg: Config, run_dir: Path, data, resume: Checkpoint | None = None) -> dict:

@@ -20,22 +20,31 @@ template answers each request with the pid.
 Where the template cannot start or answer (not Linux, no prctl, it died, or
 ``EQUIPOISE_WARM=0`` in the environment), a child starts cold as before
 (``python -m equipoise.launch.proc``).
+
+The template is started as early as the job's thread count is known (``prestart``: the
+command line calls it before it imports torch itself, ``train`` before it checks the
+workload), with the job's folder for temporary files, so that its imports run beside the
+launcher's own imports and checks rather than after them; the launcher ``adopt``s it,
+and one not adopted (the job refused) is stopped (``discard_early``, also at exit).
 """
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 
-__all__ = ["Template", "WarmProcess"]
+__all__ = ["Template", "WarmProcess", "adopt", "discard_early", "job_env", "prestart"]
 
 PR_SET_CHILD_SUBREAPER = 36
 TITLE_ROOM = 1024  # bytes of command line the template reserves for its children's (`_retitle`)
@@ -61,6 +70,71 @@ def _subreaper(on: bool) -> bool:
             if _reaping[0] == 0:
                 _prctl(PR_SET_CHILD_SUBREAPER, 0)
         return True
+
+
+def job_env(threads: int) -> dict[str, str]:
+    """The environment the job's processes start with: this one's, with `threads` for
+    OpenMP and MKL (TMPDIR, the job's folder, is added where it fits an ipc socket)."""
+    return dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+
+
+def job_folder(env: dict[str, str]) -> str | None:
+    """A new folder for the job's temporary files (its children's ipc sockets), set as
+    `env`'s TMPDIR; None (and no TMPDIR) where a socket's path in it would be too long."""
+    from ..wire.zmq_transport import ipc_fits
+
+    tmp = tempfile.mkdtemp(prefix="equipoise-job-")
+    if not ipc_fits(tmp):
+        os.rmdir(tmp)
+        return None
+    env["TMPDIR"] = tmp
+    return tmp
+
+
+_early: list = []  # at most one (threads, env, job folder, template) started by `prestart`
+
+
+def prestart(threads: int, timeout: float) -> None:
+    """Start the template of a job about to run with `threads`, and its job folder (the
+    module docstring); nothing if one is waiting already or warm starts are off."""
+    if _early:
+        return
+    env = job_env(threads)
+    tmp = job_folder(env)
+    template = Template(env, timeout, Path(tmp) / "template.log" if tmp else None)
+    if template.proc is None:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return
+    _early.append((threads, env, tmp, template))
+    atexit.register(discard_early)
+
+
+def adopt(threads: int) -> tuple[dict[str, str], str | None, "Template"] | None:
+    """The early template (its env and job folder) if it was started for `threads` and
+    this process's environment has not changed since; else None (one that does not fit
+    is stopped)."""
+    if not _early:
+        return None
+    n, env, tmp, template = _early.pop()
+    now = job_env(threads)
+    if n != threads or {k: v for k, v in env.items() if k != "TMPDIR"} != now:
+        _stop_early(tmp, template)
+        return None
+    return env, tmp, template
+
+
+def discard_early() -> None:
+    """Stop a template `prestart` started that no job adopted, and remove its folder."""
+    while _early:
+        _, _, tmp, template = _early.pop()
+        _stop_early(tmp, template)
+
+
+def _stop_early(tmp: str | None, template: "Template") -> None:
+    template.close()
+    if tmp:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 class WarmProcess:

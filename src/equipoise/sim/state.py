@@ -10,7 +10,7 @@ import numpy as np
 
 from ..config import Config
 from ..policy.placement import placement_blocks
-from ..policy.psld import fixed_cost, server_rates, server_share
+from ..policy.measure import fixed_cost, server_rates, server_share
 from ..policy.sync import ServerSync
 from ..scenario import Scenario
 from .cost import CostModel, state_copies

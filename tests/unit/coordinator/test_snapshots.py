@@ -1,14 +1,17 @@
 """Evaluations on the coordinator's thread (coordinator/snapshots.py): one that falls
-behind training is superseded by the newer one instead of queued; the final one always
-runs; summary.json's evaluations and the job's time split."""
+behind training is superseded by the newer one instead of queued, one still running when
+the final one is due stops at its next batch; the final one always runs; summary.json's
+evaluations and the job's time split."""
 
 import threading
+import time
 
 import pytest
 from torch import nn
 
 from equipoise.api import timing_split
 from equipoise.coordinator.snapshots import Snapshots, SnapshotSettings, State
+from equipoise.workload import EvalAborted
 
 
 class _Metrics:
@@ -20,15 +23,20 @@ class _Metrics:
 
 
 class _Data:
-    """An evaluation set whose evaluation waits for `go` (a slow evaluation)."""
+    """An evaluation set whose evaluation waits for `go` (a slow evaluation), asking
+    `abort` between its batches of 10 ms, as Workload.evaluate does."""
     num_eval = 10
 
     def __init__(self):
         self.go, self.started, self.evaluated = threading.Event(), threading.Event(), []
 
-    def evaluate(self, model, batch_size, limit, device):
+    def evaluate(self, model, batch_size, limit, device, abort=None):
         self.started.set()
-        assert self.go.wait(30), "the test never released the evaluation"
+        deadline = time.monotonic() + 30
+        while not self.go.wait(0.01):
+            if abort is not None and abort():
+                raise EvalAborted("aborted")
+            assert time.monotonic() < deadline, "the test never released the evaluation"
         self.evaluated.append(limit)
         return {"accuracy": 0.5, "loss": 1.0}
 
@@ -51,15 +59,19 @@ def test_an_evaluation_behind_training_is_superseded_and_the_final_one_runs(tmp_
         assert data.started.wait(30)
         _take(s, 4)  # queued behind it
         _take(s, 6)  # supersedes 4
-        _take(s, 10)  # the final one supersedes 6
+        _take(s, 8)  # supersedes 6; 2, still running, goes on: training is not waiting for it
+        assert not s._pending[0][1].done()
+        _take(s, 10)  # the final one supersedes 8, and 2 stops at its next batch
+        assert s._pending[0][1].result(timeout=30) is None  # stopped without `go`
         data.go.set()
         done = s.results()
     finally:
         s.close()
-    assert [r["iteration"] for r in done] == [2, 10] and s.superseded == [4, 6]
-    assert data.evaluated == [5, 0]  # the final evaluation is of the whole set (limit 0)
-    events = [(r["iteration"], r["by"]) for r in metrics.records if r.get("event") == "eval_superseded"]
-    assert events == [(4, 6), (6, 10)]
+    assert [r["iteration"] for r in done] == [10] and s.superseded == [4, 6, 8, 2]
+    assert data.evaluated == [0]  # the final evaluation is of the whole set (limit 0)
+    events = [(r["iteration"], r["by"], r.get("begun", False)) for r in metrics.records
+              if r.get("event") == "eval_superseded"]
+    assert events == [(4, 6, False), (6, 8, False), (8, 10, False), (2, 10, True)]
 
 
 def test_an_evaluation_that_kept_up_is_not_superseded(tmp_path):
