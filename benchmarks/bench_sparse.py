@@ -23,7 +23,7 @@ samples/s of the same model with 4 tables of 10⁵, 10⁶ and 10⁷ rows, and wi
 tables as dense parameters.
 
 Preset ``psld`` (bench_sparse_psld.json): the DLRM-style job (8 tables of 10⁵ rows × 32,
-Zipf ids), 2 workers, 4 servers behind 100 MB/s emulated links, server 0 four times
+Zipf ids), 2 workers, 4 servers behind 10 MB/s emulated links, server 0 four times
 slower, interleaved under the hash placement (``round_robin``: shard i on server
 i mod 4), greedy (by size), PSLD (shards moved by the bytes they carried) and the oracle
 (by size over the known speeds): seconds per iteration over the whole run and the last
@@ -261,8 +261,8 @@ def rows_rates(run_dir: str) -> list[dict[str, float]]:
              "gather_rows_per_s": n / gather if gather else 0.0} for s, (n, busy, gather) in sorted(rows.items())]
 
 
-PSLD_SLOW = dict(workers=2, servers=4, server_slowdown=[4.0, 1.0, 1.0, 1.0], server_rate=100.0,
-                 server_bandwidth=[100.0] * 4, psld_interval=5, psld_epsilon=0.0, heartbeat_s=10.0)
+PSLD_SLOW = dict(workers=2, servers=4, server_slowdown=[4.0, 1.0, 1.0, 1.0], server_rate=10.0,
+                 server_bandwidth=[10.0] * 4, psld_interval=5, psld_epsilon=0.0, heartbeat_s=10.0)
 
 
 def shard_traffic(run_dir: str, shards: int, iterations: int) -> dict[str, Any]:

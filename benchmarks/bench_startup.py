@@ -98,8 +98,8 @@ def run_replace(warm: bool, tmp: Path) -> dict[str, Any]:
         deadline = time.monotonic() + 300
         while killed is None and time.monotonic() < deadline and job.is_alive():
             metrics = out / "metrics.jsonl"
-            done = metrics.exists() and sum('"type": "iteration"' in line
-                                            for line in metrics.read_text().splitlines()) >= 10
+            done = metrics.exists() and sum(json.loads(line).get("type") == "iteration"
+                                            for line in metrics.read_text().splitlines() if line.endswith("}")) >= 10
             pid = worker_pid(1) if done else None
             if pid is not None:
                 os.kill(pid, signal.SIGKILL)
