@@ -79,6 +79,11 @@ from .placement import exploit_moves, predicted_time, server_loads
 __all__ = ["MoveBlock", "AddServer", "RemoveServer", "ServerAction", "Psld", "block_traffic", "fixed_cost",
            "parse_control", "server_rates", "server_share", "interval_noise", "NOISE_Z"]
 
+# The bytes a block's move carries per byte of its value: the value and one slot of
+# optimizer state (SGD's momentum, Adagrad's sum; Adam's two moments are corrected for by
+# the measured pauses, ``Psld.pause_scale``).
+PAUSE_COPIES = 2
+
 # A measured gain (the difference of two interval means) is believed beyond this many of
 # its standard errors: one-sided, a trial without effect is kept 5 times in 100.
 NOISE_Z = 1.645
@@ -115,7 +120,8 @@ class _Trial:
     relieve: int | None = None  # the server whose time it was to cut
     pause_s: float = 0.0
     settle: int = 1  # intervals still to pass before it is judged (the moves' own: skipped)
-    relief: bool = False  # started by ``Psld._relief``
+    relief: bool = False  # a relief (``Psld._decide``): planned on the upper rates
+    raw_pause: float = 0.0  # its pause as predicted before scaling (``Psld._paying``)
 
 
 class Psld:
@@ -154,6 +160,7 @@ class Psld:
         self._previous: tuple[tuple[int, ...], float] | None = None  # the last decision's table and mean
         self._quiet = 0  # decisions in a row with no moves made and no trial in flight
         self.relieved: int | None = None  # the slowest server when a relief trial was last undone
+        self.pause_scale = 1.0  # a trial's measured pause over its predicted (``_paying``)
 
     def decide(self, table: Sequence[int], live: Sequence[int],
                throughput: Mapping[int, float], iteration_s: float,
@@ -172,7 +179,7 @@ class Psld:
         of the difference it is judged by, as well as ``threshold``. ``upper`` is each
         server's rate with the whole fixed cost taken off (``server_rates``, ``most``
         0.9): where it is given, a plan these rates predict is tried once when
-        ``throughput`` predicts none (``_relief``). ``traffic`` is the bytes each block's
+        ``throughput`` predicts none (a relief). ``traffic`` is the bytes each block's
         exchanges carried over the interval (``block_traffic``): the blocks ``measured``
         (a sparse table's shards) weigh what they carried (``_weigh``)."""
         noise = noise if math.isfinite(noise) and noise > 0 else 0.0
@@ -239,7 +246,9 @@ class Psld:
         if trial is not None:
             self.log.append({"judged": trial.actions, "before_s": trial.before_s,
                              "after_s": iteration_s, "kept": keep})
-            if not keep and trial.relief:  # no back-off: one relief per episode (``_relief``)
+            if trial.raw_pause > 0 and trial.pause_s > 0:  # what the prediction missed by, for the next
+                self.pause_scale = trial.pause_s / trial.raw_pause
+            if not keep and trial.relief:  # no back-off: one relief per episode
                 self.relieved = trial.relieve
             elif not keep:
                 self.failures += 1
@@ -279,50 +288,62 @@ class Psld:
             speeds = [v / 2 if i in back else v for i, v in enumerate(speeds)]
             moves, new_owner = exploit_moves(self.sizes, owner, speeds)
             after = server_loads(self.sizes, new_owner, len(live))
-        now, then = predicted_time(loads, speeds), predicted_time(after, speeds)
-        plan = tuple(MoveBlock(m.block, live[m.src], live[m.dst]) for m in moves)
         share = min(1.0, share) if math.isfinite(share) and share > 0 else 1.0
         # what its judgment could confirm
         bar = max(self.threshold, self.z * math.sqrt(2) * noise, self.z * self.steady_noise())
-        if plan and (now - then) * share > now * bar and frozenset(plan) not in self.tabu:
-            return self._start(list(plan), iteration_s, noise, slowest)
-        relief = [] if slowest == self.relieved else self._relief(owner, live, speeds, loads, upper, share, bar)
-        if relief:
-            self._start(relief, iteration_s, noise, slowest)
-            assert self.trial is not None
-            self.trial.relief = True
-            return relief
-        return []  # nothing worth a trial (or the best plan was just undone): keep the placement
+        plan, raw = self._paying(moves, owner, live, speeds, loads, share, iteration_s, bar)
+        if plan and frozenset(plan) not in self.tabu:
+            self._start(plan, iteration_s, noise, slowest)
+        elif slowest != self.relieved:
+            # A relief: the plan the upper rates predict (each server's rate with the whole
+            # measured fixed cost off, at most 0.9 of its time), once an episode. The rates
+            # take off at most half, so a light destination is rated at what its time says
+            # with half the fixed cost left in: on the single-block case under SSP, with the
+            # fixed cost at 11-14 ms an iteration under load, the light servers rated 38-66
+            # MB/s against the slow server's 62 and no move looked worth it (1.3x was there).
+            # Undone, its destination is rated as measured under load (``loaded``); it is
+            # neither tabu nor backs off, and none is tried again until a trial is kept or
+            # another server is the slowest (``relieved``), nor while trials are failing.
+            fast = [v if r in self.loaded else max(v, (upper or {}).get(r, v)) for r, v in zip(live, speeds)]
+            plan, raw = self._paying(exploit_moves(self.sizes, owner, fast)[0], owner, live, fast, loads, share,
+                                     iteration_s, bar)
+            if plan and frozenset(plan) not in self.tabu and not self.failures and upper:
+                self._start(plan, iteration_s, noise, slowest)
+                self.trial.relief = True
+        if self.trial is None:
+            return []  # nothing worth a trial (or the best plan was just undone): keep the placement
+        self.trial.raw_pause = raw
+        return list(self.trial.actions)
 
-    def _relief(self, owner: list[int], live: Sequence[int], speeds: list[float], loads: list[int],
-                upper: Mapping[int, float], share: float, bar: float) -> list[MoveBlock]:
-        """A trial the rates cannot rule out: the plan that cuts the predicted server time
-        where each server is rated at ``upper``, its rate with the whole measured fixed
-        cost taken off (``server_rates`` with ``most`` 0.9), if it cuts by more than the
-        bar; a destination an undone trial measured under load keeps that rate. One such
-        trial per episode: none while trials relieving the slowest server are failing
-        (``failures``), and none again after one is undone until a trial is kept or
-        another server is the slowest (``relieved``). An undone relief starts no back-off:
-        a slowdown arriving on the same server later is answered at once.
+    def _paying(self, moves: list, owner: list[int], live: Sequence[int], speeds: list[float], loads: list[int],
+                share: float, iteration_s: float, bar: float) -> tuple[list[MoveBlock], float]:
+        """The prefix of ``moves`` (descending best fit's order) that pays best, and its
+        raw predicted pause. A prefix pays if its predicted gain — the cut of the predicted
+        server time, as a part of the iteration (times ``share``), less ``bar`` — over
+        ``horizon`` iterations of ``iteration_s`` exceeds its predicted pause: what the
+        trial's judgment will ask of it. ([], 0) if none does.
 
-        ``server_rates`` takes off at most half of a server's time, so a lightly loaded
-        server, whose time is almost all the exchanges' fixed cost, is rated at what its
-        time says with half of that cost left in. On the single-block case under SSP,
-        with the fixed cost at 11-14 ms an iteration under load, the light servers rated
-        38-66 MB/s against the slow server's 62, and PSLD made no move in a run where
-        moving the block off was worth 1.3x. Its upper rate is what the measurements
-        allow; the trial measures it, and undone, the destination is rated as it measured
-        under the block (``loaded``)."""
-        if self.failures or not upper:
-            return []
-        fast = [v if r in self.loaded else max(v, upper.get(r, v)) for r, v in zip(live, speeds)]
-        moves, new_owner = exploit_moves(self.sizes, owner, fast)
-        now = predicted_time(loads, fast)
-        then = predicted_time(server_loads(self.sizes, new_owner, len(live)), fast)
-        plan = [MoveBlock(m.block, live[m.src], live[m.dst]) for m in moves]
-        if plan and (now - then) * share > now * bar and frozenset(plan) not in self.tabu:
-            return plan
-        return []
+        The pause is each block's bytes and its optimizer state (PAUSE_COPIES) through its
+        server's rate and the fastest rate (the destination's link, which a light
+        server's rate understates), scaled by what the last trial's pause measured
+        against this prediction (``pause_scale``). Without it, a plan of 20 shards of
+        1.3 MB off a server behind a 2.5 MB/s link (a 10 s pause) was started for a cut of
+        30 ms an iteration, undone for its pause, and started again: PSLD at 0.14x the
+        hash placement."""
+        now = predicted_time(loads, speeds)
+        if not moves or now <= 0:
+            return [], 0.0
+        fastest, place, best, best_net, raw, costs = max(speeds), list(loads), 0, 0.0, 0.0, []
+        for m in moves:
+            place[m.src] -= self.sizes[m.block]
+            place[m.dst] += self.sizes[m.block]
+            raw += PAUSE_COPIES * self.nbytes[m.block] * (1 / speeds[m.src] + 1 / fastest)
+            costs.append(raw)
+            part = (now - predicted_time(place, speeds)) / now * share - bar
+            net = part * iteration_s * self.horizon - raw * self.pause_scale
+            if part > 0 and net > best_net:
+                best, best_net = len(costs), net
+        return [MoveBlock(m.block, live[m.src], live[m.dst]) for m in moves[:best]], (costs[best - 1] if best else 0.0)
 
     def charge(self, pause_s: float) -> None:
         """Add ``pause_s``, the pause the current trial's migration cost, to the trial
