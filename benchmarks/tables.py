@@ -156,6 +156,13 @@ SUMMARY = [
      seeds),
     ("bench_sparse_movielens", "MovieLens-100k, sparse tables on the servers: held-out RMSE", "≤ 0.94",
      R("rmse", "equipoise", le=0.94, f=lambda s: f"**{num(s['median'])}** ({num(s['min'])}–{num(s['max'])})")),
+    ("bench_sparse_lbbsp", "LB-BSP vs BSP with sparse tables (DLRM-style), workers slowed [1,1,2,4]", "≥ 2×",
+     R("lbbsp_speed_up_x_bsp", ge=2)),
+    ("bench_sparse_psld", "PSLD on a DLRM-style job's shards, Zipf ids, one of 4 servers 4× slower, vs the hash "
+     "placement", "≥ 1.5×", R("psld_speed_up_x_hash", ge=1.5)),
+    ("bench_sparse_psld", "the same, settled vs the oracle (s/iteration)", "≤ 1.1×", R("psld_settled_x_oracle", le=1.1)),
+    ("bench_startup_replace", "a killed worker's replacement, loss to its first step, warm (cold in the file)",
+     "reported", R("first_step_s", "warm")),
     ("bench_testbed_lbbsp", "LB-BSP vs BSP, testbed CPU quotas [1,1,½,¼]", "≥ 2×", R("ratio", "lbbsp/bsp", ge=2)),
     ("bench_testbed_psld", "PSLD vs greedy on testbed hosts, the slow server's host at 100 Mbit/s", "≥ 1.5×",
      R("ratio", "psld/greedy samples/s", ge=1.5)),
