@@ -291,7 +291,7 @@ class Psld:
         share = min(1.0, share) if math.isfinite(share) and share > 0 else 1.0
         # what its judgment could confirm
         bar = max(self.threshold, self.z * math.sqrt(2) * noise, self.z * self.steady_noise())
-        plan, raw = self._paying(moves, owner, live, speeds, loads, share, iteration_s, bar)
+        plan, raw = self._paying(moves, live, speeds, loads, share, iteration_s, bar)
         if plan and frozenset(plan) not in self.tabu:
             self._start(plan, iteration_s, noise, slowest)
         elif slowest != self.relieved:
@@ -305,7 +305,7 @@ class Psld:
             # neither tabu nor backs off, and none is tried again until a trial is kept or
             # another server is the slowest (``relieved``), nor while trials are failing.
             fast = [v if r in self.loaded else max(v, (upper or {}).get(r, v)) for r, v in zip(live, speeds)]
-            plan, raw = self._paying(exploit_moves(self.sizes, owner, fast)[0], owner, live, fast, loads, share,
+            plan, raw = self._paying(exploit_moves(self.sizes, owner, fast)[0], live, fast, loads, share,
                                      iteration_s, bar)
             if plan and frozenset(plan) not in self.tabu and not self.failures and upper:
                 self._start(plan, iteration_s, noise, slowest)
@@ -315,8 +315,8 @@ class Psld:
         self.trial.raw_pause = raw
         return list(self.trial.actions)
 
-    def _paying(self, moves: list, owner: list[int], live: Sequence[int], speeds: list[float], loads: list[int],
-                share: float, iteration_s: float, bar: float) -> tuple[list[MoveBlock], float]:
+    def _paying(self, moves: list, live: Sequence[int], speeds: list[float], loads: list[int], share: float,
+                iteration_s: float, bar: float) -> tuple[list[MoveBlock], float]:
         """The prefix of ``moves`` (descending best fit's order) that pays best, and its
         raw predicted pause. A prefix pays if its predicted gain — the cut of the predicted
         server time, as a part of the iteration (times ``share``), less ``bar`` — over
