@@ -17,7 +17,10 @@ times with its next plan request). New trials:
 
 * exploit: the descending-best-fit moves (``exploit_moves``) that cut the predicted
   maximum server time max_j L_j / r_j, if they cut it by more than ``threshold`` and
-  are not a plan undone within the last ``tabu_decisions`` decisions;
+  are not a plan undone within the last ``tabu_decisions`` decisions; of them, only the
+  prefix whose gain over ``horizon`` iterations repays its predicted pause (``_paying``);
+* relief, where exploiting finds nothing: the plan the upper rates predict (the whole
+  measured fixed cost off), once an episode (``_decide``);
 * explore (probability ``epsilon``, drawn before exploiting): add a server
   (probability 1/2 while fewer than ``max_servers`` run), else move a random block of
   the slowest server to a random other server. When exploiting finds nothing worth a
