@@ -98,3 +98,20 @@ def test_a_template_started_early_is_adopted_by_the_job_it_was_started_for_or_st
     warm.discard_early()
     assert left.proc is None and not os.path.exists(left_tmp) and warm._early == []
     assert not [p for p in psutil.Process().children() if "equipoise.launch.warm" in " ".join(p.cmdline())]
+
+
+def test_an_early_template_is_adopted_where_the_user_sets_tmpdir(monkeypatch):
+    """The job's folder replaces the user's TMPDIR in the children's environment: a
+    TMPDIR of the user's own does not make the early template look like another job's."""
+    from equipoise.launch import warm
+
+    monkeypatch.setenv("TMPDIR", "/tmp")
+    warm.prestart(1, 60)
+    early = warm.adopt(1)
+    try:
+        assert early is not None and early[0]["TMPDIR"] == early[1] != "/tmp"
+    finally:
+        if early is not None:
+            early[2].close()
+            shutil.rmtree(early[1], ignore_errors=True)
+        warm.discard_early()

@@ -150,8 +150,10 @@ class Snapshots:
         limit = 0 if t >= self.total else self.settings.eval_samples
         final = t >= self.total
         try:
+            # not stopped while a target waits to be met: it may be the one that meets it first
+            waiting = bool(self.settings.target) and self.reached is None
             metrics = self.data.evaluate(model.to(device), batch_size=self.settings.eval_batch, limit=limit,
-                                         device=device, abort=None if final else self._final.is_set)
+                                         device=device, abort=None if final or waiting else self._final.is_set)
         except EvalAborted:
             self.superseded.append(t)
             self.event("eval_superseded", t, by=self.total, begun=True)

@@ -275,8 +275,11 @@ class Children(LaunchedPeers):
     def _remove_tmp(self) -> None:
         if self.tmp is not None:
             early_log = Path(self.tmp) / "template.log"  # an early template's (warm.prestart)
-            if early_log.exists() and early_log.stat().st_size:
-                shutil.copyfile(early_log, self.logs / "template.log")
+            try:
+                if early_log.exists() and early_log.stat().st_size:
+                    shutil.copyfile(early_log, self.logs / "template.log")
+            except OSError:  # the log is a help, not a reason to leave the folder behind
+                pass
             shutil.rmtree(self.tmp, ignore_errors=True)
 
 

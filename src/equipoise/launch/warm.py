@@ -92,6 +92,7 @@ def job_folder(env: dict[str, str]) -> str | None:
 
 
 _early: list = []  # at most one (threads, env, job folder, template) started by `prestart`
+_registered: list = []  # discard_early, once registered to run at exit
 
 
 def prestart(threads: int, timeout: float) -> None:
@@ -107,7 +108,8 @@ def prestart(threads: int, timeout: float) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
         return
     _early.append((threads, env, tmp, template))
-    atexit.register(discard_early)
+    if not _registered:
+        _registered.append(atexit.register(discard_early))
 
 
 def adopt(threads: int) -> tuple[dict[str, str], str | None, "Template"] | None:
@@ -116,8 +118,11 @@ def adopt(threads: int) -> tuple[dict[str, str], str | None, "Template"] | None:
     is stopped)."""
     if not _early:
         return None
-    n, env, tmp, template = _early.pop()
-    now = job_env(threads)
+    try:
+        n, env, tmp, template = _early.pop()
+    except IndexError:  # another job's thread took it meanwhile
+        return None
+    now = {k: v for k, v in job_env(threads).items() if k != "TMPDIR"}  # the job's own folder: not the user's
     if n != threads or {k: v for k, v in env.items() if k != "TMPDIR"} != now:
         _stop_early(tmp, template)
         return None
@@ -127,7 +132,10 @@ def adopt(threads: int) -> tuple[dict[str, str], str | None, "Template"] | None:
 def discard_early() -> None:
     """Stop a template `prestart` started that no job adopted, and remove its folder."""
     while _early:
-        _, _, tmp, template = _early.pop()
+        try:
+            _, _, tmp, template = _early.pop()
+        except IndexError:  # another thread took it meanwhile
+            return
         _stop_early(tmp, template)
 
 

@@ -86,6 +86,7 @@ __all__ = ["MoveBlock", "AddServer", "RemoveServer", "ServerAction", "Psld", "bl
 # optimizer state (SGD's momentum, Adagrad's sum; Adam's two moments are corrected for by
 # the measured pauses, ``Psld.pause_scale``).
 PAUSE_COPIES = 2
+PAUSE_SCALE_MAX = 4.0  # a measured pause corrects the prediction by at most this factor either way
 
 # A measured gain (the difference of two interval means) is believed beyond this many of
 # its standard errors: one-sided, a trial without effect is kept 5 times in 100.
@@ -250,7 +251,8 @@ class Psld:
             self.log.append({"judged": trial.actions, "before_s": trial.before_s,
                              "after_s": iteration_s, "kept": keep})
             if trial.raw_pause > 0 and trial.pause_s > 0:  # what the prediction missed by, for the next
-                self.pause_scale = trial.pause_s / trial.raw_pause
+                # (bounded: one trial's per-move round trips, which no byte causes, must not stop all others)
+                self.pause_scale = min(PAUSE_SCALE_MAX, max(1 / PAUSE_SCALE_MAX, trial.pause_s / trial.raw_pause))
             if not keep and trial.relief:  # no back-off: one relief per episode
                 self.relieved = trial.relieve
             elif not keep:
@@ -278,6 +280,8 @@ class Psld:
         slowest = live[max(range(len(live)), key=lambda i: (loads[i] / speeds[i], -i))]
         if slowest != self.held_for:
             self.failures, self.hold, self.held_for = 0, 0, None
+        if slowest != self.relieved:  # another server is the slowest: a new episode
+            self.relieved = None
         if self.hold > 0:  # trials relieving this server kept failing: wait
             self.hold -= 1
             return []
@@ -309,7 +313,7 @@ class Psld:
             # another server is the slowest (``relieved``), nor while trials are failing.
             fast = [v if r in self.loaded else max(v, (upper or {}).get(r, v)) for r, v in zip(live, speeds)]
             plan, raw = self._paying(exploit_moves(self.sizes, owner, fast)[0], live, fast, loads, share,
-                                     iteration_s, bar)
+                                     iteration_s, bar, pause_speeds=speeds)
             if plan and frozenset(plan) not in self.tabu and not self.failures and upper:
                 self._start(plan, iteration_s, noise, slowest)
                 self.trial.relief = True
@@ -319,7 +323,7 @@ class Psld:
         return list(self.trial.actions)
 
     def _paying(self, moves: list, live: Sequence[int], speeds: list[float], loads: list[int], share: float,
-                iteration_s: float, bar: float) -> tuple[list[MoveBlock], float]:
+                iteration_s: float, bar: float, pause_speeds: list[float] | None = None) -> tuple[list[MoveBlock], float]:
         """The prefix of ``moves`` (descending best fit's order) that pays best, and its
         raw predicted pause. A prefix pays if its predicted gain — the cut of the predicted
         server time, as a part of the iteration (times ``share``), less ``bar`` — over
@@ -336,11 +340,12 @@ class Psld:
         now = predicted_time(loads, speeds)
         if not moves or now <= 0:
             return [], 0.0
-        fastest, place, best, best_net, raw, costs = max(speeds), list(loads), 0, 0.0, 0.0, []
+        link = pause_speeds or speeds  # the measured rates (a relief plans on the upper ones)
+        fastest, place, best, best_net, raw, costs = max(link), list(loads), 0, 0.0, 0.0, []
         for m in moves:
             place[m.src] -= self.sizes[m.block]
             place[m.dst] += self.sizes[m.block]
-            raw += PAUSE_COPIES * self.nbytes[m.block] * (1 / speeds[m.src] + 1 / fastest)
+            raw += PAUSE_COPIES * self.nbytes[m.block] * (1 / link[m.src] + 1 / fastest)
             costs.append(raw)
             part = (now - predicted_time(place, speeds)) / now * share - bar
             net = part * iteration_s * self.horizon - raw * self.pause_scale

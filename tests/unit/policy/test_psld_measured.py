@@ -124,3 +124,22 @@ def test_a_plan_whose_pause_its_gain_cannot_repay_is_not_tried():
     slow_job.decide(table, live, SHARD_RATES, 5.0, share=0.7, traffic=SHARD_TRAFFIC)  # the moves' interval
     slow_job.decide(table, live, SHARD_RATES, 0.6, share=0.7, traffic=SHARD_TRAFFIC)  # judged
     assert slow_job.pause_scale == pytest.approx(0.5)
+
+
+@pytest.mark.pause
+def test_one_trials_pause_corrects_the_prediction_by_a_bounded_factor():
+    """A trial's pause measured 30 times its prediction (a move's round trips, which no
+    byte causes) scales the next predictions by 4 at most: it does not stop every later
+    trial."""
+    from equipoise.policy.psld import PAUSE_SCALE_MAX
+
+    live = [0, 1]
+    c = Psld(SHARDS, epsilon=0.0, measured=set(range(1, 17)))
+    actions = c.decide(SHARD_TABLE, live, SHARD_RATES, 1.0, share=0.7, traffic=SHARD_TRAFFIC)
+    c.charge(30 * c.trial.raw_pause)
+    table = list(SHARD_TABLE)
+    for a in actions:
+        table[a.block] = 1
+    c.decide(table, live, SHARD_RATES, 5.0, share=0.7, traffic=SHARD_TRAFFIC)
+    c.decide(table, live, SHARD_RATES, 0.9, share=0.7, traffic=SHARD_TRAFFIC)
+    assert c.pause_scale == PAUSE_SCALE_MAX
