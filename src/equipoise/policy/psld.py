@@ -301,7 +301,7 @@ class Psld:
         plan, raw = self._paying(moves, live, speeds, loads, share, iteration_s, bar)
         if plan and frozenset(plan) not in self.tabu:
             self._start(plan, iteration_s, noise, slowest)
-        elif slowest != self.relieved:
+        elif slowest != self.relieved and upper and not self.failures:
             # A relief: the plan the upper rates predict (each server's rate with the whole
             # measured fixed cost off, at most 0.9 of its time), once an episode. The rates
             # take off at most half, so a light destination is rated at what its time says
@@ -311,10 +311,10 @@ class Psld:
             # Undone, its destination is rated as measured under load (``loaded``); it is
             # neither tabu nor backs off, and none is tried again until a trial is kept or
             # another server is the slowest (``relieved``), nor while trials are failing.
-            fast = [v if r in self.loaded else max(v, (upper or {}).get(r, v)) for r, v in zip(live, speeds)]
+            fast = [v if r in self.loaded else max(v, upper.get(r, v)) for r, v in zip(live, speeds)]
             plan, raw = self._paying(exploit_moves(self.sizes, owner, fast)[0], live, fast, loads, share,
                                      iteration_s, bar, pause_speeds=speeds)
-            if plan and frozenset(plan) not in self.tabu and not self.failures and upper:
+            if plan and frozenset(plan) not in self.tabu:
                 self._start(plan, iteration_s, noise, slowest)
                 self.trial.relief = True
         if self.trial is None:
