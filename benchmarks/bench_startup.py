@@ -19,6 +19,20 @@ seconds from the kill to the coordinator's failure event (detection), to the
 replacement's registration (``worker_joined``) and to the first iteration it took part
 in, cold against warm.
 
+Preset ``plain`` (bench_startup_plain.json): time to result against a plain PyTorch loop.
+The default job from the command line (warm children, as shipped) against
+benchmarks/plain_loop.py, the same model, batch, epoch and evaluation points in one
+process with two threads, interleaved: each command's wall seconds, its training and
+evaluation seconds and final accuracy, and per round equipoise's wall time over the
+plain loop's.
+
+Preset ``single`` (bench_startup_single.json): the framework's cost where distribution
+gains nothing. One worker and one server (the CNN on Fashion-MNIST, batch 128, 300
+iterations, no evaluation) against the plain loop at the same batch, with the worker and
+the loop on 1 and on 2 threads, interleaved: samples/s after 20 iterations (equipoise's
+from its iteration records, as bench_lbbsp's steady window), and per round equipoise over
+the plain loop.
+
     python -m benchmarks.bench_startup start [--reps 3]
 """
 
@@ -118,7 +132,69 @@ def run_replace(warm: bool, tmp: Path) -> dict[str, Any]:
             "first_step_s": first["time"] - killed, "first_step_iteration": first["iteration"]}
 
 
+def run_plain(*args: str) -> dict[str, Any]:
+    """benchmarks/plain_loop.py as a command; its figures and the command's wall seconds."""
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "benchmarks.plain_loop", *args], capture_output=True, text=True,
+                          timeout=900, cwd=Path(__file__).resolve().parents[1])
+    wall = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise RuntimeError(f"plain_loop exited {done.returncode}: {done.stderr.strip()[-500:]}")
+    r = json.loads(done.stdout.strip().splitlines()[-1])
+    return {**r, "wall_s_command": wall, "final_accuracy": r["final_metrics"].get("accuracy")}
+
+
+SINGLE = ["--set", "workers=1", "--set", "servers=1", "--set", "global_batch=128", "--set", "iterations=300",
+          "--set", "eval_every=0", "--set", "checkpoint_every=0"]
+SINGLE_WARMUP = 20
+
+
+def run_single(threads: int, tmp: Path) -> dict[str, Any]:
+    """One worker and one server on `threads` threads each; samples/s after the warm-up."""
+    from benchmarks.bench_lbbsp import steady_window
+
+    out = tmp / f"single-{threads}-{time.monotonic_ns()}"
+    done = subprocess.run([sys.executable, "-m", "equipoise.cli", "train", "--quiet", "--out", str(out), *SINGLE,
+                           "--set", f"threads={threads}"], capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise RuntimeError(f"equipoise train exited {done.returncode}: {done.stderr.strip()[-500:]}")
+    w = steady_window(out / "metrics.jsonl", SINGLE_WARMUP)
+    return {"steady_samples_per_s": w["samples_per_s"], "split": w["split"], "threads": threads}
+
+
+def bench_single(reps: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="bench-startup-") as name:
+        tmp = Path(name)
+        plain = ["--batch", "128", "--iterations", "300", "--eval-every", "0", "--warmup", str(SINGLE_WARMUP)]
+        runs = interleave({"equipoise-1t": lambda: run_single(1, tmp),
+                           "plain-1t": lambda: run_plain(*plain, "--threads", "1"),
+                           "equipoise-2t": lambda: run_single(2, tmp),
+                           "plain-2t": lambda: run_plain(*plain, "--threads", "2")}, reps)
+    return {"preset": "single", "args": SINGLE, "warmup": SINGLE_WARMUP, "reps": reps,
+            "loadavg_at_start": load_average(), "runs": runs,
+            "steady_samples_per_s": {k: summary([r["steady_samples_per_s"] for r in v]) for k, v in runs.items()},
+            "equipoise_over_plain": {
+                f"{t}t": summary([e["steady_samples_per_s"] / p["steady_samples_per_s"]
+                                  for e, p in zip(runs[f"equipoise-{t}t"], runs[f"plain-{t}t"])]) for t in (1, 2)}}
+
+
+def bench_plain(reps: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="bench-startup-") as name:
+        tmp = Path(name)
+        runs = interleave({"equipoise": lambda: run_cli([], True, tmp),
+                           "plain": lambda: run_plain("--threads", "2", "--eval-every", "100")}, reps)
+    keys = ("wall_s_command", "train_s", "eval_s", "final_accuracy")
+    return {"preset": "plain", "reps": reps, "loadavg_at_start": load_average(), "runs": runs,
+            **{k: {s: summary([r[k] for r in v]) for s, v in runs.items()} for k in keys},
+            "wall_equipoise_over_plain": summary([e["wall_s_command"] / p["wall_s_command"]
+                                                  for e, p in zip(runs["equipoise"], runs["plain"])])}
+
+
 def bench(preset: str, reps: int) -> dict[str, Any]:
+    if preset == "single":
+        return bench_single(reps)
+    if preset == "plain":
+        return bench_plain(reps)
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as name:
         tmp = Path(name)
         if preset == "replace":
@@ -137,13 +213,21 @@ def bench(preset: str, reps: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("preset", choices=sorted(PRESETS) + ["replace"])
+    parser.add_argument("preset", choices=sorted(PRESETS) + ["replace", "plain", "single"])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--results", default=None)
     args = parser.parse_args()
     result = bench(args.preset, args.reps)
-    for key in REPLACE_FIGURES if args.preset == "replace" else ("startup_s", "wall_s_command", "wall_over_train"):
-        print(f"{key}: cold {fmt_range(result[key]['cold'])}, warm {fmt_range(result[key]['warm'])}")
+    if args.preset == "single":
+        print("samples/s: " + ", ".join(f"{k} {fmt_range(v)}" for k, v in result["steady_samples_per_s"].items()))
+        print("equipoise / plain: " + ", ".join(f"{k} {fmt_range(v)}" for k, v in result["equipoise_over_plain"].items()))
+    elif args.preset == "plain":
+        for key in ("wall_s_command", "train_s", "eval_s", "final_accuracy"):
+            print(f"{key}: equipoise {fmt_range(result[key]['equipoise'])}, plain {fmt_range(result[key]['plain'])}")
+        print(f"wall equipoise / plain: {fmt_range(result['wall_equipoise_over_plain'])}")
+    else:
+        for key in REPLACE_FIGURES if args.preset == "replace" else ("startup_s", "wall_s_command", "wall_over_train"):
+            print(f"{key}: cold {fmt_range(result[key]['cold'])}, warm {fmt_range(result[key]['warm'])}")
     print(f"wrote {write_results(f'bench_startup_{args.preset}', result, args.results)}")
 
 

@@ -10,7 +10,7 @@ from collections import Counter
 from typing import Any
 
 from benchmarks.tables_format import (MARKER, ROOT, X, all_ok, at, count, grid, load, met, ms, num, one_file, pct,
-                                     pct_range, points, provenance, rng, signed, summ, table)
+                                     pct_range, points, provenance, rng, secs, signed, summ, table)
 from benchmarks.tables_psld import psld_tables
 
 # ------------------------------------------------------------------ the summary: a row per target
@@ -162,7 +162,7 @@ SUMMARY = [
      "placement", "≥ 1.5×", R("psld_speed_up_x_hash", ge=1.5)),
     ("bench_sparse_psld", "the same, settled vs the oracle (s/iteration)", "≤ 1.1×", R("psld_settled_x_oracle", le=1.1)),
     ("bench_startup_replace", "a killed worker's replacement, loss to its first step, warm (cold in the file)",
-     "reported", R("first_step_s", "warm")),
+     "reported", R("first_step_s", "warm", f=secs)),
     ("bench_testbed_lbbsp", "LB-BSP vs BSP, testbed CPU quotas [1,1,½,¼]", "≥ 2×", R("ratio", "lbbsp/bsp", ge=2)),
     ("bench_testbed_psld", "PSLD vs greedy on testbed hosts, the slow server's host at 100 Mbit/s", "≥ 1.5×",
      R("ratio", "psld/greedy samples/s", ge=1.5)),

@@ -96,6 +96,7 @@ def count(x: float) -> str: return num(int(x)) if x == int(x) else num(x)
 def met(ok: bool) -> str: return "met" if ok else "missed"
 def at(d: Any, *path: Any) -> Any: return functools.reduce(lambda v, key: v[key], path, d)
 def X(s: dict[str, Any]) -> str: return f"**{num(s['median'])}×** ({num(s['min'])}–{num(s['max'])})"
+def secs(s: dict[str, Any]) -> str: return f"**{num(s['median'])} s** ({num(s['min'])}–{num(s['max'])})"
 def points(s: dict[str, Any]) -> str: return f"**{signed(s['median'])}** ({signed(s['min'])} to {signed(s['max'])})"
 def all_ok(d: dict[str, Any]) -> tuple[str, str]: return f"**{d['ok']} of {d['of']}**", met(d["ok"] == d["of"])
 def pct_range(s: dict[str, Any]) -> str: return rng(s, pct)

@@ -3,17 +3,28 @@ marker themselves (each integration file's `pytestmark`, the few unit tests that
 so `pytest -m "not slow"` is the fast subset."""
 
 import os
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
+
+# Every temporary file of the session — the tests' own, the jobs' run and socket folders,
+# Ray's session folders, the logs a Ray actor killed by a test leaves on its node — goes
+# to one folder, removed at the end: TMPDIR is read by the tests' processes, the jobs'
+# children, Ray (its temp folder) and the testbed's hosts alike. Set at import, before
+# anything asks tempfile for its folder.
+_SESSION_TMP = tempfile.mkdtemp(prefix="eqt-")  # short: Ray's socket paths are made in it
+os.environ["TMPDIR"] = _SESSION_TMP
+tempfile.tempdir = None
 
 # What a test might leave behind that later runs would trip over: Ray's pointer to "the
 # current cluster" (a later ray.init() without an address joins whatever it names), the
 # token a local Ray instance writes (the testbed's `ray start` nodes then refuse it) and
 # the testbed's network namespaces. Recorded at the start; anything new at the end fails
 # the session, named.
-_RAY_STATE = Path("/tmp/ray/ray_current_cluster")
+_RAY_STATES = (Path("/tmp/ray/ray_current_cluster"), Path(_SESSION_TMP, "ray", "ray_current_cluster"))
 
 
 def _leftovers() -> dict[str, object]:
@@ -22,7 +33,7 @@ def _leftovers() -> dict[str, object]:
     except (OSError, subprocess.SubprocessError):
         netns = ""
     token = Path.home() / ".ray" / "auth_token"  # a local instance writes it: the user's machine changed
-    return {"ray state file": _RAY_STATE.read_text() if _RAY_STATE.exists() else None,
+    return {"ray state file": [f.read_text() for f in _RAY_STATES if f.exists()] or None,
             "ray auth token": str(token) if token.exists() else None,
             "testbed namespaces": sorted(line.split()[0] for line in netns.splitlines()
                                          if line.startswith("eqtb"))}
@@ -34,9 +45,10 @@ def pytest_sessionstart(session):
 
 def pytest_sessionfinish(session, exitstatus):
     before = getattr(session.config, "_leftovers_before", None)
-    if before is None or os.environ.get("PYTEST_XDIST_WORKER"):
+    after = _leftovers() if before is not None and not os.environ.get("PYTEST_XDIST_WORKER") else None
+    shutil.rmtree(_SESSION_TMP, ignore_errors=True)
+    if after is None:
         return
-    after = _leftovers()
     changed = {k: v for k, v in after.items() if v != before[k] and v not in (None, [])}
     if changed:
         print(f"\nthe suite left behind: {changed}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
 
 import pytest
 
@@ -224,11 +225,13 @@ def test_results_folder_refuses_a_dirty_checkout(tmp_path, monkeypatch):
     """benchmarks/results/ only takes results of committed code: with uncommitted
     changes the write is refused (exit status 2) and nothing lands in the folder."""
     monkeypatch.setattr(common, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the refused results are kept aside
     monkeypatch.setattr(common, "git_state", lambda: {"commit": "0" * 40, "dirty": True,
                                                       "src_changes": ["M src/x.py"]})
     with pytest.raises(common.DirtyCheckout) as err:
         common.write_results("bench_x", {"a": 1})
     assert err.value.code != 0 and "uncommitted" in str(err.value) and not (tmp_path / "bench_x.json").exists()
+    assert (tmp_path / "bench_x.dirty.json").exists()
     monkeypatch.setattr(common, "git_state", lambda: {"commit": "0" * 40, "dirty": False, "src_changes": []})
     doc = json.loads(common.write_results("bench_x", {"a": 1}).read_text())
     assert doc["machine"]["git"]["commit"] == "0" * 40 and doc["a"] == 1
@@ -321,3 +324,24 @@ def test_the_unseen_sweep_draws_every_kind_of_case_nobody_tuned_on():
     for case in cases:
         spec, slow = bench_psld.case_spec(base, case)
         assert 0 <= slow < spec.servers and 0 <= spec.switch_to < spec.servers and spec.switch_to != slow
+
+
+def test_the_plain_loop_is_the_jobs_training(tmp_path):
+    """bench_startup compares equipoise with benchmarks/plain_loop.py: the loop must train
+    what a one-worker job trains. Its weights equal the single-process oracle's
+    (reference.train_reference: the same seed, samples and SGD), bit for bit on one
+    thread: the same operations on the same tensors; and it evaluates at the job's points
+    (every `eval_every` iterations before the last, and once after it)."""
+    import torch
+
+    from benchmarks import plain_loop
+    from equipoise.config import Config
+    from equipoise.reference import train_reference
+
+    keys = dict(dataset="digits", model="mlp", lr=0.1, momentum=0.9)
+    r = plain_loop.run(batch=32, threads=1, iterations=12, eval_every=5, warmup=2, seed=3, **keys)
+    assert r["evaluations"] == 3 and 0.0 <= r["final_metrics"]["accuracy"] <= 1.0 and r["steady_samples_per_s"] > 0
+    oracle = train_reference(Config.from_dict({**keys, "global_batch": 32, "seed": 3, "workers": 1, "servers": 1,
+                                               "iterations": 12}))
+    for (name, a), (_, b) in zip(r["model"].state_dict().items(), oracle.state_dict().items()):
+        assert torch.equal(a, b), name
