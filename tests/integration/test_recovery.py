@@ -210,7 +210,7 @@ def test_a_killed_server_holding_table_shards_changes_nothing_but_the_time(tmp_p
 
     from ..unit.test_sparse_jobs import assert_near_oracle, dlrm_job
 
-    cfg = dlrm_job(workers=2, servers=3, iterations=40, slowdown=[20.0, 20.0], snapshot_every=10,
+    cfg = dlrm_job(workers=2, servers=3, iterations=40, slowdown=[8.0, 8.0], snapshot_every=10,
                    replication=replication, heartbeat_s=1.0, timeout=60.0)
     at = random.Random(f"sparse-server-{replication}").randrange(12, 30)
     run = tmp_path / "run"

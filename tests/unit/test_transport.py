@@ -253,7 +253,7 @@ def test_an_ipc_listener_removes_its_socket_file_when_closed():
 def test_ipc_fits_the_longest_folder_a_socket_binds_in(tmp_path, monkeypatch):
     import tempfile
 
-    from equipoise.wire.zmq_transport import IPC_NAME_LEN, ipc_fits
+    from equipoise.launch.warm import IPC_NAME_LEN, ipc_fits
 
     longest = tmp_path / ("x" * (zmq.IPC_PATH_MAX_LEN - IPC_NAME_LEN - len(str(tmp_path)) - 1))
     longest.mkdir()

@@ -44,7 +44,7 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["Template", "WarmProcess", "adopt", "discard_early", "job_env", "prestart"]
+__all__ = ["Template", "WarmProcess", "adopt", "discard_early", "ipc_fits", "job_env", "prestart"]
 
 PR_SET_CHILD_SUBREAPER = 36
 TITLE_ROOM = 1024  # bytes of command line the template reserves for its children's (`_retitle`)
@@ -78,11 +78,23 @@ def job_env(threads: int) -> dict[str, str]:
     return dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
 
 
+# What an ipc listener's socket (wire/zmq_transport.py) adds to its folder's path:
+# "/equipoise-<pid>-<8>.sock", a pid of up to 7 digits (tempfile.mktemp's names are 8
+# characters). Here, not in the wire package, whose import is torch's: `prestart` runs
+# before it, so that the template's imports run beside the command's.
+IPC_NAME_LEN = len("/equipoise--12345678.sock") + 7
+
+
+def ipc_fits(folder: str) -> bool:
+    """Whether an ipc listener's socket in `folder` has a path a Unix socket can bind."""
+    import zmq
+
+    return len(folder) + IPC_NAME_LEN <= zmq.IPC_PATH_MAX_LEN
+
+
 def job_folder(env: dict[str, str]) -> str | None:
     """A new folder for the job's temporary files (its children's ipc sockets), set as
     `env`'s TMPDIR; None (and no TMPDIR) where a socket's path in it would be too long."""
-    from ..wire.zmq_transport import ipc_fits
-
     tmp = tempfile.mkdtemp(prefix="equipoise-job-")
     if not ipc_fits(tmp):
         os.rmdir(tmp)

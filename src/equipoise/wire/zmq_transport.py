@@ -121,7 +121,7 @@ class ZmqTransport(Transport):
 
     def _listen_ipc(self) -> Listener:
         sock = self._router()
-        path = tempfile.mktemp(prefix=f"equipoise-{os.getpid()}-", suffix=".sock")  # IPC_NAME_LEN
+        path = tempfile.mktemp(prefix=f"equipoise-{os.getpid()}-", suffix=".sock")  # launch/warm.py: IPC_NAME_LEN
         try:
             sock.bind(f"ipc://{path}")
         except zmq.ZMQError as exc:
@@ -158,15 +158,6 @@ class ZmqTransport(Transport):
 def _DONE() -> bool:
     return True
 
-
-# What an ipc listener's socket adds to its folder's path: "/equipoise-<pid>-<8>.sock",
-# a pid of up to 7 digits (tempfile.mktemp's names are 8 characters).
-IPC_NAME_LEN = len("/equipoise--12345678.sock") + 7
-
-
-def ipc_fits(folder: str) -> bool:
-    """Whether an ipc listener's socket in `folder` has a path a Unix socket can bind."""
-    return len(folder) + IPC_NAME_LEN <= zmq.IPC_PATH_MAX_LEN
 
 
 def _poll(sock: zmq.Socket, deadline: float) -> bool:
