@@ -1,9 +1,10 @@
 """A job of equipoise's built-in models as one plain PyTorch process: what a user would
 write without a framework, for bench_startup to compare time to result and samples/s.
 
-The same model (built from equipoise's registry after ``torch.manual_seed(seed)``), the
-same dataset and sample order (``SliceSampler``), torch's own SGD on the whole batch's
-mean loss, ``threads`` intra-op threads, and an evaluation over the whole evaluation set
+The default job's settings (``config.DEFAULT_JOB``, as ``equipoise train`` with no
+config), the same model (built from equipoise's registry after
+``torch.manual_seed(seed)``), the same dataset and sample order (``SliceSampler``),
+torch's own SGD on the whole batch's mean loss, ``threads`` intra-op threads, and an evaluation over the whole evaluation set
 every ``eval_every`` iterations and after the last, as a job's are. It prints one JSON
 line: ``train_s`` (the steps), ``eval_s`` (the evaluations), the samples/s after
 ``warmup`` iterations and the final metrics. The caller times the command: its start-up is
@@ -25,13 +26,13 @@ def run(batch: int, threads: int, iterations: int, eval_every: int, warmup: int,
     config keys (the dataset, the model)."""
     import torch
 
-    from equipoise.config import Config
+    from equipoise.config import DEFAULT_JOB, Config
     from equipoise.data import SliceSampler
     from equipoise.models import build_model
     from equipoise.workload import as_workload
 
     torch.set_num_threads(threads)
-    cfg = Config.from_dict({**config, "global_batch": batch, "seed": seed})
+    cfg = Config.from_dict({**DEFAULT_JOB, **config, "global_batch": batch, "seed": seed})  # as `equipoise train`
     data = as_workload(cfg)
     total = iterations or cfg.total_iterations(len(data))
     torch.manual_seed(seed)

@@ -329,19 +329,21 @@ def test_the_unseen_sweep_draws_every_kind_of_case_nobody_tuned_on():
 def test_the_plain_loop_is_the_jobs_training(tmp_path):
     """bench_startup compares equipoise with benchmarks/plain_loop.py: the loop must train
     what a one-worker job trains. Its weights equal the single-process oracle's
-    (reference.train_reference: the same seed, samples and SGD), bit for bit on one
-    thread: the same operations on the same tensors; and it evaluates at the job's points
-    (every `eval_every` iterations before the last, and once after it)."""
+    (reference.train_reference: the same seed, samples and SGD with the default job's
+    momentum), bit for bit on one thread: the same operations on the same tensors; and it
+    evaluates at the job's points (every `eval_every` iterations before the last, and
+    once after it)."""
     import torch
 
     from benchmarks import plain_loop
-    from equipoise.config import Config
+    from equipoise.config import DEFAULT_JOB, Config
     from equipoise.reference import train_reference
 
-    keys = dict(dataset="digits", model="mlp", lr=0.1, momentum=0.9)
+    keys = dict(dataset="digits", model="mlp", lr=0.1)
     r = plain_loop.run(batch=32, threads=1, iterations=12, eval_every=5, warmup=2, seed=3, **keys)
     assert r["evaluations"] == 3 and 0.0 <= r["final_metrics"]["accuracy"] <= 1.0 and r["steady_samples_per_s"] > 0
-    oracle = train_reference(Config.from_dict({**keys, "global_batch": 32, "seed": 3, "workers": 1, "servers": 1,
-                                               "iterations": 12}))
+    assert DEFAULT_JOB["momentum"] > 0  # the loop's momentum is the default job's: 0 would not tell
+    oracle = train_reference(Config.from_dict({**DEFAULT_JOB, **keys, "global_batch": 32, "seed": 3, "workers": 1,
+                                               "servers": 1, "iterations": 12}))
     for (name, a), (_, b) in zip(r["model"].state_dict().items(), oracle.state_dict().items()):
         assert torch.equal(a, b), name
