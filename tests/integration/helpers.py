@@ -77,7 +77,6 @@ def records(run_dir: Path, kind: str | None = None) -> list[dict]:
     except FileNotFoundError:
         return []
     end = chunk.rfind(b"\n") + 1
-    parsed = list(parsed)
     for line in chunk[:end].splitlines():
         try:
             parsed.append(json.loads(line))

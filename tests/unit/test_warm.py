@@ -115,3 +115,18 @@ def test_an_early_template_is_adopted_where_the_user_sets_tmpdir(monkeypatch):
             early[2].close()
             shutil.rmtree(early[1], ignore_errors=True)
         warm.discard_early()
+
+
+def test_prestart_imports_no_torch():
+    """The command line calls `prestart` before it imports torch, so that the template's
+    imports run beside its own: `prestart` itself must not import torch (its ipc path
+    check once imported the wire package, and the template started 1.3 s late). In a
+    fresh interpreter, as the command line runs it."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from equipoise.launch import warm; warm.prestart(1, 60); "
+            "print('torch' in sys.modules); warm.discard_early()")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False", done.stdout

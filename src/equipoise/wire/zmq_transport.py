@@ -159,7 +159,6 @@ def _DONE() -> bool:
     return True
 
 
-
 def _poll(sock: zmq.Socket, deadline: float) -> bool:
     """Wait until ``sock`` is readable or ``deadline`` (monotonic) passes."""
     while True:
