@@ -58,15 +58,20 @@ PRESETS = {
 FIGURES = ("startup_s", "train_s", "eval_s", "shutdown_s", "total_s", "wall_s_command")
 
 
-def run_cli(args: list[str], warm: bool, tmp: Path) -> dict[str, Any]:
-    out = tmp / f"{'warm' if warm else 'cold'}-{time.monotonic_ns()}"
+def train_command(args: list[str], out: Path, warm: bool = True) -> float:
+    """`equipoise train --out OUT ARGS` as a user starts it; its wall seconds."""
     env = dict(os.environ, EQUIPOISE_WARM="1" if warm else "0")
     t0 = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "equipoise.cli", "train", "--quiet", "--out", str(out), *args],
                           env=env, capture_output=True, text=True, timeout=900)
-    wall = time.perf_counter() - t0
     if done.returncode != 0:
         raise RuntimeError(f"equipoise train exited {done.returncode}: {done.stderr.strip()[-500:]}")
+    return time.perf_counter() - t0
+
+
+def run_cli(args: list[str], warm: bool, tmp: Path) -> dict[str, Any]:
+    out = tmp / f"{'warm' if warm else 'cold'}-{time.monotonic_ns()}"
+    wall = train_command(args, out, warm)
     s = json.loads((out / "summary.json").read_text())
     return {"startup_s": s["startup_s"], "train_s": s["train_s"], "eval_s": s["eval_s"],
             "shutdown_s": s["shutdown_s"], "total_s": s["total_s"], "wall_s_command": wall,
@@ -154,10 +159,7 @@ def run_single(threads: int, tmp: Path) -> dict[str, Any]:
     from benchmarks.bench_lbbsp import steady_window
 
     out = tmp / f"single-{threads}-{time.monotonic_ns()}"
-    done = subprocess.run([sys.executable, "-m", "equipoise.cli", "train", "--quiet", "--out", str(out), *SINGLE,
-                           "--set", f"threads={threads}"], capture_output=True, text=True, timeout=900)
-    if done.returncode != 0:
-        raise RuntimeError(f"equipoise train exited {done.returncode}: {done.stderr.strip()[-500:]}")
+    train_command([*SINGLE, "--set", f"threads={threads}"], out)
     w = steady_window(out / "metrics.jsonl", SINGLE_WARMUP)
     return {"steady_samples_per_s": w["samples_per_s"], "split": w["split"], "threads": threads}
 
