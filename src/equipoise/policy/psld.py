@@ -20,7 +20,9 @@ times with its next plan request). New trials:
   are not a plan undone within the last ``tabu_decisions`` decisions; of them, only the
   prefix whose gain over ``horizon`` iterations repays its predicted pause (``_paying``);
 * relief, where exploiting finds nothing: the plan the upper rates predict (the whole
-  measured fixed cost off), once an episode (``_decide``);
+  measured fixed cost off) for the light servers, whose measured rates are
+  extrapolations (under half the slowest server's bytes, never measured under a block a
+  kept trial took off them), once an episode (``_decide``);
 * explore (probability ``epsilon``, drawn before exploiting): add a server
   (probability 1/2 while fewer than ``max_servers`` run), else move a random block of
   the slowest server to a random other server. When exploiting finds nothing worth a
@@ -311,7 +313,20 @@ class Psld:
             # Undone, its destination is rated as measured under load (``loaded``); it is
             # neither tabu nor backs off, and none is tried again until a trial is kept or
             # another server is the slowest (``relieved``), nor while trials are failing.
-            fast = [v if r in self.loaded else max(v, upper.get(r, v)) for r, v in zip(live, speeds)]
+            # Only a light server (under half the slowest's bytes) is an extrapolation: one
+            # holding as much has been measured under comparable load (the half of
+            # ``_remember``), and its upper rate is the difference of two near-equal
+            # times. On three full-speed servers holding 1.6, 1.0 and 1.0 MB of a deep
+            # MLP (353 MB/s links, SSP), the 1.0 MB ones rated 617 and 583 MB/s measured
+            # against 1,553 and 1,198 upper, and a relief swapped the largest block onto
+            # one of them and back, episode after episode (0.86x greedy).
+            # A server a kept trial took a block off was measured under that block: its
+            # upper rate is no extrapolation either (on a 55 MB/s link, a relief kept by
+            # the host's noise was followed by one moving the block back, kept or undone
+            # by noise in turn: PSLD at 0.97-0.99x greedy).
+            light, left = loads[index[slowest]] / 2, {src for _, src in self.left}
+            fast = [v if r in self.loaded or r in left or loads[i] >= light else max(v, upper.get(r, v))
+                    for i, (r, v) in enumerate(zip(live, speeds))]
             plan, raw = self._paying(exploit_moves(self.sizes, owner, fast)[0], live, fast, loads, share,
                                      iteration_s, bar, pause_speeds=speeds)
             if plan and frozenset(plan) not in self.tabu:

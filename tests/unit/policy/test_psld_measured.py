@@ -143,3 +143,47 @@ def test_one_trials_pause_corrects_the_prediction_by_a_bounded_factor():
     c.decide(table, live, SHARD_RATES, 5.0, share=0.7, traffic=SHARD_TRAFFIC)
     c.decide(table, live, SHARD_RATES, 0.9, share=0.7, traffic=SHARD_TRAFFIC)
     assert c.pause_scale == PAUSE_SCALE_MAX
+
+
+def test_no_relief_onto_a_server_measured_under_comparable_load():
+    """A deep MLP's three large layers on five servers behind 353 MB/s links, the 3.9x
+    slower server holding only small blocks (measured under SSP, one interval of 5
+    iterations of 2 workers): server 0 holds the 1.6 MB layer and is the slowest by
+    bytes, at the same speed as servers 1 and 2 (1.0 MB each). Their upper rates (1,553
+    and 1,198 MB/s against server 0's 905) are the difference of two near-equal times,
+    the exchanges' 55 ms and the fixed cost's 54.5; planned on them, a relief swapped the
+    layer onto server 1 and back. Servers measured with at least half the slowest's bytes
+    are planned at their measured rates: no relief (the light servers 3 and 4 rate at most
+    95 MB/s even with the whole fixed cost off)."""
+    sizes, table, live = [1605632, 2048, 1048576, 2048, 1048576, 2048, 20480, 40], [0, 4, 1, 4, 2, 4, 3, 4], [0, 1, 2, 3, 4]
+    seconds = {0: 0.09, 1: 0.068, 2: 0.072, 3: 0.043, 4: 0.055}
+    nbytes = {0: 32112640, 1: 20971520, 2: 20971520, 3: 409600, 4: 123680}
+    rates, upper = server_rates(nbytes, seconds, 0.0545), server_rates(nbytes, seconds, 0.0545, most=0.9)
+    assert upper[1] > 1.6 * upper[0] and rates[1] < rates[0]  # what the swap was predicted on
+    assert Psld(sizes, epsilon=0.0).decide(table, live, rates, 0.0251, share=0.2256, noise=0.0085, upper=upper) == []
+    # the same servers, server 1 and 2 holding a tenth of the layer's bytes: their upper rates stand
+    light = [0, 4, 1, 4, 2, 4, 3, 4]
+    small = [1605632, 2048, 104858, 2048, 104858, 2048, 20480, 40]
+    actions = Psld(small, epsilon=0.0).decide(light, live, rates, 0.0251, share=0.2256, noise=0.0085, upper=upper)
+    assert any(a.block == 0 for a in actions)
+
+
+def test_no_relief_moves_a_block_back_where_a_kept_trial_took_it_off():
+    """The single-block case's relief is kept (the iteration went from 0.13 to 0.09 s):
+    the layer now on server 1, measured there at server 0's old 62 MB/s (the link, not
+    the server, was the limit). Server 0, light now, rates 39 MB/s measured and 98 upper:
+    a relief on that upper rate would move the layer back for the host's noise to judge.
+    Server 0 was measured under the layer: no relief onto it, and no move."""
+    rates, upper, share = relief_measured()
+    c = Psld(RELIEF_SIZES, epsilon=0.0)
+    actions = c.decide(RELIEF_LIVE, RELIEF_LIVE, rates, 0.13, share=share, upper=upper)
+    assert MoveBlock(0, 0, 1) in actions
+    table = list(RELIEF_LIVE)
+    for a in actions:
+        table[a.block] = a.dst
+    swapped = {**rates, 0: rates[1], 1: rates[0]}
+    swapped_upper = {**upper, 0: upper[1], 1: upper[0]}
+    assert c.decide(table, RELIEF_LIVE, swapped, 0.1, share=share, upper=swapped_upper) == []  # the moves' interval
+    assert c.decide(table, RELIEF_LIVE, swapped, 0.09, share=share, upper=swapped_upper) == [] and c.log[-1]["kept"]
+    for _ in range(3):
+        assert c.decide(table, RELIEF_LIVE, swapped, 0.09, share=share, upper=swapped_upper) == []
