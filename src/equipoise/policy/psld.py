@@ -21,8 +21,8 @@ times with its next plan request). New trials:
   prefix whose gain over ``horizon`` iterations repays its predicted pause (``_paying``);
 * relief, where exploiting finds nothing: the plan the upper rates predict (the whole
   measured fixed cost off) for the light servers, whose measured rates are
-  extrapolations (under half the slowest server's bytes, never measured under a block a
-  kept trial took off them), once an episode (``_decide``);
+  extrapolations (under half the slowest server's bytes; not for a block going back to
+  a server a kept trial took it off), once an episode (``_decide``);
 * explore (probability ``epsilon``, drawn before exploiting): add a server
   (probability 1/2 while fewer than ``max_servers`` run), else move a random block of
   the slowest server to a random other server. When exploiting finds nothing worth a
@@ -320,15 +320,19 @@ class Psld:
             # MLP (353 MB/s links, SSP), the 1.0 MB ones rated 617 and 583 MB/s measured
             # against 1,553 and 1,198 upper, and a relief swapped the largest block onto
             # one of them and back, episode after episode (0.86x greedy).
-            # A server a kept trial took a block off was measured under that block: its
-            # upper rate is no extrapolation either (on a 55 MB/s link, a relief kept by
-            # the host's noise was followed by one moving the block back, kept or undone
-            # by noise in turn: PSLD at 0.97-0.99x greedy).
-            light, left = loads[index[slowest]] / 2, {src for _, src in self.left}
-            fast = [v if r in self.loaded or r in left or loads[i] >= light else max(v, upper.get(r, v))
+            light = loads[index[slowest]] / 2
+            fast = [v if r in self.loaded or loads[i] >= light else max(v, upper.get(r, v))
                     for i, (r, v) in enumerate(zip(live, speeds))]
-            plan, raw = self._paying(exploit_moves(self.sizes, owner, fast)[0], live, fast, loads, share,
-                                     iteration_s, bar, pause_speeds=speeds)
+            relief = exploit_moves(self.sizes, owner, fast)[0]
+            # A block going back to a server a kept trial took it off: that server was
+            # measured under the block, its upper rate is no extrapolation (on a 55 MB/s
+            # link, a relief kept by the host's noise was followed by one moving the block
+            # back, kept or undone by noise in turn: PSLD at 0.97-0.99x greedy).
+            back = {m.dst for m in relief if (m.block, live[m.dst]) in self.left}
+            if back:
+                fast = [speeds[i] if i in back else v for i, v in enumerate(fast)]
+                relief = exploit_moves(self.sizes, owner, fast)[0]
+            plan, raw = self._paying(relief, live, fast, loads, share, iteration_s, bar, pause_speeds=speeds)
             if plan and frozenset(plan) not in self.tabu:
                 self._start(plan, iteration_s, noise, slowest)
                 self.trial.relief = True
