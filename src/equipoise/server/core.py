@@ -179,7 +179,8 @@ class Server:
                                   delay_compensation=str(f.get("delay_compensation", "none")),
                                   dc_lambda=float(f.get("dc_lambda", 0.0)))
         store = ParameterStore(blocks, values, OptimizerSpec.from_dict(f["optimizer"]), policy,
-                               version=f["version"], samples=f["samples"], optim_state=states_of(msg.tensors))
+                               version=f["version"], samples=f["samples"], optim_state=states_of(msg.tensors),
+                               adopt=True)  # a received tensor is the receiver's own (Listener.recv)
         counts = {int(k): int(n) for k, n in f.get("block_gradients", [])}  # a rollback restores them
         self._straggle(f.get("straggler", {}))  # before the store changes: a bad one changes nothing
         self.epoch = int(f.get("epoch", 0))

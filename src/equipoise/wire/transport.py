@@ -114,7 +114,8 @@ class Listener(ABC):
 
     @abstractmethod
     def recv(self, timeout: float) -> tuple[bytes, Message] | None:
-        """Return ``(peer identity, message)``, or None if nothing valid arrived in time."""
+        """Return ``(peer identity, message)``, or None if nothing valid arrived in time.
+        The message's tensors are the receiver's own: no sender shares their memory."""
 
     @abstractmethod
     def send(self, peer: bytes, msg: Message) -> Callable[[], bool]:

@@ -292,3 +292,39 @@ def test_the_servers_sparse_adam_is_torch_s_bit_for_bit():
         assert torch.equal(ours, theirs), step
     assert torch.equal(a.state[ours]["exp_avg_sq"], b.state[theirs]["exp_avg_sq"])
     assert a.state[ours]["step"] == b.state[theirs]["step"] == 5
+
+
+def table_store():
+    """A dense block and a table's shard of 3 rows × 4 (plain SGD)."""
+    blocks = [Block(0, "w", 0, 3), Block(1, "t", 0, 12, "rows", 4, 4)]
+    return ParameterStore(blocks, {0: torch.zeros(3), 1: torch.arange(12.0)}, spec(momentum=0.0), BSP())
+
+
+def rows_push():
+    return Push(0, 0, 8, {0: torch.ones(3), 1: torch.ones(4)}, rows={1: torch.tensor([2])})
+
+
+def test_a_lent_shard_is_waited_for_not_copied(monkeypatch):
+    """A snapshot's `state` reply lends every block, a table's shards whole. The update
+    that follows copies the dense block (it is small) but waits for the shard's send to be
+    done and steps it in place: a copy would keep a second table on the server. A send
+    that is not done within ROWS_LOAN_WAIT_S leaves the shard copied, as a dense block.
+    (No timing is asserted: the wait ends when the send is done, whenever that is.)"""
+    import threading
+
+    import equipoise.server.store as store_module
+
+    s, done = table_store(), threading.Event()
+    lent = dict(s.values)
+    s.lend([lent[0]], lambda: False)  # the dense block's send: not done
+    s.lend([lent[1]], done.is_set)    # the shard's: done 50 ms on
+    threading.Timer(0.05, done.set).start()
+    s.apply([rows_push()])
+    assert s.values[1] is lent[1] and s.values[0] is not lent[0]
+    assert torch.equal(s.values[1], torch.tensor([*range(8), 7.9, 8.9, 9.9, 10.9]))
+    assert not s._retired.get(1)
+    monkeypatch.setattr(store_module, "ROWS_LOAN_WAIT_S", 0.01)
+    shard = s.values[1]
+    s.lend([shard], lambda: False)  # never done
+    s.apply([rows_push()])
+    assert s.values[1] is not shard and torch.equal(shard[8:], torch.tensor([7.9, 8.9, 9.9, 10.9]))
