@@ -74,6 +74,22 @@ def train(config: ConfigLike = None, *, out: str | Path | None = None,
         return _train(cfg, run_dir, ckpt, started_at)
     finally:
         warm.discard_early()  # not adopted: the job was refused before it started
+        _return_freed_memory()
+
+
+def _return_freed_memory() -> None:
+    """Hand the C allocator's freed pages back to the system (glibc's ``malloc_trim``;
+    elsewhere nothing): what a job built here and freed — a sparse table's initial rows,
+    snapshots — otherwise stays resident in this process. Two jobs with a 10⁷-row table
+    in one process left it at 1.63 GB resident after the second, 0.34 GB once trimmed."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
+        pass
 
 
 def _train(cfg: Config, run_dir: Path, ckpt, started_at: float) -> dict:
