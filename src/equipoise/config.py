@@ -84,7 +84,7 @@ class Config:
     seed: int = 0
     eval_every: int = 100
     eval_samples: int = 0  # periodic evaluations use the first N test samples (0: all)
-    eval_batch: int = 1000  # samples an evaluation feeds the model at once (its outputs: one batch's at a time)
+    eval_batch: int = 128  # samples an evaluation feeds the model at once (its outputs: one batch's at a time)
     checkpoint_every: int = 200
     batch_split: tuple[int, ...] = ()
     batch_policy: str = "proportional"

@@ -201,7 +201,7 @@ class Workload:
                             "scalar tensor (reduce over the batch: a mean, or (sum, count))")
 
     # -- evaluation -----------------------------------------------------------------------
-    def eval_batches(self, batch_size: int = 1000, limit: int = 0) -> Iterator[tuple[Any, int]]:
+    def eval_batches(self, batch_size: int = 128, limit: int = 0) -> Iterator[tuple[Any, int]]:
         """The evaluation set in order (its first `limit` samples if limit > 0), as
         (batch, number of samples)."""
         n = self.num_eval if not limit else min(limit, self.num_eval)
@@ -239,7 +239,7 @@ class Workload:
         return out
 
     @torch.no_grad()
-    def evaluate(self, model: nn.Module, batch_size: int = 1000, limit: int = 0,
+    def evaluate(self, model: nn.Module, batch_size: int = 128, limit: int = 0,
                  device: torch.device | None = None, abort: Callable[[], bool] | None = None) -> dict[str, float]:
         """The metrics of `model` over the evaluation set (its first `limit` samples), its
         batches moved to `device` (where the model is) if given. `abort` is asked before

@@ -40,7 +40,7 @@ class SnapshotSettings:
     timeout: float
     target: dict  # {metric = "test_<name>", below | above = value}; {}: none
     eval_device: str = "cpu"  # where snapshots are evaluated
-    eval_batch: int = 1000  # samples an evaluation feeds the model at once
+    eval_batch: int = 128  # samples an evaluation feeds the model at once
 
 
 @dataclass
