@@ -18,6 +18,7 @@ import pytest
 _SESSION_TMP = tempfile.mkdtemp(prefix="eqt-")  # short: Ray's socket paths are made in it
 os.environ["TMPDIR"] = _SESSION_TMP
 tempfile.tempdir = None
+os.environ["EQUIPOISE_CACHE"] = os.path.join(_SESSION_TMP, "cache")  # decompressed data sets (data/idx.py)
 
 # What a test might leave behind that later runs would trip over: Ray's pointer to "the
 # current cluster" (a later ray.init() without an address joins whatever it names), the

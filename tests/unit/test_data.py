@@ -361,3 +361,29 @@ def test_arrays_round_trip_shares_memory_and_gives_the_same_batches() -> None:
     for a, b in zip(data.train_batch(idx), back.train_batch(idx)):
         assert torch.equal(a, b)
     assert (back.name, back.input_shape, back.num_test) == (data.name, data.input_shape, data.num_test)
+
+
+def test_a_gzip_file_is_read_from_its_decompressed_copy_next_time(tmp_path: Path, monkeypatch) -> None:
+    """The first read gunzips and keeps the content in the cache folder; the next reads
+    it from there (gzip is not called), a copy whose length is not the gzip trailer's is
+    not used, and a cache folder that cannot be written changes nothing but the time."""
+    from equipoise.data import idx
+
+    monkeypatch.setenv("EQUIPOISE_CACHE", str(tmp_path / "cache"))
+    path = write_file(tmp_path / "x.gz", idx_bytes(np.arange(24, dtype=np.uint8).reshape(2, 3, 4), 0x803), True)
+    first = idx.read_bytes(path)
+    [copy] = (tmp_path / "cache" / "data").iterdir()
+    assert copy.read_bytes() == first
+
+    def no_gzip(*args, **kwargs):
+        raise AssertionError("gunzipped again")
+
+    monkeypatch.setattr(idx.gzip, "open", no_gzip)
+    assert idx.read_bytes(path) == first
+    copy.write_bytes(first[:-1])  # a copy cut short: not the trailer's length
+    monkeypatch.undo()
+    monkeypatch.setenv("EQUIPOISE_CACHE", str(tmp_path / "cache"))
+    assert idx.read_bytes(path) == first and copy.read_bytes() == first  # gunzipped and written again
+    (tmp_path / "file").write_bytes(b"")
+    monkeypatch.setenv("EQUIPOISE_CACHE", str(tmp_path / "file"))  # not a folder: nothing is kept
+    assert idx.read_bytes(path) == first

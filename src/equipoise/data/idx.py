@@ -8,6 +8,7 @@ uint8 payload. Every file is validated completely before it is used.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import os
 import zlib
 from pathlib import Path
@@ -37,14 +38,52 @@ def find_idx_file(data_dir: Path, stem: str, hint: str = "") -> Path:
 
 def read_bytes(path: Path) -> bytes:
     """The file's content, gunzipped if its name ends in ``.gz``; any read or
-    decompression failure becomes a DataError naming the path."""
+    decompression failure becomes a DataError naming the path. A gzip file's content is
+    kept decompressed in the cache folder (``cache_folder``) and read from there next
+    time: every process of a job reads the data set, and gunzipping Fashion-MNIST took
+    each about 0.3 s."""
     try:
         if path.suffix == ".gz":
-            with gzip.open(path, "rb") as handle:
-                return handle.read()
+            return _gunzipped(path)
         return path.read_bytes()
     except (OSError, EOFError, zlib.error) as exc:
         raise DataError(f"{path}: cannot read: {one_line(exc)}") from exc
+
+
+def cache_folder() -> Path:
+    """Where decompressed data files are kept: ``$EQUIPOISE_CACHE``, else
+    ``$XDG_CACHE_HOME/equipoise``, else ``~/.cache/equipoise``."""
+    if os.environ.get("EQUIPOISE_CACHE"):
+        return Path(os.environ["EQUIPOISE_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "equipoise"
+
+
+def _gunzipped(path: Path) -> bytes:
+    """``path`` gunzipped, from the cache when a copy of it is there: named by the file's
+    absolute path, size and modification time, and used only if its length is the one the
+    gzip trailer records (ISIZE: the content's length mod 2^32). Otherwise decompressed
+    and written there (atomically; a folder that cannot be written is skipped)."""
+    st = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:20]
+    cached = cache_folder() / "data" / f"{key}-{path.name[:-3]}"
+    with path.open("rb") as handle:
+        handle.seek(-4, os.SEEK_END)
+        isize = int.from_bytes(handle.read(4), "little")
+    try:
+        if cached.stat().st_size % (1 << 32) == isize:
+            return cached.read_bytes()
+    except OSError:
+        pass
+    with gzip.open(path, "rb") as handle:
+        data = handle.read()
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_name(f".{cached.name}.{os.getpid()}")
+        tmp.write_bytes(data)
+        os.replace(tmp, cached)
+    except OSError:
+        pass
+    return data
 
 
 def parse_idx(path: Path, data: bytes, magic: int, ndim: int) -> np.ndarray:
