@@ -43,9 +43,20 @@ def unseen() -> str:
         f"{num(1 / t['median'])}× its speed); worst case {o['worst case']}.")
 
 
+def unseen_aa() -> str:
+    """The A/A check of the sweep's cases below 1.0×: greedy run twice beside PSLD."""
+    d = load("bench_psld_unseen-aa")
+    head = ["case", "blocks", "protocol", "scenario", "greedy again × greedy (A/A)", "psld speed-up × greedy",
+            "psld moves"]
+    rows = [[str(c["case"]), c["shape"], c["protocol"], c["scenario"], rng(c["ratios"]["greedy-again speed-up × greedy"]),
+             rng(c["ratios"]["psld speed-up × greedy"]), rng(summ([r["moves"] for r in c["runs"]["psld"]]), count)]
+            for c in d["cases"]]
+    return one_file("bench_psld_unseen-aa", head, rows)
+
+
 def psld_tables() -> dict[str, str]:
     return {**{f"psld-{p}": preset(f"bench_psld_{p}") for p in ("full", "full-byteps", "full-mlp", "full-mlp-byteps",
                                                                  "ssp")},
             "psld-single-block": preset("bench_psld_single-block"),
             "psld-single-block-ssp": preset("bench_psld_single-block-ssp"),
-            "psld-dynamic": preset("bench_psld_dynamic"), "psld-unseen": unseen()}
+            "psld-dynamic": preset("bench_psld_dynamic"), "psld-unseen": unseen(), "psld-unseen-aa": unseen_aa()}
