@@ -170,31 +170,40 @@ def overall(speedups: list[float], to_oracle: list[float]) -> dict[str, Any]:
             "worst case": min(range(len(speedups)), key=lambda i: speedups[i])}
 
 
-def run_unseen(preset: str, results_path: str | None = None, reps: int | None = None,
-               cases: int | None = None) -> dict[str, Any]:
-    """Every random case under greedy, PSLD and the oracle (the best static placement for
-    the speeds in force at the end), interleaved: round r runs case 0's three, then case
-    1's, ..., each case's three starting one later in each round (greedy first in round
-    1, PSLD in round 2, the oracle in round 3), so that no policy always runs right after
-    another case's runs. Ratios per case and round: PSLD's whole-run speed-up over greedy, and its
-    whole-run and settled iteration time over the oracle's."""
-    base = PRESETS[preset]
-    n = cases if cases is not None else UNSEEN_CASES
-    reps = base.reps if reps is None else reps
-    drawn = random_cases(base.seed, n)
-    specs = [case_spec(base, c) for c in drawn]
-    result: dict[str, Any] = {"preset": preset, "spec": asdict(replace(base, reps=reps)), "cases_drawn": n,
-                              "loadavg_at_start": load_average(), "cases": []}
+def interleaved_cases(base: Spec, indices, labels: tuple[str, ...], reps: int):
+    """Run the random cases `indices` of `base.seed` under each of `labels` (placements;
+    "<placement>-again" runs it a second time), interleaved: round r runs the first case's
+    runs, then the next case's, ..., each case's starting one later in each round, so
+    that no label always runs right after another case's runs. Yields (case, spec, slow
+    server, {label: runs}) in the order of `indices`."""
+    drawn = random_cases(base.seed, max(indices) + 1)
+    specs = {i: case_spec(base, drawn[i]) for i in indices}
     with tempfile.TemporaryDirectory(prefix="bench-psld-") as name:
         tmp = Path(name)
-        systems = {f"{i}/{label}": (lambda spec=spec, slow=slow, label=label: run_one(spec, label, slow, tmp))
-                   for i, (spec, slow) in enumerate(specs) for label in ("greedy", "psld", "oracle")}
-        runs = interleave(systems, reps, rotate=3)  # a case's three, in a rotating order
-    for i, (case, (spec, slow)) in enumerate(zip(drawn, specs)):
-        mine = {label: runs[f"{i}/{label}"] for label in ("greedy", "psld", "oracle")}
+        systems = {f"{i}/{label}": (lambda spec=spec, slow=slow, label=label:
+                                    run_one(spec, label.removesuffix("-again"), slow, tmp))
+                   for i, (spec, slow) in specs.items() for label in labels}
+        runs = interleave(systems, reps, rotate=len(labels))
+    for i, (spec, slow) in specs.items():
+        mine = {label: runs[f"{i}/{label}"] for label in labels}
         for rs in mine.values():
             for r in rs:
                 r.pop("run_dir")
+        yield drawn[i], spec, slow, mine
+
+
+def run_unseen(preset: str, results_path: str | None = None, reps: int | None = None,
+               cases: int | None = None) -> dict[str, Any]:
+    """Every random case under greedy, PSLD and the oracle (the best static placement for
+    the speeds in force at the end), interleaved (`interleaved_cases`). Ratios per case
+    and round: PSLD's whole-run speed-up over greedy, and its whole-run and settled
+    iteration time over the oracle's."""
+    base = PRESETS[preset]
+    n = cases if cases is not None else UNSEEN_CASES
+    reps = base.reps if reps is None else reps
+    result: dict[str, Any] = {"preset": preset, "spec": asdict(replace(base, reps=reps)), "cases_drawn": n,
+                              "loadavg_at_start": load_average(), "cases": []}
+    for case, spec, slow, mine in interleaved_cases(base, range(n), ("greedy", "psld", "oracle"), reps):
         ratios = {
             "psld speed-up × greedy": summary([g["iteration_s"] / p["iteration_s"]
                                                for g, p in zip(mine["greedy"], mine["psld"])]),
@@ -235,31 +244,18 @@ def run_unseen_aa(preset: str, results_path: str | None = None, reps: int | None
     against."""
     base = PRESETS[preset]
     reps = base.reps if reps is None else reps
-    drawn = random_cases(base.seed, max(UNSEEN_AA_CASES) + 1)
-    specs = {i: case_spec(base, drawn[i]) for i in UNSEEN_AA_CASES}
-    labels = ("greedy", "greedy-again", "psld")
-    result: dict[str, Any] = {"preset": preset, "spec": asdict(replace(base, reps=reps)), "cases_drawn": list(specs),
-                              "loadavg_at_start": load_average(), "cases": []}
-    with tempfile.TemporaryDirectory(prefix="bench-psld-") as name:
-        tmp = Path(name)
-        systems = {f"{i}/{label}": (lambda spec=spec, slow=slow, label=label:
-                                    run_one(spec, label.replace("-again", ""), slow, tmp))
-                   for i, (spec, slow) in specs.items() for label in labels}
-        runs = interleave(systems, reps, rotate=3)
-    for i, (spec, slow) in specs.items():
-        mine = {label: runs[f"{i}/{label}"] for label in labels}
-        for rs in mine.values():
-            for r in rs:
-                r.pop("run_dir")
+    result: dict[str, Any] = {"preset": preset, "spec": asdict(replace(base, reps=reps)),
+                              "cases_drawn": list(UNSEEN_AA_CASES), "loadavg_at_start": load_average(), "cases": []}
+    for case, _, slow, mine in interleaved_cases(base, UNSEEN_AA_CASES, ("greedy", "greedy-again", "psld"), reps):
         g = mine["greedy"]
         ratios = {f"{label} speed-up × greedy": summary([a["iteration_s"] / b["iteration_s"]
                                                          for a, b in zip(g, mine[label])])
                   for label in ("greedy-again", "psld")}
-        result["cases"].append({**drawn[i], "slow": slow, "runs": mine, "ratios": ratios})
+        result["cases"].append({**case, "slow": slow, "runs": mine, "ratios": ratios})
     rows = [[c["case"], c["shape"], c["protocol"], fmt_range(c["ratios"]["greedy-again speed-up × greedy"]),
              fmt_range(c["ratios"]["psld speed-up × greedy"]),
              fmt_range(summary([r["moves"] for r in c["runs"]["psld"]]))] for c in result["cases"]]
-    print(f"## Cases {list(specs)} of the sweep, {reps} interleaved rounds; median (min–max)\n")
+    print(f"## Cases {list(UNSEEN_AA_CASES)} of the sweep, {reps} interleaved rounds; median (min–max)\n")
     print(markdown_table(["case", "blocks", "protocol", "greedy again × greedy", "psld × greedy", "psld moves"], rows))
     print(f"\nwrote {write_results(f'{NAME}_{preset}', result, results_path)}")
     return result
