@@ -110,6 +110,7 @@ class Config:
     psld_interval: int = 10  # iterations between server measurements (and PSLD decisions)
     psld_epsilon: float = 0.1  # PSLD: probability of exploring instead of exploiting
     psld_max_servers: int = 0  # PSLD may add servers up to this many; 0: never adds
+    psld_horizon: int = 50  # PSLD: iterations a move's pause must be repaid in (capped by those left)
     threads: int = 1
     device: str = "cpu"  # every worker's: cpu | cuda | cuda:N | auto (a GPU if there is one)
     devices: tuple[str, ...] = ()  # one per worker, instead of `device` (a mixed job)

@@ -192,6 +192,7 @@ def servers(cfg: Config) -> None:
     for key in ("block_size", "psld_max_servers"):
         _at_least(key, getattr(cfg, key), 0)
     _at_least("psld_interval", cfg.psld_interval, 1)
+    _at_least("psld_horizon", cfg.psld_horizon, 1)
     if not 0.0 <= cfg.psld_epsilon <= 1.0:
         raise ConfigError(f"psld_epsilon = {cfg.psld_epsilon!r} must be in [0, 1]")
     if cfg.server_speeds and (len(cfg.server_speeds) != cfg.servers or any(

@@ -67,7 +67,7 @@ GROUPS: dict[str, dict[str, str]] = {
                                 "transport", "host", "auth", "max_message_mb")},
     "servers": {"count": "servers", "placement": "placement", "block_size": "block_size", "speeds": "server_speeds",
                 "events": "server_events", "psld_interval": "psld_interval", "psld_epsilon": "psld_epsilon",
-                "psld_max_servers": "psld_max_servers"},
+                "psld_max_servers": "psld_max_servers", "psld_horizon": "psld_horizon"},
     "failure": {k: k for k in ("timeout", "heartbeat_s", "stuck_s", "worker_restarts", "replication", "snapshot_every")},
     "ray": {"address": "ray_address", "strategy": "ray_strategy", "data": "ray_data",
             "worker_resources": "worker_resources", "server_resources": "server_resources"},

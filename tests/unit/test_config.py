@@ -65,6 +65,7 @@ def test_parse_override(item, expected):
     ({"model": "nonsense"}, ["model", "nonsense"]),
     ({"max_batch": 10}, ["max_batch", "10"]),
     ({"block_size": -1}, ["block_size", "-1"]),
+    ({"psld_horizon": 0}, ["psld_horizon", "0"]),
     ({"fragment_kb": -1}, ["fragment_kb", "-1"]),
     ({"colour": "red"}, ["colour"]),
     ({"eager_update": True, "backward_push": True}, ["eager_update", "forward_pull = false"]),

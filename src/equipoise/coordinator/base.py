@@ -88,7 +88,7 @@ class Coordinator:
                          "delay_compensation": cfg.delay_compensation, "dc_lambda": cfg.dc_lambda,
                          "eager_update": cfg.eager_update},
             control_path=self.run_dir / "control.jsonl", event=self._event, record=self.metrics.write,
-            elapsed=self.stats.elapsed, await_hello=self.await_hello, epoch=lambda: self.epoch)
+            elapsed=self.stats.elapsed, await_hello=self.await_hello, epoch=lambda: self.epoch, total=self.total)
         self.servers.barrier = self.barrier_paced
         self.planner = Planner(cfg.slice(PlanSettings), list(range(cfg.workers)))
         self.blocks: list[Block] = []

@@ -18,14 +18,16 @@ times with its next plan request). New trials:
 * exploit: the descending-best-fit moves (``exploit_moves``) that cut the predicted
   maximum server time max_j L_j / r_j, if they cut it by more than ``threshold`` and
   are not a plan undone within the last ``tabu_decisions`` decisions; of them, only the
-  prefix whose gain over ``horizon`` iterations repays its predicted pause (``_paying``);
+  prefix whose gain over ``horizon`` iterations (or the job's iterations left, if fewer)
+  repays its predicted pause (``_paying``);
 * relief, where exploiting finds nothing: the plan the upper rates predict (the whole
   measured fixed cost off) for the light servers, whose measured rates are
   extrapolations (under half the slowest server's bytes; not for a block going back to
   a server a kept trial took it off), once an episode (``_decide``);
 * explore (probability ``epsilon``, drawn before exploiting): add a server
   (probability 1/2 while fewer than ``max_servers`` run), else move a random block of
-  the slowest server to a random other server. When exploiting finds nothing worth a
+  the slowest server to a random other server; not with fewer than ``horizon``
+  iterations left in the job. When exploiting finds nothing worth a
   trial the placement stays as it is: a settled placement is not disturbed every other
   interval by a random move (and its undo), only now and then.
 
@@ -144,6 +146,7 @@ class Psld:
         self.max_servers = max_servers
         self.threshold = threshold
         self.horizon = horizon            # iterations a migration's pause is amortised over
+        self._horizon = horizon           # this decision's: ``horizon``, capped by the iterations left
         self.tabu_decisions = tabu_decisions
         self.z = z
         # Back-off: after `failures` trials in a row undone while relieving the same
@@ -172,7 +175,7 @@ class Psld:
                throughput: Mapping[int, float], iteration_s: float,
                added: Set[int] = frozenset(), share: float = 1.0,
                noise: float = 0.0, upper: Mapping[int, float] | None = None,
-               traffic: Mapping[int, float] | None = None) -> list[ServerAction]:
+               traffic: Mapping[int, float] | None = None, left: int | None = None) -> list[ServerAction]:
         """The actions to carry out now. ``table[k]`` is the server rank of block k,
         ``live`` the ranks running, ``throughput`` their measured bytes/s (missing for a
         server that handled nothing), ``iteration_s`` the mean iteration time since the
@@ -187,7 +190,13 @@ class Psld:
         0.9): where it is given, a plan these rates predict is tried once when
         ``throughput`` predicts none (a relief). ``traffic`` is the bytes each block's
         exchanges carried over the interval (``block_traffic``): the blocks ``measured``
-        (a sparse table's shards) weigh what they carried (``_weigh``)."""
+        (a sparse table's shards) weigh what they carried (``_weigh``). ``left`` is the
+        iterations the job has still to run (None: unknown, unbounded): a plan's pause
+        is amortised over at most those (a move that cannot repay its pause before the
+        job ends is not made; a trial is still judged on the whole ``horizon``: its
+        pause is spent, and undoing it would cost another), and no random move is explored with fewer than ``horizon``
+        left (what it would teach has no iterations left to be used in)."""
+        self._horizon = self.horizon if left is None else max(1, min(self.horizon, int(left)))
         noise = noise if math.isfinite(noise) and noise > 0 else 0.0
         self._weigh(traffic or {})
         self._observe(table, iteration_s)
@@ -287,7 +296,7 @@ class Psld:
         if self.hold > 0:  # trials relieving this server kept failing: wait
             self.hold -= 1
             return []
-        if self.rng.random() < self.epsilon:
+        if self.rng.random() < self.epsilon and self._horizon >= self.horizon:  # (drawn anyway: one sequence)
             return self._explore(table, live, rates, iteration_s, noise)
         moves, new_owner = exploit_moves(self.sizes, owner, speeds)
         after = server_loads(self.sizes, new_owner, len(live))
@@ -367,7 +376,7 @@ class Psld:
             raw += PAUSE_COPIES * self.nbytes[m.block] * (1 / link[m.src] + 1 / fastest)
             costs.append(raw)
             part = (now - predicted_time(place, speeds)) / now * share - bar
-            net = part * iteration_s * self.horizon - raw * self.pause_scale
+            net = part * iteration_s * self._horizon - raw * self.pause_scale
             if part > 0 and net > best_net:
                 best, best_net = len(costs), net
         return [MoveBlock(m.block, live[m.src], live[m.dst]) for m in moves[:best]], (costs[best - 1] if best else 0.0)

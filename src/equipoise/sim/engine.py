@@ -112,7 +112,8 @@ class Simulation:
         start = np.full(len(ranks), self._first_exchange())
         ex_wait, ex_comm = np.zeros(len(ranks)), start.copy()
         added = self.scenario.added_servers()
-        psld = (Psld(srv.sizes.astype(int).tolist(), cfg.psld_epsilon, cfg.psld_max_servers, seed=cfg.seed)
+        psld = (Psld(srv.sizes.astype(int).tolist(), cfg.psld_epsilon, cfg.psld_max_servers, seed=cfg.seed,
+                     horizon=cfg.psld_horizon)
                 if cfg.placement == "psld" else None)
         joining: dict[int, int] = dict(added)  # server rank -> iteration it joins
         psld_added: set[int] = set()
@@ -227,7 +228,7 @@ class Simulation:
             self.emit(rec)
             if psld is not None and not actions and iteration_s:
                 actions = psld.decide(srv.owner.tolist(), sorted(srv.live), thr, iteration_s, psld_added,
-                                      share=srv.share, upper=srv.upper)
+                                      share=srv.share, upper=srv.upper, left=self.iterations - t)
         pause = 0.0
         for action in actions:
             refused = self._refusal(action)

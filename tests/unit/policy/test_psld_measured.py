@@ -187,3 +187,44 @@ def test_no_relief_moves_a_block_back_where_a_kept_trial_took_it_off():
     assert c.decide(table, RELIEF_LIVE, swapped, 0.09, share=share, upper=swapped_upper) == [] and c.log[-1]["kept"]
     for _ in range(3):
         assert c.decide(table, RELIEF_LIVE, swapped, 0.09, share=share, upper=swapped_upper) == []
+
+
+# One 4 MB block alone on a server of 10 MB/s, three of 1 MB on servers of 100 MB/s: the
+# slow server takes 0.4 s of a 0.5 s iteration, and the block moved to a fast one leaves
+# 0.05 s. Its predicted pause is PAUSE_COPIES (2) x 4 MB through 10 and 100 MB/s: 0.88 s.
+# The cut is worth (0.4 - 0.05) / 0.4 - 0.03 (the threshold) = 0.845 of an iteration:
+# 0.42 s an iteration, so it repays its pause in 3 iterations, not in 1.
+HORIZON_SIZES = [4_000_000, 1_000_000, 1_000_000, 1_000_000]
+HORIZON_RATES = {0: 10e6, 1: 100e6, 2: 100e6, 3: 100e6}
+
+
+@pytest.mark.parametrize("left, moves", [(None, True), (50, True), (3, True), (1, False)])
+def test_a_move_must_repay_its_pause_in_the_iterations_the_job_has_left(left, moves):
+    actions = Psld(HORIZON_SIZES, epsilon=0.0).decide([0, 1, 2, 3], [0, 1, 2, 3], HORIZON_RATES, 0.5, left=left)
+    assert (MoveBlock(0, 0, 1) in [MoveBlock(a.block, a.src, 1) for a in actions]) is moves
+
+
+def test_a_trial_made_near_the_end_is_judged_on_the_whole_horizon():
+    """Made with 3 iterations left, the trial is still judged with its measured pause
+    (0.7 s) amortised over the 50-iteration horizon, not over 3: the pause is spent, and
+    undoing the moves would cost another; 0.5 s -> 0.3 s less 0.7/50 is kept. (Over 3
+    iterations the same pause, 0.233 s an iteration, would have undone a placement
+    better by 40%: in the simulator a dynamic case fell below greedy that way.)"""
+    c = Psld(HORIZON_SIZES, epsilon=0.0)
+    table = [0, 1, 2, 3]
+    actions = c.decide(table, [0, 1, 2, 3], HORIZON_RATES, 0.5, left=3)
+    assert actions
+    c.charge(0.7)
+    for a in actions:
+        table[a.block] = a.dst
+    assert c.decide(table, [0, 1, 2, 3], HORIZON_RATES, 9.0, left=2) == []  # the moves' own interval
+    assert c.decide(table, [0, 1, 2, 3], HORIZON_RATES, 0.3, left=1) == []
+    assert c.log[-1]["kept"] is True
+
+
+def test_no_random_move_is_explored_near_the_end_of_the_job():
+    """Equal servers, equal loads: only exploration moves anything, and not with fewer
+    than the horizon's iterations left."""
+    args = ([0, 1, 2, 3], [0, 1, 2, 3], {r: 100e6 for r in range(4)}, 0.5)
+    assert Psld([1_000_000] * 4, epsilon=1.0, seed=0).decide(*args, left=49) == []
+    assert Psld([1_000_000] * 4, epsilon=1.0, seed=0).decide(*args, left=50) != []
