@@ -35,6 +35,20 @@ Preset ``lbbsp`` (bench_sparse_lbbsp.json): the DLRM-style job (8 tables of 10�
 times slower than a core here, as in bench_lbbsp), 2 servers, under BSP and LB-BSP,
 interleaved: samples/s on the steady window after 20 iterations and LB-BSP's speed-up,
 also over the whole run.
+
+Preset ``torchrec`` (bench_sparse_torchrec.json): the DLRM-style example as shipped (8
+tables of 10⁵ rows × 16, Adagrad, global batch 512, 4 workers, 4 servers) against the
+same model, data and global batch under TorchRec on 4 processes (benchmarks/torchrec_dlrm.py,
+run by the Python of a venv of TorchRec's own), interleaved: samples/s on the steady
+window after 20 iterations, and where each one's iteration goes. The venv:
+
+    python -m venv V && V/bin/pip install torch==2.13.0 fbgemm-gpu-cpu==1.8.0 tensordict \
+        torchmetrics==1.0.3 tqdm pyre-extensions
+    V/bin/pip install --no-deps torchrec==1.8.0   # it asks for fbgemm-gpu, the CUDA build
+    python -m benchmarks.bench_sparse torchrec --torchrec-python V/bin/python
+
+(TorchRec 1.9 and fbgemm-gpu-cpu 1.9.0 are built against a later torch: their kernels do
+not load beside torch 2.13, undefined symbols; the 1.8.0 pair does.)
 """
 
 from __future__ import annotations
@@ -340,12 +354,66 @@ def bench_lbbsp(reps: int = 3, iterations: int = 90, warmup: int = 20, base: flo
                                                  for b, lb in zip(runs["bsp"], runs["lbbsp"])])}
 
 
+def run_torchrec(python: str, iterations: int, warmup: int, tmp: Path) -> dict[str, Any]:
+    """One run of benchmarks/torchrec_dlrm.py by `python` (TorchRec's venv): samples/s on
+    the steady window after `warmup` iterations and over the whole run, and its phases."""
+    import json
+    import os
+    import subprocess
+
+    out = tmp / f"torchrec-{time.monotonic_ns()}.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    t0 = time.perf_counter()
+    subprocess.run([python, str(ROOT / "benchmarks" / "torchrec_dlrm.py"), "--out", str(out),
+                    "--iterations", str(iterations), "--warmup", str(warmup)],
+                   check=True, timeout=1800, env=env, stdout=subprocess.DEVNULL)
+    wall = time.perf_counter() - t0
+    r = json.loads(out.read_text())
+    ends, batch = r.pop("ends_s"), DLRM_SETTINGS["global_batch"]
+    return {**r, "wall_s": wall, "samples_per_s": batch * iterations / ends[-1],
+            "steady_samples_per_s": batch * (iterations - warmup) / (ends[-1] - ends[warmup - 1])}
+
+
+def bench_torchrec(python: str, reps: int = 3, iterations: int = 90, warmup: int = 20) -> dict[str, Any]:
+    """The DLRM-style example as shipped (8 tables of 10⁵ rows × 16, Adagrad 0.05, global
+    batch 512, 4 workers and 4 servers) against the same model, data and global batch
+    under TorchRec on 4 processes, interleaved: samples/s after `warmup` iterations."""
+    from benchmarks.bench_lbbsp import steady_window
+
+    def ours(tmp: Path) -> dict[str, Any]:
+        r = run_dlrm(100_000, 8, 16, True, iterations, tmp, optimizer="adagrad")
+        w = steady_window(Path(r.pop("run_dir"), "metrics.jsonl"), warmup)
+        return {**r, "steady_samples_per_s": w["samples_per_s"], "split": w["split"],
+                "final_train_loss": w["final_train_loss"]}
+
+    with tempfile.TemporaryDirectory(prefix="bench-sparse-") as name:
+        tmp = Path(name)
+        runs = interleave({"equipoise": lambda: ours(tmp),
+                           "torchrec": lambda: run_torchrec(python, iterations, warmup, tmp)}, reps)
+    return {"settings": {**DLRM_SETTINGS, "optimizer": "adagrad", "rows": 100_000, "tables": 8, "dim": 16,
+                         "iterations": iterations, "warmup": warmup},
+            "loadavg_at_start": load_average(), "runs": runs,
+            "versions": {k: runs["torchrec"][0][k] for k in ("torch", "torchrec", "fbgemm_gpu")},
+            "samples_per_s": {k: summary([r["steady_samples_per_s"] for r in v]) for k, v in runs.items()},
+            "equipoise_x_torchrec": summary([a["steady_samples_per_s"] / b["steady_samples_per_s"]
+                                             for a, b in zip(runs["equipoise"], runs["torchrec"])]),
+            "whole_run_equipoise_x_torchrec": summary([a["samples_per_s"] / b["samples_per_s"]
+                                                       for a, b in zip(runs["equipoise"], runs["torchrec"])])}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("preset", choices=["movielens", "memory", "dlrm", "psld", "lbbsp"])
+    parser.add_argument("preset", choices=["movielens", "memory", "dlrm", "psld", "lbbsp", "torchrec"])
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--torchrec-python", help="preset torchrec: the Python of TorchRec's venv")
     args = parser.parse_args()
-    if args.preset == "memory":
+    if args.preset == "torchrec":
+        if not args.torchrec_python:
+            parser.error("preset torchrec needs --torchrec-python (the Python of a venv with TorchRec)")
+        result = bench_torchrec(args.torchrec_python, args.reps)
+        print(f"samples/s: equipoise {fmt_range(result['samples_per_s']['equipoise'])}, torchrec "
+              f"{fmt_range(result['samples_per_s']['torchrec'])}; ratio {fmt_range(result['equipoise_x_torchrec'])}")
+    elif args.preset == "memory":
         result = bench_memory(args.reps)
         print(f"worker peak RSS (MB): with the table {fmt_range(result['worker_peak_rss_mb']['table'])}, without "
               f"{fmt_range(result['worker_peak_rss_mb']['without'])}; difference "

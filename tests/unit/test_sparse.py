@@ -14,6 +14,7 @@ from equipoise.sparse.remote import IdError, RemoteTables
 from equipoise.sparse.step import check_rows, sparse_sum
 from equipoise.sparse.tables import (SHARDS_PER_SERVER, TableError, place_with_tables, row_order, sparse_tables, stored_positions,
                                      table_blocks)
+from equipoise.wire.names import pack_parts, unpack_parts
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -115,14 +116,15 @@ def test_a_remote_table_gives_torch_s_sparse_gradient(bag, padding_idx):
     grads, rows = tables.gradients()
     got = torch.zeros(37, 4)
     inverse = torch.argsort(stored_positions(torch.arange(37), 37))
-    for b in (b for b in blocks if b.kind == "rows"):
+    assert set(rows) == set(grads) and set(rows) <= {b.key for b in blocks if b.kind == "rows"}  # the blocks touched
+    for b in (b for b in blocks if b.key in rows):
         ids = inverse[b.start // 4 + rows[b.key]]
         got[ids] += grads[b.key].view(-1, 4)
     dense_want = want.to_dense()
     assert torch.allclose(got, dense_want, atol=1e-6)
     touched = {int(i) for i in want.indices()[0]}
-    assert {int(i) for b in blocks if b.kind == "rows" for i in inverse[b.start // 4 + rows[b.key]]} == touched
-    assert len(rows) == sum(b.kind == "rows" for b in blocks)  # every block, empty where untouched
+    assert {int(i) for b in blocks if b.key in rows for i in inverse[b.start // 4 + rows[b.key]]} == touched
+    assert all(len(r) for r in rows.values())  # only the blocks touched: none empty
 
 
 def test_an_id_outside_its_table_is_named():
@@ -159,7 +161,6 @@ def cfg(**kw):
 
 
 @pytest.mark.parametrize("kw,match", [
-    ({"protocol": "asp"}, "run under protocol bsp or lbbsp, not asp"),
     ({"backward_push": True}, "backward_push = True"),
     ({"optimizer": "adamw"}, "adamw has no sparse step"),
     ({"weight_decay": 0.01}, "weight_decay = 0.01"),
@@ -244,7 +245,7 @@ def test_an_embedding_bag_with_offsets_and_the_last_offset_included_gives_torch_
     grads, rows = tables.gradients()
     dense = torch.zeros(37, 4)
     inverse = torch.argsort(stored_positions(torch.arange(37), 37))
-    for b in (b for b in blocks if b.kind == "rows"):
+    for b in (b for b in blocks if b.key in rows):
         dense[inverse[b.start // 4 + rows[b.key]]] += grads[b.key].view(-1, 4)
     assert torch.allclose(dense, model.emb.weight.grad.to_dense(), atol=1e-6)
 
@@ -263,10 +264,31 @@ def test_a_server_refuses_a_rows_request_larger_than_the_block():
     spec = OptimizerSpec("sgd", 1.0, 0.0, 0.0, "constant", 100, 10, 0.1, 1).to_dict()
     server.handle(b"c", Message("init", {"blocks": [[0, "t", 0, 12, "rows", 4, 4]], "optimizer": spec, "version": 0,
                                          "samples": 0, "protocol": "bsp", "workers": 1}, {"b0": torch.zeros(12)}))
-    server.handle(b"w", Message("rows_req", {"worker": 0, "min_version": 0}, {"i0": torch.zeros(4, dtype=torch.int64)}))
+    ask = lambda rows: Message("rows_req", {"worker": 0, "min_version": 0}, pack_parts("I", {0: rows}))
+    server.handle(b"w", ask(torch.zeros(4, dtype=torch.int64)))
     assert sent[-1].type == "error" and "4 rows of block 0, which has 3" in sent[-1].fields["message"]
-    server.handle(b"w", Message("rows_req", {"worker": 0, "min_version": 0}, {"i0": torch.tensor([2, 0])}))
-    assert sent[-1].type == "rows" and tuple(sent[-1].tensors["r0"].shape) == (2, 4) and not server.done
+    server.handle(b"w", ask(torch.tensor([2, 0])))
+    assert sent[-1].type == "rows" and unpack_parts(sent[-1].tensors, "R")[0].shape == (8,) and not server.done
+    # a malformed index: refused in one line naming the tensor; the server goes on
+    for bad, words in (({"I0": torch.tensor([2, 0])}, "without its index"),
+                       ({"I0": torch.tensor([2, 0]), "I0#": torch.tensor([[0, 3]])}, "counts 3 elements of 2"),
+                       ({"I0": torch.tensor([2, 0]), "I0#": torch.tensor([[-1, 2]])}, "negative"),
+                       ({"I0": torch.tensor([2, 0]), "I0#": torch.tensor([0, 2])}, "int64 [n, 2]"),
+                       ({"I0": torch.tensor([2, 0]), "I0#": torch.tensor([[0, 1], [0, 1]])}, "block 0 twice")):
+        server.handle(b"w", Message("rows_req", {"worker": 0, "min_version": 0}, bad))
+        assert sent[-1].type == "error" and "tensor I0" in sent[-1].fields["message"], bad
+        assert words in sent[-1].fields["message"] and not server.done
+    server.handle(b"w", ask(torch.tensor([1])))
+    assert sent[-1].type == "rows"
+
+
+def test_many_blocks_pack_into_one_tensor_per_dtype_and_back():
+    parts = {3: torch.arange(4), 7: torch.ones(2, 3), 9: torch.tensor([5]), 11: torch.zeros(0)}
+    packed = pack_parts("G", parts)
+    assert set(packed) == {"G0", "G0#", "G1", "G1#"}  # int64 and float32
+    back = unpack_parts(packed, "G")
+    assert set(back) == set(parts) and all(torch.equal(back[k], parts[k].reshape(-1)) for k in parts)
+    assert pack_parts("G", {}) == {} and unpack_parts({}, "G") == {}
 
 
 def test_a_workers_tables_are_never_held_and_other_threads_build_as_usual():
@@ -317,10 +339,11 @@ def test_a_server_books_the_bytes_each_block_carried():
     server.handle(b"c", Message("init", {"blocks": [[0, "w", 0, 6, "param", 4], [1, "t", 0, 12, "rows", 4, 4]],
                                          "optimizer": spec, "version": 0, "samples": 0, "protocol": "bsp",
                                          "workers": 1}, {"b0": torch.zeros(6), "b1": torch.zeros(12)}))
-    server.handle(b"w", Message("rows_req", {"worker": 0, "min_version": 0}, {"i1": torch.tensor([2, 0])}))
+    server.handle(b"w", Message("rows_req", {"worker": 0, "min_version": 0}, pack_parts("I", {1: torch.tensor([2, 0])})))
     assert sent[-1].type == "rows"  # 2 rows × 4 float32: 32 B
     server.handle(b"w", Message("push", {"worker": 0, "version": 0, "samples": 1},
-                                {"g0": torch.ones(6), "g1": torch.ones(8), "i1": torch.tensor([2, 0])}))
+                                {"g0": torch.ones(6), **pack_parts("G", {1: torch.ones(8)}),
+                                 **pack_parts("I", {1: torch.tensor([2, 0])})}))
     assert sent[-1].type == "ack"  # 24 B dense, 32 B of rows and 16 B of their ids
     server.handle(b"w", Message("pull", {"worker": 0, "min_version": 1}))
     assert sent[-1].type == "params" and set(sent[-1].tensors) == {"b0"}  # 24 B

@@ -194,3 +194,45 @@ def test_shards_moved_while_the_job_runs_keep_every_update(tmp_path, protocol):
     moved = [r for r in map(json.loads, lines) if r.get("event") == "block_moved"]
     assert sorted(b for r in moved for b in r["blocks"]) == sorted([first, last, first])
     assert_near_oracle(cfg, tmp_path, data)
+
+
+def test_one_asp_worker_trains_the_tables_as_torch_does(tmp_path):
+    """Without a barrier a worker's rows are the servers' latest (not of its dense
+    weights' version); with one worker they are the same, and ASP at its BSP settings is
+    the single-process run."""
+    cfg = dlrm_job(protocol="asp", workers=1)
+    run_threads(cfg, tmp_path, load_workload(cfg))
+    assert_near_oracle(cfg, tmp_path, load_workload(cfg))
+
+
+@pytest.mark.parametrize("protocol,extra", [("asp", {}), ("softsync", {}), ("ssp", {"staleness_bound": 1})])
+def test_tables_train_under_the_stream_protocols_with_every_gradient_applied_once(tmp_path, protocol, extra):
+    """Three workers, no barrier: every gradient of the dense blocks applied once (a
+    table's shard is owed only the gradients of the batches that touched its rows), and
+    the job learns (the log loss falls below a constant guess's, ln 2)."""
+    cfg = dlrm_job(workers=3, servers=3, protocol=protocol, iterations=14, **extra)
+    summary = run_threads(cfg, tmp_path, load_workload(cfg))
+    g = summary["gradients"]  # every gradient owed (one per plan handed out) applied once
+    assert g["owed"] >= 14 * 3 and g["owed"] == g["applied_min"] == g["applied_max"]
+    assert summary["final_metrics"]["logloss"] < 0.6931
+    if protocol == "ssp":
+        assert summary["staleness_max"] <= 1
+
+
+@pytest.mark.parametrize("protocol", ["asp", "ssp"])
+def test_shards_moved_without_a_barrier_lose_no_gradient(tmp_path, protocol):
+    """Shards handed over while workers run: a rows request that reaches the old owner
+    is answered with the new owner's address and asked again there; gradients that reach
+    the old owner are forwarded with their rows; no dense gradient is lost or applied
+    twice."""
+    events = [{"iteration": 3, "move": 9, "to": 2}, {"iteration": 6, "move": 10, "to": 1},  # shards
+              {"iteration": 9, "move": 9, "to": 1}]  # (blocks 8-39 are the tables', 9 on server 1, 10 on 0)
+    cfg = dlrm_job(workers=3, servers=3, protocol=protocol, iterations=14, server_events=events,
+                   **({"staleness_bound": 1} if protocol == "ssp" else {}))
+    summary = run_threads(cfg, tmp_path, load_workload(cfg))
+    assert summary["status"] == "completed" and summary["lost_updates"] == 0
+    g = summary["gradients"]
+    assert g["owed"] >= 14 * 3 and g["owed"] == g["applied_min"] == g["applied_max"]
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    moved = [r for r in map(json.loads, lines) if r.get("event") == "block_moved"]
+    assert sorted(b for r in moved for b in r["blocks"]) == [9, 9, 10]

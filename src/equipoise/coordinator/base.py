@@ -468,11 +468,11 @@ class Coordinator:
                        evaluations={"run": [e["iteration"] for e in evals], "superseded": self.snapshots.superseded},
                        marks=self.stats.marks(evaluated))  # marks: api.train's startup_s, eval_s, shutdown_s
         summary["recovered"] = self.recovery.recovered  # lost_updates: 0 under a barrier (stats), counted below without
-        if not self.barrier_paced:  # each plan is one gradient owed to every block
-            counts = list(totals.applied.values()) or [0]
+        if not self.barrier_paced:  # each plan: a gradient owed to every block (a shard: if touched)
+            shards = {b.key for b in self.blocks if b.kind == "rows"}
+            counts = [n for k, n in totals.applied.items() if k not in shards] or [0]
             summary["gradients"] = {"owed": self.plans, "applied_min": min(counts), "applied_max": max(counts)}
-            # Owed and never applied, on the block short of most: a lost worker's last
-            # gradient, gradients in flight at a rollback's snapshot.
+            # owed, never applied, on the block short of most (a lost worker's last, a rollback's)
             summary["lost_updates"] = max([self.plans - n for n in counts] + [0])
             summary.update(forwarded=totals.forwarded, duplicates=totals.duplicates, too_old=totals.too_old)
         if totals.steps.updates:  # async_scaling = "bsp": how the servers stepped, on average over updates

@@ -66,17 +66,14 @@ class ServerManager:
     def __init__(self, settings: ServerSettings, scenario: Scenario, transport: Transport, rpc: Rpc,
                  peers: Peers, *, init_fields: dict, control_path: Path,
                  event: Callable[..., None], record: Callable[[dict], None], elapsed: Callable[[], float],
-                 await_hello: Callable[[str, Callable[[Message], bool]], bytes], epoch: Callable[[], int],
-                 total: int = 0):
+                 await_hello: Callable[[str, Callable[[Message], bool]], bytes], epoch: Callable[[], int], total=0):
         """`init_fields` are the protocol and optimizer fields of every server's init;
         `event(name, t, **fields)` and `record(dict)` write metrics.jsonl; `elapsed()`
         is the training time so far; `await_hello(what, wanted)` waits at a barrier for a
         hello `wanted` accepts; `epoch()` is the coordinator's rollbacks so far (its
-        recovery's), told to every server initialised; `total` the iterations the job
-        runs (0: unknown), which bounds what a PSLD move may count on to repay its pause."""
-        self.total = total
+        recovery's), told to every server initialised; `total`: the job's iterations (0: unknown)."""
         self.settings, self.scenario, self.transport, self.rpc, self.peers = settings, scenario, transport, rpc, peers
-        self.init_fields = init_fields
+        self.init_fields, self.total = init_fields, total
         self._event, self._record, self._elapsed, self._await_hello = event, record, elapsed, await_hello
         self.epoch = epoch
         self.pool: ServerPool | None = None
@@ -126,8 +123,7 @@ class ServerManager:
         if self.settings.placement == "psld":
             s = self.settings
             self.psld = Psld([b.nbytes for b in blocks], epsilon=s.psld_epsilon, max_servers=s.psld_max_servers,
-                             seed=s.seed, measured={b.key for b in blocks if b.kind == "rows"},
-                             horizon=s.psld_horizon)
+                             seed=s.seed, measured={b.key for b in blocks if b.kind == "rows"}, horizon=s.psld_horizon)
 
     def _init(self, rank: int, mine: list[Block], values, optim, version: int, samples: int,
               gradients: dict[int, int] | None = None) -> Message:
@@ -352,8 +348,7 @@ class ServerManager:
             if self.psld is not None and not actions and iteration_s:
                 actions = self.psld.decide(self.pool.table, self.pool.serving(), throughput, iteration_s,
                                            set(self._added), share=self.share, noise=self.noise,
-                                           upper=self._upper, traffic=self._traffic,
-                                           left=self.total - t if self.total else None)
+                                           upper=self._upper, traffic=self._traffic, left=self.total and self.total - t or None)
         return actions
 
     def _update_stragglers(self, t: int) -> None:

@@ -22,7 +22,7 @@ from ..policy.placement import Block
 from ..policy.sync import ServerSync, SyncFault, Update, make_sync_policy
 from ..wire import Message, PeerTimeout, Transport
 from ..wire.bandwidth import TokenBucket
-from ..wire.names import grads_of, pack, rows_of, states_of, values_of
+from ..wire.names import grads_of, pack, states_of, unpack_parts, values_of
 from ..wire.transport import QuietLog, kind_of
 from .ahead import AheadUpdates, split
 from .fragments import FragmentPart, Fragments, count_field
@@ -353,7 +353,7 @@ class Server:
             # The worker read these weights from other servers (a block handed over to us
             # since): their version and stamp are the nearest it has, up to our own.
             version = min(version, self.sync.published())
-        own = grads_of(msg.tensors)
+        own = {**grads_of(msg.tensors), **unpack_parts(msg.tensors, "G")}  # a table's blocks come packed
         earlier, checked = self.fragments.take(int(f["worker"]), count_field(f, "seq", None),
                                                count_field(f, "fragments", 0))
         again = sorted(set(earlier) & set(own))
@@ -361,7 +361,7 @@ class Server:
             raise PushError(f"push from worker {f['worker']} repeats blocks {again[:5]} of its fragments")
         push = Push(int(f["worker"]), version, int(f["samples"]), {**earlier, **own},
                     read_field(f, "start", int, who=who, least=-1, default=-1), count,
-                    None if read is None else min(read, self.store.samples), rows=rows_of(msg.tensors))
+                    None if read is None else min(read, self.store.samples), rows=unpack_parts(msg.tensors, "I"))
         pid = None if step is None else (self.epoch, step, count_field(f, "part", 0))
         if drop_taken(self.ledger, push.worker, pid, push.tensors, "push"):  # all given already: acked
             self.listener.send(peer, Message("ack", {"version": self.sync.published(), "staleness": []}))
@@ -370,10 +370,10 @@ class Server:
         if push.tensors or not away:  # an empty push is refused here, as a push of wrong blocks
             self.store.check(push, partial=bool(away) or not self.sync.policy.barrier(), checked=checked)
         if away:  # everything is checked before anything is applied or forwarded
-            self.handover.check(push.worker, away, self.sync.lost)
+            self.handover.check(push.worker, away, self.sync.lost, push.rows)
         if read is not None and self.sync.policy.delay_compensation != "none":
             push.then = self.reads.get(push.worker, {}).get(read)
-        if push.tensors:  # SyncFault here refuses the push whole: nothing forwarded yet
+        if push.tensors or not away:  # SyncFault refuses it whole (empty: a batch touching no shard here)
             token = self.sync.accept(push.worker, push.version, push.samples, int(f.get("part", 0)), step)
             self.pushes[token] = push
         self.ledger.record(push.worker, pid, push.tensors)

@@ -16,7 +16,7 @@ import torch
 
 from ..policy.sync import SyncFault
 from ..wire import Message, Transport
-from ..wire.names import grad_name
+from ..wire.names import grad_name, pack_parts
 from .store import Push, PushError
 
 log = logging.getLogger("equipoise.server")
@@ -30,18 +30,25 @@ class Forwarding:
         self.rank, self.transport = rank, transport
         self.moved: dict[int, str] = {}
         self.shape: dict[int, tuple[int, str]] = {}
+        self.width: dict[int, int] = {}  # a table's block: elements a row
         self.sent = 0  # forward messages sent (one per new owner and hop)
         self._conns: dict[str, object] = {}
 
-    def handed(self, key: int, to: str, value: torch.Tensor) -> None:
-        """Block `key` (its value as it left) now lives at `to`."""
+    def handed(self, key: int, to: str, value: torch.Tensor, width: int = 0) -> None:
+        """Block `key` (its value as it left; `width`: a table's block, rows of it) now
+        lives at `to`."""
         self.moved[key] = to
         self.shape[key] = (int(value.numel()), str(value.dtype))
+        if width:
+            self.width[key] = width
+        else:
+            self.width.pop(key, None)
 
     def adopted(self, key: int) -> None:
         """Block `key` is ours again: nothing of it is forwarded any more."""
         self.moved.pop(key, None)
         self.shape.pop(key, None)
+        self.width.pop(key, None)
 
     def split(self, push: Push, held) -> dict[int, torch.Tensor]:
         """Take out of `push` the gradients of blocks handed over and not `held` again;
@@ -51,14 +58,23 @@ class Forwarding:
             del push.tensors[k]
         return away
 
-    def check(self, worker: int, away: dict, lost) -> None:
+    def check(self, worker: int, away: dict, lost, rows: dict | None = None) -> None:
         """What a gradient to forward must be, checked before anything of its push is
         applied, so that a refusal reaches its sender: a worker not declared lost (in
-        `lost`), each block's size and dtype as it left, finite."""
+        `lost`), each block's size and dtype as it left (a table's block: its `rows`,
+        within the block, a row's width each), finite."""
         if worker in lost:
             raise SyncFault(f"push from worker {worker}, which was declared lost")
         for key, t in away.items():
             numel, dtype = self.shape[key]
+            if key in self.width:
+                r = (rows or {}).get(key)
+                width = self.width[key]
+                if (r is None or r.dtype != torch.int64 or r.dim() != 1
+                        or (r.numel() and not 0 <= int(r.min()) <= int(r.max()) < numel // width)):
+                    raise PushError(f"push from worker {worker}: block {key} of a table comes without its rows "
+                                    f"or with rows outside [0, {numel // width})")
+                numel = r.numel() * width
             if t.dim() != 1 or t.numel() != numel or str(t.dtype) != dtype:
                 raise PushError(f"push from worker {worker}: block {key} has shape {tuple(t.shape)} {t.dtype}, "
                                 f"expected ({numel},) {dtype}")
@@ -83,7 +99,9 @@ class Forwarding:
                 conn.send(Message("forward", {"worker": push.worker, "samples": push.samples, "step": step,
                                               "epoch": epoch, "delay": delay, "part": part,
                                               **({} if push.count is None else {"count": push.count})},
-                                  {grad_name(k): v for k, v in grads.items()}))
+                                  {**{grad_name(k): v for k, v in grads.items() if k not in push.rows},
+                                   **pack_parts("G", {k: v for k, v in grads.items() if k in push.rows}),
+                                   **pack_parts("I", {k: push.rows[k] for k in grads if k in push.rows})}))
                 self.sent += 1
             except TimeoutError:
                 log.warning("server %d: could not forward worker %d's gradient of blocks %s to %s in time: "
@@ -101,7 +119,7 @@ class Forwarding:
 
     def reset(self) -> None:
         """A new init (a rollback): nothing handed over; connections closed."""
-        self.moved, self.shape = {}, {}
+        self.moved, self.shape, self.width = {}, {}, {}
         self.close()
 
     def close(self) -> None:

@@ -10,7 +10,7 @@ from ..policy.placement import Block
 from ..policy.sync import SyncFault
 from ..protocol.fields import read_field
 from ..wire import Message
-from ..wire.names import grads_of, pack, states_for, states_of, value_name, values_of
+from ..wire.names import grads_of, pack, states_for, states_of, unpack_parts, value_name, values_of
 from .fragments import count_field
 from .ledger import PushLedger, drop_taken
 from .parts import Core, nbytes as _nbytes
@@ -81,7 +81,9 @@ class BlockMoves:
             self.core.block_grads.pop(k, None)
             self.core.applied_at.pop(k, None)  # its next owner knows when it next updates it
             if not self.core.sync.policy.barrier():
-                self.core.handover.handed(k, str(msg.fields["to"]), tensors[value_name(k)])
+                b = store.blocks[k]
+                self.core.handover.handed(k, str(msg.fields["to"]), tensors[value_name(k)],
+                                          b.width if b.kind == "rows" else 0)
         self.core.release()  # pulls held here no longer wait for the blocks that left
         self.core.listener.send(peer, Message("ack", {"version": self.core.sync.published(), "bytes": nbytes,
                                                  "seconds": self.core.clock.now() - t0}))
@@ -132,7 +134,8 @@ class BlockMoves:
 
     # -- hand-over without a barrier ---------------------------------------------------
     def count(self, group: list[Push]) -> None:
-        """Each block's gradients applied, counted (every gradient once: the test of a hand-over)."""
+        """Each block's gradients applied, counted (every gradient once: the test of a
+        hand-over). A table's block counts the pushes whose batch touched its rows."""
         grads = self.core.block_grads
         for p in group:
             for k in p.tensors:
@@ -162,9 +165,9 @@ class BlockMoves:
         if int(f["worker"]) in self.core.sync.lost:
             raise SyncFault(f"forward of worker {f['worker']}, which was declared lost")
         store = self.core.store
-        push = Push(int(f["worker"]), store.version, int(f["samples"]), grads_of(msg.tensors),
-                    -1, count,
-                    None if delay is None else max(0, store.samples - delay))
+        push = Push(int(f["worker"]), store.version, int(f["samples"]),
+                    {**grads_of(msg.tensors), **unpack_parts(msg.tensors, "G")}, -1, count,
+                    None if delay is None else max(0, store.samples - delay), rows=unpack_parts(msg.tensors, "I"))
         pid = None if step is None else (self.core.epoch, step, count_field(f, "part", 0))
         if drop_taken(self.core.ledger, push.worker, pid, push.tensors, "forward"):
             return  # every block of it taken already
@@ -172,7 +175,7 @@ class BlockMoves:
         if push.tensors or not away:
             store.check(push, partial=True)
         if away:
-            self.core.handover.check(push.worker, away, self.core.sync.lost)
+            self.core.handover.check(push.worker, away, self.core.sync.lost, push.rows)
         if push.tensors:
             store.apply([push], [0], forwarded=True)
             self.core.ledger.record(push.worker, pid, push.tensors)

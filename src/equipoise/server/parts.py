@@ -35,6 +35,7 @@ class Held:
     part_bytes: int = 0  # forward_pull: the reply in parts of at least this many bytes, in key order
     early: dict | None = field(default=None)  # eager_update: the blocks sent ahead of the reply (None: not asked)
     wanted: dict | None = field(default=None)  # "rows": the rows of each table block asked for
+    moved: dict | None = field(default=None)  # "rows": blocks asked for that were handed over: key -> address
 
 
 class Core(Protocol):

@@ -2,10 +2,10 @@
 
 A table's blocks ("rows" blocks, sparse/tables.py) are held like any other block; what
 differs is the traffic. A worker asks for the rows its batch touches (``rows_req``,
-tensors ``i<key>``: rows within block ``key``), held like a pull until the server is at
-the version asked, and answered with just those rows (``rows``, tensors ``r<key>``). A
-pull's reply leaves the tables' blocks out. A push carries, for a table's block, the
-gradient of the rows it names (``g<key>`` flat, ``i<key>``); the update sums the pushes'
+rows within each block, ``I0``/``I0#``: wire/names.py ``pack_parts``), held like a pull
+until the server is at the version asked, and answered with just those rows (``rows``,
+``R0``). A pull's reply leaves the tables' blocks out. A push carries, for a table's
+block, the gradient of the rows it names (``G0`` flat, ``I0``); the update sums the pushes'
 rows weighted as dense gradients are (sparse/step.py ``sparse_sum``) into a sparse gradient, which
 torch's own optimizers step (server/optimizers.py `make_rows_optimizer`): only the rows touched move (SGD,
 Adagrad; Adam as ``torch.optim.SparseAdam``).
@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..wire import Message
-from ..wire.names import rows_of
+from ..wire.names import pack_parts, unpack_parts
 from ..sparse.step import check_rows
 from .parts import Core, Held, per_block
 
@@ -34,31 +34,40 @@ class RowsPart:
         core = self.core
         if core.is_stale(msg):
             return
-        wanted = rows_of(msg.tensors)
+        wanted = unpack_parts(msg.tensors, "I")
         who = f"server {core.rank}: rows for worker {msg.fields['worker']}"
-        for key, rows in wanted.items():
+        moved = {}
+        for key, rows in list(wanted.items()):
             block = core.store.blocks.get(key)
+            if block is None and key in core.handover.moved:  # handed over without a barrier:
+                moved[key] = core.handover.moved[key]  # the worker asks its new owner
+                del wanted[key]
+                continue
             if block is None or block.kind != "rows":
                 raise ValueError(f"{who}: block {key} is not a table's block held here")
             check_rows(block, rows, who)
             if rows.numel() > block.rows:  # a worker asks for distinct rows: a reply is at most the block
                 raise ValueError(f"{who}: {rows.numel()} rows of block {key}, which has {block.rows}")
         core.hold(Held(peer, "rows", int(msg.fields["min_version"]), core.clock.now(), int(msg.fields["worker"]),
-                       wanted=wanted))
+                       wanted=wanted, moved=moved))
 
     def reply(self, h: Held) -> None:
         core = self.core
         t0, store = core.clock.now(), core.store
-        out = {}
+        out, moved = {}, dict(h.moved or {})
         for key, rows in (h.wanted or {}).items():
             block = store.blocks.get(key)
+            if block is None and key in core.handover.moved:  # left while the request was held
+                moved[key] = core.handover.moved[key]
+                continue
             if block is None:
                 core.listener.send(h.peer, Message("error", {"message": f"server {core.rank}: block {key} left"}))
                 return
-            out[key] = store.values[key].view(-1, block.width).index_select(0, rows)
+            out[key] = store.values[key].view(-1, block.width).index_select(0, rows).view(-1)
         # the memory-gather bound: the rows served against the time their gather alone took
-        core.rows_served += sum(t.shape[0] for t in out.values())
+        core.rows_served += sum(h.wanted[k].numel() for k in out)
         core.gather_s += core.clock.now() - t0
         core.charge(per_block(out), t0)
-        core.listener.send(h.peer, Message("rows", {"version": core.sync.published()},
-                                           {f"r{key}": t for key, t in out.items()}))
+        core.listener.send(h.peer, Message("rows", {"version": core.sync.published(),
+                                                    **({"moved": sorted(moved.items())} if moved else {})},
+                                           pack_parts("R", out)))

@@ -105,6 +105,7 @@ class ParameterStore:
         self._rows_of = {k: torch.nn.Parameter(self.values[k].view(-1, b.width), requires_grad=False)
                          for k, b in self.blocks.items() if b.kind == "rows"}
         self.rows_optimizer = make_rows_optimizer(spec, list(self._rows_of.values()))
+        self._step_untouched = spec.name == "adam" or (spec.name == "sgd" and spec.momentum > 0)
         self._schedule = user_schedule(spec.schedule)
         self._plain_sgd = spec.name == "sgd" and spec.momentum == 0 and spec.weight_decay == 0
         self.last_step: Step | None = None  # async_scaling = "bsp": how the last update stepped
@@ -122,10 +123,14 @@ class ParameterStore:
     # -- updates ----------------------------------------------------------------------
     def check(self, push: Push, partial: bool = False, checked: frozenset[int] | set[int] = frozenset()) -> None:
         """Raise PushError unless the push holds exactly this server's blocks (`partial`:
-        some of them, at least one), finite. The tensors of `checked` blocks (a push's
-        fragments, checked as they came) are not checked again."""
+        some of them, at least one), finite; a table's blocks only where the worker's
+        batch touched them (none, on a server of tables only). The tensors of `checked` blocks (a push's fragments, checked
+        as they came) are not checked again."""
         keys = set(push.tensors)
-        if (not keys or not keys <= set(self.blocks)) if partial else keys != set(self.blocks):
+        dense = {k for k, b in self.blocks.items() if b.kind != "rows"}
+        # (a server holding only tables' blocks may get a push touching none of them)
+        empty = not keys and len(dense) == len(self.blocks)
+        if not keys <= set(self.blocks) or (empty if partial else not dense <= keys):
             missing = sorted(set(self.blocks) - set(push.tensors))[:5]
             extra = sorted(set(push.tensors) - set(self.blocks))[:5]
             raise PushError(f"push from worker {push.worker} has wrong blocks "
@@ -153,7 +158,7 @@ class ParameterStore:
         b, who = self.blocks[key], f"push from worker {push.worker}"
         rows = push.rows.get(key)
         if rows is None:
-            raise PushError(f"{who}: block {key} of table {b.name} comes without its rows (i{key})")
+            raise PushError(f"{who}: block {key} of table {b.name} comes without its rows (tensor I0: wire/names.py pack_parts)")
         try:
             check_rows(b, rows, who)
         except ValueError as exc:
@@ -308,8 +313,14 @@ class ParameterStore:
                     g.mul_(coef.to(g.dtype))
         for key, param in zip(self._param_keys, self._params):
             param.grad = combined.get(key)
-        for key, param in self._rows_of.items():
-            param.grad = combined.get(key)
+        for key, param in self._rows_of.items():  # a shard no push touched: stepped as torch
+            # steps a table with no gradient for its rows where that changes anything
+            # (SparseAdam's step count, SGD's momentum), else left alone (Adagrad, plain SGD)
+            grad = combined.get(key)
+            if grad is None and self._step_untouched:
+                grad = torch.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.int64),
+                                               torch.zeros(0, param.shape[1], dtype=param.dtype), param.shape)
+            param.grad = grad
         if self.rows_optimizer is not None:
             self._set_hyper(self.rows_optimizer, plan.lr, plan.momentum)
             self.rows_optimizer.step()

@@ -13,16 +13,14 @@ _NOT_YET = ("overlap", "backward_push", "forward_pull", "eager_update")
 
 def tables_refusal(cfg: Any, tables: Mapping[str, Table]) -> str | None:
     """One line saying why the job cannot run its model's sparse tables as configured,
-    or None. Sparse tables run under the barrier protocols, with the plain exchange, and
-    with the optimizers that have a sparse step."""
+    or None. Sparse tables run under every protocol, with the plain exchange, and with the
+    optimizers that have a sparse step."""
     if not tables:
         return None
     names = ", ".join(t.module for t in tables.values())
     devices = {cfg.device, *cfg.devices}
     if devices != {"cpu"}:
         return f"sparse tables ({names}) run on CPU workers so far, not {sorted(devices - {'cpu'})[0]}"
-    if cfg.protocol not in ("bsp", "lbbsp"):
-        return f"sparse tables ({names}) run under protocol bsp or lbbsp, not {cfg.protocol}"
     for key in _NOT_YET:
         if getattr(cfg, key):
             return f"sparse tables ({names}) do not run with {key} = {getattr(cfg, key)!r} yet"

@@ -95,29 +95,40 @@ class RemoteTable(nn.Module):
         """The distinct ids of `ids` (sorted, checked) and the rows of each block they are."""
         uniq = torch.unique(self._checked(ids), sorted=True)
         which, row = self._where(uniq)
-        return uniq, {self.blocks[int(i)].key: row[which == i] for i in torch.unique(which)}
+        return uniq, self._by_block(which, row)
+
+    def _by_block(self, which: torch.Tensor, row: torch.Tensor) -> dict[int, torch.Tensor]:
+        """`row` split by block (`which`), each block's rows in their order in `row`."""
+        order = torch.argsort(which, stable=True)
+        blocks, counts = torch.unique_consecutive(which[order], return_counts=True)
+        return {self.blocks[i].key: r for i, r in zip(blocks.tolist(), torch.split(row[order], counts.tolist()))}
 
     def _fetch(self, ids: torch.Tensor, got: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
         """The rows of `ids` (sorted, distinct): asked for now, or taken from `got` (a
         fetch of several tables at once)."""
         which, row = self._where(ids)
         if got is None:
-            got = self.fetch({self.blocks[int(i)].key: row[which == i] for i in torch.unique(which)})
-        out = torch.empty(len(ids), self.table.dim)
-        for i in torch.unique(which):
-            key = self.blocks[int(i)].key
+            got = self.fetch(self._by_block(which, row))
+        order = torch.argsort(which, stable=True)
+        blocks, counts = torch.unique_consecutive(which[order], return_counts=True)
+        parts = []
+        for i, n in zip(blocks.tolist(), counts.tolist()):
+            key = self.blocks[i].key
             rows = got.get(key)
-            mask = which == i
-            if rows is None or tuple(rows.shape) != (int(mask.sum()), self.table.dim):
+            if rows is None or tuple(rows.shape) != (n, self.table.dim):
                 raise IdError(f"table {self.table.module}: block {key} came back with "
-                              f"{None if rows is None else tuple(rows.shape)}, not {int(mask.sum())} rows")
-            out[mask] = rows.to(out.dtype)
+                              f"{None if rows is None else tuple(rows.shape)}, not {n} rows")
+            parts.append(rows)
+        out = torch.empty(len(ids), self.table.dim)
+        if parts:
+            out[order] = torch.cat(parts).to(out.dtype)
         return out
 
     def gradients(self) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
-        """This step's gradient on the rows it touched, per block: (values flat, rows
-        within the block), every block of the table present; the step's lookups are
-        then forgotten."""
+        """This step's gradient on the rows it touched, per block it touched: (values
+        flat, rows within the block); a block it did not touch is left out (a server
+        steps it as torch steps a table with no gradient for those rows). The step's
+        lookups are then forgotten."""
         t = self.table
         taken, self.taken = self.taken, []
         ids = [u for u, w in taken if w.grad is not None]
@@ -133,11 +144,13 @@ class RemoteTable(nn.Module):
             keep = uniq != t.padding_idx
             uniq, grad = uniq[keep], grad[keep]
         which, row = self._where(uniq)
+        order = torch.argsort(which, stable=True)  # by block, each block's rows in id order
+        blocks, counts = torch.unique_consecutive(which[order], return_counts=True)
+        sizes = counts.tolist()
         values, rows = {}, {}
-        for i, b in enumerate(self.blocks):
-            mask = which == i
-            rows[b.key] = row[mask].contiguous()
-            values[b.key] = grad[mask].reshape(-1).contiguous()
+        for i, r, g in zip(blocks.tolist(), torch.split(row[order], sizes), torch.split(grad[order], sizes)):
+            rows[self.blocks[i].key] = r
+            values[self.blocks[i].key] = g.reshape(-1)
         return values, rows
 
     def clear(self) -> None:

@@ -22,7 +22,8 @@ import torch
 
 from ..policy.placement import Block
 from ..wire import Connection, Message, PeerTimeout, Transport, wait_readable
-from ..wire.names import grad_name, row_name, row_values_of, values_of
+from ..wire.names import blocks_named, grad_name, pack_parts, values_of
+from .rows import fetch_rows
 from ..protocol.fields import read_field
 
 _REPLY = {"push": "ack", "pull": "params", "rows": "rows"}
@@ -188,27 +189,17 @@ class PSClient:
         rows = rows or {}
         return self._send("push", lambda r, blocks: Message(
             "push", {"worker": self.worker, "samples": int(samples), **extra, **tags(r), **fragments(r)},
-            {**{grad_name(b.key): grads[b.key] for b in blocks if r not in sent or b.key in grads},
-             **{row_name(b.key): rows[b.key] for b in blocks if b.key in rows}}), only)
+            {**{grad_name(b.key): grads[b.key] for b in blocks  # a table's blocks: packed, those touched
+                if (r not in sent or b.key in grads) and b.kind != "rows"},
+             **pack_parts("G", {b.key: grads[b.key] for b in blocks if b.key in rows}),
+             **pack_parts("I", {b.key: rows[b.key] for b in blocks if b.key in rows})}), only)
 
     def rows(self, version: int | None, wanted: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
         """Rows of sparse tables' blocks (`wanted[key]`: rows within block `key`, int64)
         from the servers holding them, of `version` exactly (the barrier protocols: the
         version of the worker's dense weights; None: any, before the first pull); by key,
         rows × width. ClientError if a server is at another version."""
-        owner = {b.key: r for r, blocks in self.by_server.items() for b in blocks}
-        ticket = self._send("rows", lambda r, blocks: Message(
-            "rows_req", {"worker": self.worker, "min_version": int(version or 0), "epoch": self.epoch},
-            {row_name(k): ids for k, ids in wanted.items() if owner.get(k) == r}),
-            only=sorted({owner[k] for k in wanted if k in owner}))
-        out: dict[int, torch.Tensor] = {}
-        for r, reply in self.wait(ticket).items():
-            got = reply.fields.get("version")
-            if version is not None and got != version:  # e.g. a lost worker's share recomputed after the update
-                raise ClientError(f"{self.who}: server {r} has table rows of version {got}, not {version}; "
-                                  "recomputing a lost worker's share with sparse tables is not supported yet")
-            out.update(row_values_of(reply.tensors))
-        return out
+        return fetch_rows(self, version, wanted, ClientError)
 
     def push_fragment(self, server: int, grads: dict[int, torch.Tensor], seq: int, tags: dict | None = None) -> None:
         """Send `server` some of its blocks' gradients ahead of the push they belong to
@@ -368,16 +359,19 @@ class PSClient:
     def _send(self, kind: str, make, only: list[int] | None = None) -> Ticket:
         ticket = Ticket(kind, next(self._ids), [], time.perf_counter())
         self._got[ticket.id] = {}
-        for r in self.active if only is None else [r for r in self.active if r in set(only)]:
+        targets = self.active if only is None else [r for r in self.active if r in set(only)]
+        if kind == "rows":  # may go to a server this worker's table routes nothing to: a block's new owner
+            targets = [r for r in sorted(set(only or ())) if r in self.conns]
+        for r in targets:
             conn = self.conns[r]
-            msg = make(r, self.by_server[r])
+            msg = make(r, self.by_server.get(r, []))
             conn.send(msg)
             self.wire_bytes[0] += _nbytes(msg.tensors)
             ticket.sent_to[r] = time.perf_counter()
-            ticket.carried[r] = ([b.key for b in self.by_server[r]] if kind == "pull" else
-                                 sorted({int(name[1:]) for name in msg.tensors}))
+            ticket.carried[r] = ([b.key for b in self.by_server.get(r, [])] if kind == "pull" else
+                                 blocks_named(msg.tensors))
             self._owed.setdefault(id(conn), {}).setdefault(_REPLY[kind], deque()).append(ticket.id)
-            ticket.parts.append((r, conn, [b.key for b in self.by_server[r]]))
+            ticket.parts.append((r, conn, [b.key for b in self.by_server.get(r, [])]))
         return ticket
 
     def _receive(self, conn: Connection, deadline: float, limit: float) -> None:

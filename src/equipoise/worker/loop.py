@@ -374,8 +374,8 @@ class Worker:
         pulled: Pulled = self.client.wait(pull)
         with self.stretch.local():  # unpacking the weights: slow on a slow machine too
             self.link.write(pulled.values)
-        if self.tables is not None:  # the rows the next forward asks for: of these weights' version
-            self.tables.version = min(pulled.versions.values(), default=0)
+        if self.tables is not None:  # the next forward's rows: of these weights' version (None: the latest)
+            self.tables.version = min(pulled.versions.values(), default=0) if self.barrier else None
         return pulled.versions, pulled.reads, pulled.held_s
 
     def _step(self, data, sampler: SliceSampler, f: dict) -> tuple[float, float, dict]:
