@@ -115,7 +115,7 @@ def _run(rank: int, args: argparse.Namespace, port: int) -> None:
             for k, a, b in (("batch", t0, t1), ("forward", t1, t2), ("backward", t2, t3), ("dense_step", t3, t4)):
                 phases[k] += b - a
         ends.append(t4 - start)
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     dist.barrier()
     if rank == 0:
         n = max(1, args.iterations - args.warmup)
