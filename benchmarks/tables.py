@@ -161,6 +161,8 @@ SUMMARY = [
     ("bench_sparse_psld", "PSLD on a DLRM-style job's shards, Zipf ids, one of 4 servers 4× slower, vs the hash "
      "placement", "≥ 1.5×", R("psld_speed_up_x_hash", ge=1.5)),
     ("bench_sparse_psld", "the same, settled vs the oracle (s/iteration)", "≤ 1.1×", R("psld_settled_x_oracle", le=1.1)),
+    ("bench_sparse_torchrec", "DLRM-style on 4 processes, equipoise vs TorchRec on CPU, samples/s", "≥ 1.0× (goal)",
+     R("equipoise_x_torchrec", ge=1.0)),
     ("bench_startup_replace", "a killed worker's replacement, loss to its first step, warm (cold in the file)",
      "reported", R("first_step_s", "warm", f=secs)),
     ("bench_startup_default", "the default job from the command line: command to first iteration, warm children "
@@ -423,9 +425,33 @@ def sparse_tables() -> dict[str, str]:
     wire = d["wire_share"]
     rows.append(["a worker's bytes per iteration, sent / received, as a share of the whole model's",
                  f"{rng(wire['push'], pct)} / {rng(wire['pull'], pct)}", "", "", ""])
-    return {"movielens": one_file("bench_sparse_movielens", [
+    out = {"movielens": one_file("bench_sparse_movielens", [
         f"seeds {', '.join(map(str, d['seeds']))}", "held-out RMSE", "wall s, start to result", "training s",
         "samples/s"], rows)}
+    g = load("bench_sparse_dlrm")
+    out["dlrm"] = one_file("bench_sparse_dlrm", [
+        "4 tables × 16, 4 workers, 4 servers", "samples/s", "a worker's bytes per iteration, pushed / pulled",
+        "rows served per busy second over the gather bound"], [
+        [f"{'sparse' if k.startswith('sparse') else 'dense'}, {num(int(k.split('/')[1]))} rows a table",
+         rng(g["samples_per_s"][k]), " / ".join(num(g["wire_bytes_per_iteration"][k][d]) for d in ("push", "pull")),
+         rng(g["rows_per_s_over_gather_bound"][k], pct) if k in g["rows_per_s_over_gather_bound"] else ""]
+        for k in g["samples_per_s"]])
+    t = load("bench_sparse_torchrec")
+    phases = {k: summ([r["phases_s"][k] for r in t["runs"]["torchrec"]])["median"] for k in t["runs"]["torchrec"][0]["phases_s"]}
+    split = {k: summ([r["split"][k] for r in t["runs"]["equipoise"]])["median"] for k in ("compute", "imbalance", "rest")}
+    out["torchrec"] = one_file("bench_sparse_torchrec", [
+        "DLRM-style, 8 tables of 10⁵ rows × 16, global batch 512", "samples/s (steady)", "whole run",
+        "where an iteration goes (medians)"], [
+        ["equipoise BSP, 4 workers, 4 servers", rng(t["samples_per_s"]["equipoise"]),
+         rng(summ([r["samples_per_s"] for r in t["runs"]["equipoise"]])),
+         f"workers' compute {pct(split['compute'])}, the slowest's extra {pct(split['imbalance'])}, "
+         f"the barrier's exchange {pct(split['rest'])}"],
+        [f"TorchRec {t['versions']['torchrec']} (fbgemm-gpu-cpu {t['versions']['fbgemm_gpu']}), 4 processes",
+         rng(t["samples_per_s"]["torchrec"]), rng(summ([r["samples_per_s"] for r in t["runs"]["torchrec"]])),
+         ", ".join(f"{k.replace('_', ' ')} {num(v * 1e3)} ms" for k, v in phases.items())],
+        ["equipoise ÷ TorchRec, per round", X(t["equipoise_x_torchrec"]),
+         rng(t["whole_run_equipoise_x_torchrec"], lambda x: num(x) + "×"), ""]])
+    return out
 
 
 DOCS = {"README.md": lambda: {"headline": summary_table(HEADLINE, "")},

@@ -292,3 +292,20 @@ def test_a_job_starting_its_own_ray_ignores_a_stale_state_file(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     launcher = json.loads(done.stdout.strip().splitlines()[-1])
     assert launcher["address"].startswith("(started here: ") and "10.255.255.1" not in launcher["address"]
+
+
+def test_sparse_tables_train_in_ray_actors_as_one_process_does(cluster, tmp_path):
+    """The DLRM-style example's tables on servers in Ray actors (the servers pinned to
+    the two `srv` nodes, the workers to the `wrk` one): the job ends where single-process
+    torch with its sparse step does, within the tolerance tests/unit/test_sparse_jobs.py
+    argues."""
+    from equipoise.workload import load_workload
+
+    from ..unit.test_sparse_jobs import assert_near_oracle, dlrm_job
+
+    cfg = dlrm_job(workers=2, servers=2, iterations=8, launcher="ray", timeout=60.0,
+                   server_resources={"srv": 1}, worker_resources={"wrk": 1})
+    summary = equipoise.train(cfg, out=tmp_path / "run")
+    assert summary["iterations"] == 8 and summary["sparse_tables"]
+    assert_near_oracle(cfg, tmp_path / "run", load_workload(cfg))
+    assert _gone(summary)
