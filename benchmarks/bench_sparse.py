@@ -22,7 +22,8 @@ resident memory, sampled every 0.2 s. Preset ``dlrm`` (bench_sparse_dlrm.json):
 samples/s of the same model with 4 tables of 10⁵, 10⁶ and 10⁷ rows, and with 10⁵-row
 tables as dense parameters.
 
-Preset ``psld`` (bench_sparse_psld.json): the DLRM-style job (8 tables of 10⁵ rows × 32,
+Preset ``psld`` (bench_sparse_psld.json; with ``--iterations N --psld-horizon H``,
+bench_sparse_psld-N-hH.json): the DLRM-style job (8 tables of 10⁵ rows × 32,
 Zipf ids), 2 workers, 4 servers behind 10 MB/s emulated links, server 0 four times
 slower, interleaved under the hash placement (``round_robin``: shard i on server
 i mod 4), greedy (by size), PSLD (shards moved by the bytes they carried) and the oracle
@@ -302,12 +303,13 @@ def shard_traffic(run_dir: str, shards: int, iterations: int) -> dict[str, Any]:
             "hottest_over_mean": heat}
 
 
-def bench_psld(reps: int = 3, iterations: int = 90) -> dict[str, Any]:
+def bench_psld(reps: int = 3, iterations: int = 90, horizon: int = 50) -> dict[str, Any]:
     """The hash placement, greedy, PSLD and the oracle on the DLRM-style job with a slow
-    server (PSLD_SLOW), interleaved."""
+    server (PSLD_SLOW), interleaved; PSLD's pauses repaid over `horizon` iterations."""
     with tempfile.TemporaryDirectory(prefix="bench-sparse-") as name:
         tmp = Path(name)
-        systems = {p: (lambda p=p: run_dlrm(100_000, 8, 32, True, iterations, tmp, placement=p, **PSLD_SLOW))
+        systems = {p: (lambda p=p: run_dlrm(100_000, 8, 32, True, iterations, tmp, placement=p, **PSLD_SLOW,
+                                            psld_horizon=horizon))
                    for p in ("round_robin", "greedy", "psld", "oracle")}
         runs = interleave(systems, reps)
         for rs in runs.values():
@@ -317,7 +319,7 @@ def bench_psld(reps: int = 3, iterations: int = 90) -> dict[str, Any]:
         return summary([x[key] / y[key] for x, y in zip(runs[a], runs[b])])
     heat = [h for r in runs["psld"] + runs["greedy"] for h in r["hottest_over_mean"]]
     return {"settings": {**DLRM_SETTINGS, **PSLD_SLOW, "rows": 100_000, "tables": 8, "dim": 32,
-                         "iterations": iterations},
+                         "iterations": iterations, "psld_horizon": horizon},
             "loadavg_at_start": load_average(), "runs": runs,
             "iteration_s": {k: summary([r["iteration_s"] for r in v]) for k, v in runs.items()},
             "psld_speed_up_x_hash": ratios("iteration_s", "round_robin", "psld"),
@@ -406,7 +408,10 @@ def main() -> None:
     parser.add_argument("preset", choices=["movielens", "memory", "dlrm", "psld", "lbbsp", "torchrec"])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--torchrec-python", help="preset torchrec: the Python of TorchRec's venv")
+    parser.add_argument("--iterations", type=int, default=90, help="preset psld: the job's iterations")
+    parser.add_argument("--psld-horizon", type=int, default=50, help="preset psld: psld_horizon")
     args = parser.parse_args()
+    name = f"bench_sparse_{args.preset}"
     if args.preset == "torchrec":
         if not args.torchrec_python:
             parser.error("preset torchrec needs --torchrec-python (the Python of a venv with TorchRec)")
@@ -424,7 +429,9 @@ def main() -> None:
               f"{fmt_range(result['samples_per_s']['lbbsp'])}; speed-up {fmt_range(result['lbbsp_speed_up_x_bsp'])}, "
               f"whole run {fmt_range(result['whole_run_speed_up_x_bsp'])}")
     elif args.preset == "psld":
-        result = bench_psld(args.reps)
+        result = bench_psld(args.reps, args.iterations, args.psld_horizon)
+        if (args.iterations, args.psld_horizon) != (90, 50):
+            name += f"-{args.iterations}-h{args.psld_horizon}"
         print("s/iteration: " + ", ".join(f"{k} {fmt_range(v)}" for k, v in result["iteration_s"].items()))
         print(f"psld speed-up × hash {fmt_range(result['psld_speed_up_x_hash'])}, × greedy "
               f"{fmt_range(result['psld_speed_up_x_greedy'])}; settled × oracle "
@@ -438,7 +445,7 @@ def main() -> None:
         for key in ("rmse", "wall_s", "samples_per_s"):
             print(f"{key}: equipoise {fmt_range(result[key]['equipoise'], 4)}, plain "
                   f"{fmt_range(result[key]['plain'], 4)}")
-    print(f"wrote {write_results(f'bench_sparse_{args.preset}', result)}")
+    print(f"wrote {write_results(name, result)}")
 
 
 if __name__ == "__main__":
