@@ -106,6 +106,7 @@ class ParameterStore:
                          for k, b in self.blocks.items() if b.kind == "rows"}
         self.rows_optimizer = make_rows_optimizer(spec, list(self._rows_of.values()))
         self._step_untouched = spec.name == "adam" or (spec.name == "sgd" and spec.momentum > 0)
+        self._dense_keys = {k for k, b in self.blocks.items() if b.kind != "rows"}
         self._schedule = user_schedule(spec.schedule)
         self._plain_sgd = spec.name == "sgd" and spec.momentum == 0 and spec.weight_decay == 0
         self.last_step: Step | None = None  # async_scaling = "bsp": how the last update stepped
@@ -124,13 +125,13 @@ class ParameterStore:
     def check(self, push: Push, partial: bool = False, checked: frozenset[int] | set[int] = frozenset()) -> None:
         """Raise PushError unless the push holds exactly this server's blocks (`partial`:
         some of them, at least one), finite; a table's blocks only where the worker's
-        batch touched them (none, on a server of tables only). The tensors of `checked` blocks (a push's fragments, checked
-        as they came) are not checked again."""
+        batch touched them (so none at all, possibly, on a server holding tables only).
+        The tensors of `checked` blocks (a push's fragments, checked as they came) are
+        not checked again."""
         keys = set(push.tensors)
-        dense = {k for k, b in self.blocks.items() if b.kind != "rows"}
-        # (a server holding only tables' blocks may get a push touching none of them)
-        empty = not keys and len(dense) == len(self.blocks)
-        if not keys <= set(self.blocks) or (empty if partial else not dense <= keys):
+        dense = self._dense_keys
+        bare = not keys and len(dense) == len(self.blocks)  # empty, with no table block it could leave out
+        if not keys <= self.blocks.keys() or (bare if partial else not dense <= keys):
             missing = sorted(set(self.blocks) - set(push.tensors))[:5]
             extra = sorted(set(push.tensors) - set(self.blocks))[:5]
             raise PushError(f"push from worker {push.worker} has wrong blocks "
@@ -158,7 +159,7 @@ class ParameterStore:
         b, who = self.blocks[key], f"push from worker {push.worker}"
         rows = push.rows.get(key)
         if rows is None:
-            raise PushError(f"{who}: block {key} of table {b.name} comes without its rows (tensor I0: wire/names.py pack_parts)")
+            raise PushError(f"{who}: block {key} of table {b.name} comes without its rows")
         try:
             check_rows(b, rows, who)
         except ValueError as exc:

@@ -97,11 +97,18 @@ class RemoteTable(nn.Module):
         which, row = self._where(uniq)
         return uniq, self._by_block(which, row)
 
-    def _by_block(self, which: torch.Tensor, row: torch.Tensor) -> dict[int, torch.Tensor]:
-        """`row` split by block (`which`), each block's rows in their order in `row`."""
+    @staticmethod
+    def _groups(which: torch.Tensor) -> tuple[torch.Tensor, list[int], list[int]]:
+        """The order that sorts `which` (each id's block index) by block, stably, and the
+        blocks in it with how many ids each has."""
         order = torch.argsort(which, stable=True)
         blocks, counts = torch.unique_consecutive(which[order], return_counts=True)
-        return {self.blocks[i].key: r for i, r in zip(blocks.tolist(), torch.split(row[order], counts.tolist()))}
+        return order, blocks.tolist(), counts.tolist()
+
+    def _by_block(self, which: torch.Tensor, row: torch.Tensor) -> dict[int, torch.Tensor]:
+        """`row` split by block (`which`), each block's rows in their order in `row`."""
+        order, blocks, counts = self._groups(which)
+        return {self.blocks[i].key: r for i, r in zip(blocks, torch.split(row[order], counts))}
 
     def _fetch(self, ids: torch.Tensor, got: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
         """The rows of `ids` (sorted, distinct): asked for now, or taken from `got` (a
@@ -109,10 +116,9 @@ class RemoteTable(nn.Module):
         which, row = self._where(ids)
         if got is None:
             got = self.fetch(self._by_block(which, row))
-        order = torch.argsort(which, stable=True)
-        blocks, counts = torch.unique_consecutive(which[order], return_counts=True)
+        order, blocks, counts = self._groups(which)
         parts = []
-        for i, n in zip(blocks.tolist(), counts.tolist()):
+        for i, n in zip(blocks, counts):
             key = self.blocks[i].key
             rows = got.get(key)
             if rows is None or tuple(rows.shape) != (n, self.table.dim):
@@ -144,11 +150,9 @@ class RemoteTable(nn.Module):
             keep = uniq != t.padding_idx
             uniq, grad = uniq[keep], grad[keep]
         which, row = self._where(uniq)
-        order = torch.argsort(which, stable=True)  # by block, each block's rows in id order
-        blocks, counts = torch.unique_consecutive(which[order], return_counts=True)
-        sizes = counts.tolist()
+        order, blocks, counts = self._groups(which)  # by block, each block's rows in id order
         values, rows = {}, {}
-        for i, r, g in zip(blocks.tolist(), torch.split(row[order], sizes), torch.split(grad[order], sizes)):
+        for i, r, g in zip(blocks, torch.split(row[order], counts), torch.split(grad[order], counts)):
             rows[self.blocks[i].key] = r
             values[self.blocks[i].key] = g.reshape(-1)
         return values, rows
