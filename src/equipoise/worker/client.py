@@ -197,8 +197,10 @@ class PSClient:
     def rows(self, version: int | None, wanted: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
         """Rows of sparse tables' blocks (`wanted[key]`: rows within block `key`, int64)
         from the servers holding them, of `version` exactly (the barrier protocols: the
-        version of the worker's dense weights; None: any, before the first pull); by key,
-        rows × width. ClientError if a server is at another version."""
+        version of the worker's dense weights; None: any, before the first pull and
+        without a barrier), asked again of a block's new owner where it was handed over
+        since (worker/rows.py); by key, rows × width. ClientError if a server is at
+        another version."""
         return fetch_rows(self, version, wanted, ClientError)
 
     def push_fragment(self, server: int, grads: dict[int, torch.Tensor], seq: int, tags: dict | None = None) -> None:
