@@ -14,7 +14,9 @@ import math
 
 import torch
 
+from ..policy.placement import Block
 from ..policy.sync import SyncFault
+from ..sparse.step import check_rows
 from ..wire import Message, Transport
 from ..wire.names import grad_name, pack_parts
 from .store import Push, PushError
@@ -30,25 +32,25 @@ class Forwarding:
         self.rank, self.transport = rank, transport
         self.moved: dict[int, str] = {}
         self.shape: dict[int, tuple[int, str]] = {}
-        self.width: dict[int, int] = {}  # a table's block: elements a row
+        self.tables: dict[int, Block] = {}  # the blocks of tables among them (gradients of rows)
         self.sent = 0  # forward messages sent (one per new owner and hop)
         self._conns: dict[str, object] = {}
 
-    def handed(self, key: int, to: str, value: torch.Tensor, width: int = 0) -> None:
-        """Block `key` (its value as it left; `width`: a table's block, rows of it) now
-        lives at `to`."""
+    def handed(self, key: int, to: str, value: torch.Tensor, table: Block | None = None) -> None:
+        """Block `key` (its value as it left; `table`: the block, if a table's) now lives
+        at `to`."""
         self.moved[key] = to
         self.shape[key] = (int(value.numel()), str(value.dtype))
-        if width:
-            self.width[key] = width
+        if table is not None:
+            self.tables[key] = table
         else:
-            self.width.pop(key, None)
+            self.tables.pop(key, None)
 
     def adopted(self, key: int) -> None:
         """Block `key` is ours again: nothing of it is forwarded any more."""
         self.moved.pop(key, None)
         self.shape.pop(key, None)
-        self.width.pop(key, None)
+        self.tables.pop(key, None)
 
     def split(self, push: Push, held) -> dict[int, torch.Tensor]:
         """Take out of `push` the gradients of blocks handed over and not `held` again;
@@ -62,19 +64,20 @@ class Forwarding:
         """What a gradient to forward must be, checked before anything of its push is
         applied, so that a refusal reaches its sender: a worker not declared lost (in
         `lost`), each block's size and dtype as it left (a table's block: its `rows`,
-        within the block, a row's width each), finite."""
+        checked as the store checks them, a row's width each), finite."""
         if worker in lost:
             raise SyncFault(f"push from worker {worker}, which was declared lost")
         for key, t in away.items():
             numel, dtype = self.shape[key]
-            if key in self.width:
+            if key in self.tables:
                 r = (rows or {}).get(key)
-                width = self.width[key]
-                if (r is None or r.dtype != torch.int64 or r.dim() != 1
-                        or (r.numel() and not 0 <= int(r.min()) <= int(r.max()) < numel // width)):
-                    raise PushError(f"push from worker {worker}: block {key} of a table comes without its rows "
-                                    f"or with rows outside [0, {numel // width})")
-                numel = r.numel() * width
+                if r is None:
+                    raise PushError(f"push from worker {worker}: block {key} of a table comes without its rows")
+                try:
+                    check_rows(self.tables[key], r, f"push from worker {worker}")
+                except ValueError as exc:
+                    raise PushError(str(exc)) from None
+                numel = r.numel() * self.tables[key].width
             if t.dim() != 1 or t.numel() != numel or str(t.dtype) != dtype:
                 raise PushError(f"push from worker {worker}: block {key} has shape {tuple(t.shape)} {t.dtype}, "
                                 f"expected ({numel},) {dtype}")
@@ -119,7 +122,7 @@ class Forwarding:
 
     def reset(self) -> None:
         """A new init (a rollback): nothing handed over; connections closed."""
-        self.moved, self.shape, self.width = {}, {}, {}
+        self.moved, self.shape, self.tables = {}, {}, {}
         self.close()
 
     def close(self) -> None:

@@ -83,7 +83,7 @@ class BlockMoves:
             if not self.core.sync.policy.barrier():
                 b = store.blocks[k]
                 self.core.handover.handed(k, str(msg.fields["to"]), tensors[value_name(k)],
-                                          b.width if b.kind == "rows" else 0)
+                                          b if b.kind == "rows" else None)
         self.core.release()  # pulls held here no longer wait for the blocks that left
         self.core.listener.send(peer, Message("ack", {"version": self.core.sync.published(), "bytes": nbytes,
                                                  "seconds": self.core.clock.now() - t0}))

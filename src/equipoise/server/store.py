@@ -106,7 +106,7 @@ class ParameterStore:
                          for k, b in self.blocks.items() if b.kind == "rows"}
         self.rows_optimizer = make_rows_optimizer(spec, list(self._rows_of.values()))
         self._step_untouched = spec.name == "adam" or (spec.name == "sgd" and spec.momentum > 0)
-        self._dense_keys = {k for k, b in self.blocks.items() if b.kind != "rows"}
+        self._dense_keys, self._empty = {k for k, b in self.blocks.items() if b.kind != "rows"}, {}
         self._schedule = user_schedule(spec.schedule)
         self._plain_sgd = spec.name == "sgd" and spec.momentum == 0 and spec.weight_decay == 0
         self.last_step: Step | None = None  # async_scaling = "bsp": how the last update stepped
@@ -314,14 +314,12 @@ class ParameterStore:
                     g.mul_(coef.to(g.dtype))
         for key, param in zip(self._param_keys, self._params):
             param.grad = combined.get(key)
-        for key, param in self._rows_of.items():  # a shard no push touched: stepped as torch
-            # steps a table with no gradient for its rows where that changes anything
-            # (SparseAdam's step count, SGD's momentum), else left alone (Adagrad, plain SGD)
-            grad = combined.get(key)
-            if grad is None and self._step_untouched:
-                grad = torch.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.int64),
-                                               torch.zeros(0, param.shape[1], dtype=param.dtype), param.shape)
-            param.grad = grad
+        for key, param in self._rows_of.items():  # an untouched shard: an empty gradient (made once) where
+            # that moves anything (SparseAdam's step count, SGD's momentum), else none (Adagrad, plain SGD)
+            if key not in combined and self._step_untouched and key not in self._empty:
+                self._empty[key] = torch.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.int64), torch.zeros(
+                    0, param.shape[1], dtype=param.dtype), param.shape)
+            param.grad = combined.get(key, self._empty.get(key) if self._step_untouched else None)
         if self.rows_optimizer is not None:
             self._set_hyper(self.rows_optimizer, plan.lr, plan.momentum)
             self.rows_optimizer.step()
