@@ -214,6 +214,11 @@ def run_unseen(preset: str, results_path: str | None = None, reps: int | None = 
                                 "runs": mine, "ratios": ratios})
     result["overall"] = overall([c["ratios"]["psld speed-up × greedy"]["median"] for c in result["cases"]],
                                 [c["ratios"]["psld × oracle"]["median"] for c in result["cases"]])
+    # the cases below greedy, with PSLD's moves in each round (none: greedy's placement
+    # throughout, the ratio two runs of one placement)
+    result["overall"]["below 1.0× greedy: case, ratio, psld moves per round"] = [
+        [c["case"], c["ratios"]["psld speed-up × greedy"]["median"], [r["moves"] for r in c["runs"]["psld"]]]
+        for c in result["cases"] if c["ratios"]["psld speed-up × greedy"]["median"] < 1.0]
     rows = [[c["case"], c["shape"], c["servers"], fmt(c["bandwidth"]), fmt(c["factor"]),
              f"{c['slow']} ({c['where']})", c["protocol"],
              c["scenario"] + (f" → {c['switch_to']}" if c["switch_to"] is not None else ""),

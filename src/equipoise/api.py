@@ -171,7 +171,7 @@ def control(run_dir: str | Path, action: str, **fields: int) -> None:
     ``control(run, "add_server")``, ``control(run, "remove_server", server=2)`` or
     ``control(run, "move", block=5, to=1)``. The request is appended to
     run_dir/control.jsonl; the outcome appears as an event in metrics.jsonl."""
-    from .policy.psld import parse_control
+    from .policy.actions import parse_control
 
     run_dir = Path(run_dir)
     if not (run_dir / "config.toml").exists():

@@ -107,3 +107,22 @@ def test_psld_moves_load_off_a_slowed_server(tmp_path, protocol):
     assert slow_share[-1] < slow_share[0] / 2, slow_share
     busy = servers[0]["busy_s"]
     assert busy[2] > max(busy[0], busy[1])  # the slowdown is real busy time on server 2
+
+
+def test_psld_probes_a_light_server_before_moving_the_slow_servers_only_block(tmp_path):
+    """The MLP's first layer (64 KB) alone on an 8x-slower server, the other servers
+    holding 10 KB and 1 KB: PSLD probes the slow server and the light one that looks
+    fastest, measures it faster, and moves the layer there, leaving the slow server
+    empty. The probe's rate is reported with the event."""
+    summary = equipoise.train(dict(BASE, placement="psld", workers=2, servers=3, iterations=20, block_size=1 << 20,
+                                   server_slowdown=[8.0, 1.0, 1.0], server_rate=20.0, psld_interval=5,
+                                   psld_epsilon=0.0), out=tmp_path / "run")
+    assert summary["samples"] == 20 * 48
+    events = records(tmp_path / "run", "event")
+    probed = [r for r in events if r["event"] == "servers_probed"]
+    assert probed and probed[0]["iteration"] == 5 and probed[0]["servers"] == [0, 1]
+    first = records(tmp_path / "run", "servers")[0]  # the interval the probe followed
+    assert float(probed[0]["mbps"]["1"]) > first["throughput_mbps"][0]  # faster than the slow server measured
+    moved = [r for r in events if r["event"] == "block_moved"]
+    assert moved[0]["iteration"] == 5 and moved[0]["from"] == [0] and moved[0]["to"] == 1
+    assert records(tmp_path / "run", "servers")[-1]["load_bytes"][0] == 0

@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 from typing import Callable
 
-from ..policy.psld import ServerAction, parse_control
+from ..policy.actions import ServerAction, parse_control
 
 log = logging.getLogger("equipoise.coordinator")
 

@@ -18,6 +18,9 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+import torch
+
+from ..policy.measure import probe_bytes, probed_rates
 from ..policy.placement import Block, rehome
 from ..wire import Connection, Message, wait_readable
 
@@ -56,18 +59,40 @@ class ServerPool:
         """Send `msg` to every live server and take each one's `kind` reply. The least
         time from the sending to a reply's reading is kept (`round_trip_s`): what a
         message that carries no bytes costs, every exchange's fixed cost."""
-        ranks = self.live()
+        replies, took = self.timed(self.live(), msg, kind)
+        self.round_trip_s = min(self.round_trip_s, *took.values())
+        return replies
+
+    def timed(self, ranks: list[int], msg: Message, kind: str) -> tuple[dict[int, Message], dict[int, float]]:
+        """Send `msg` to servers `ranks` at once; each one's `kind` reply, and the seconds from
+        the sending to its reading (replies read in the order they come)."""
         sent = time.perf_counter()
         for r in ranks:
             self.conns[r].send(msg)
         replies: dict[int, Message] = {}
-        while len(replies) < len(ranks):  # in the order they come (the first: the least round trip)
+        took: dict[int, float] = {}
+        while len(replies) < len(ranks):
             pending = [r for r in ranks if r not in replies]
             ready = wait_readable([self.conns[r] for r in pending], 1.0)
             r = next((r for r in pending if any(c is self.conns[r] for c in ready)), pending[0])
             replies[r] = self._expect(self.conns[r], kind, f"server {r}")
-            self.round_trip_s = min(self.round_trip_s, time.perf_counter() - sent)
-        return {r: replies[r] for r in ranks}
+            took[r] = time.perf_counter() - sent
+        return {r: replies[r] for r in ranks}, took
+
+    def probe(self, ranks: list[int], measured: dict[int, float], rounds: int = 2) -> dict[int, float]:
+        """The rates of servers `ranks` by a probe (PSLD's ``probe_targets``, the slowest server
+        first): a tensor of as many bytes as the first's largest block, at most what its
+        `measured` rate handles in PROBE_S (``probe_bytes``), sent to all at once `rounds`
+        times, each server's least time taken (``probed_rates``, scaled by the first's rate):
+        on a busy host one round took 21 ms where the next took 2."""
+        largest = max((b.nbytes for b in self.blocks if self.table[b.key] == ranks[0]), default=0)
+        size = probe_bytes(largest, measured.get(ranks[0], 0.0))
+        msg = Message("probe", {}, {"p": torch.zeros(size // 4, dtype=torch.float32)})
+        least: dict[int, float] = {}
+        for _ in range(rounds):
+            for r, s in self.timed(ranks, msg, "pong")[1].items():
+                least[r] = min(s, least.get(r, s))
+        return probed_rates(least, size // 4 * 4, self.round_trip_s, measured, ranks[0])
 
     def close(self) -> None:
         for c in self.conns:

@@ -21,7 +21,7 @@ from typing import Callable
 
 from ..policy.placement import Block
 from ..sparse.tables import place_with_tables
-from ..policy.measure import block_traffic, fixed_cost, interval_noise, server_rates, server_share
+from .measurement import measure_interval
 from ..policy.psld import AddServer, MoveBlock, Psld, RemoveServer, ServerAction
 from ..scenario import BlockMove, Scenario, ServerRemove
 from ..wire import Message, PeerTimeout, Transport, names
@@ -346,9 +346,15 @@ class ServerManager:
         if t > 0 and t % interval == 0:
             throughput, iteration_s = self._measure(t)
             if self.psld is not None and not actions and iteration_s:
+                probe = self.psld.probe_targets(self.pool.table, self.pool.serving(), throughput, self.share, self._upper)
+                probed = self.pool.probe(probe, throughput) if probe else None
+                if probed:  # it held the barrier: the next interval is timed from its end
+                    self._event("servers_probed", t, servers=probe, mbps={r: v / 1e6 for r, v in probed.items()})
+                    self._barrier_at[t] = time.perf_counter()
                 actions = self.psld.decide(self.pool.table, self.pool.serving(), throughput, iteration_s,
-                                           set(self._added), share=self.share, noise=self.noise,
-                                           upper=self._upper, traffic=self._traffic, left=self.total and self.total - t or None)
+                                           set(self._added), share=self.share, noise=self.noise, upper=self._upper,
+                                           traffic=self._traffic, left=self.total and self.total - t or None,
+                                           probed=probed)
         return actions
 
     def _update_stragglers(self, t: int) -> None:
@@ -417,42 +423,13 @@ class ServerManager:
 
     def _measure(self, t: int) -> tuple[dict[int, float], float | None]:
         """Each server's busy seconds, bytes and load since the last measurement, and the
-        mean iteration time — written as a "servers" record."""
-        interval = self.settings.psld_interval
-        stats = self.pool.broadcast(Message("stats_req", {}), "stats")
-        since = self._barrier_at.get(t - interval)
-        # Wall time per iteration, any worker pause for migrations included: that is the
-        # migrations' measured cost.
-        iteration_s = (self._barrier_at[t] - since) / interval if since is not None else None
-        at = self._barrier_at
-        self.noise = interval_noise([at[i] - at[i - 1] for i in range(t - interval + 1, t + 1)
-                                     if i in at and i - 1 in at])
-        # A server's time is the larger of its busy time (handling bytes, an emulated
-        # slowdown included) and the mean time a worker spent in exchanges with it: a slow
-        # link or a loaded host, which the kernel imposes and the server does not see.
-        exchange = {r: self._exchange_s.get(r, 0.0) / max(1, self.workers) for r in stats}
+        mean iteration time (``measure_interval``) — written as a "servers" record."""
+        m = measure_interval(self.pool, self._barrier_at, t, self.settings.psld_interval, self._exchange_s,
+                             self.workers)
         self._exchange_s = {}
-        seconds = {r: max(m.fields["busy_s"], exchange[r]) for r, m in stats.items()}
-        # What no byte causes: a worker's exchanges with a server (a push and a pull an
-        # iteration), each at what one carrying almost nothing takes (policy.psld.fixed_cost)
-        nbytes = {r: m.fields["bytes"] for r, m in stats.items()}
-        fixed_s = fixed_cost(nbytes, seconds, 2 * interval, self.workers, self.pool.round_trip_s)
-        throughput = server_rates(nbytes, seconds, fixed_s)
-        self.share = server_share(seconds, interval, iteration_s)  # PSLD weighs a cut by it
-        self._rates, self._upper = throughput, server_rates(nbytes, seconds, fixed_s, most=0.9)
-        self._traffic = block_traffic(m.fields.get("block_bytes") for m in stats.values())
-        ranks = sorted(stats)
-        self._record({
-            "type": "servers", "iteration": t, "time": time.time(), "elapsed": self._elapsed(),
-            "servers": ranks, "load_bytes": [stats[r].fields["load_bytes"] for r in ranks],
-            **{k: [stats[r].fields.get(k, 0) for r in ranks] for k in ("blocks", "busy_s", "bytes", "rows", "gather_s")},
-            "exchange_s": [exchange[r] for r in ranks],
-            "busy_share": [stats[r].fields["busy_s"] / (interval * iteration_s) if iteration_s else None
-                           for r in ranks],
-            "throughput_mbps": [throughput.get(r, 0.0) / 1e6 for r in ranks], "fixed_s": fixed_s,
-            "share": self.share, "noise": self.noise, "block_bytes": sorted(self._traffic.items()),
-            "iteration_s": iteration_s, "table_version": self.pool.version})
-        return throughput, iteration_s
+        self.share, self.noise, self._rates, self._upper, self._traffic = m.share, m.noise, m.throughput, m.upper, m.traffic
+        self._record({"type": "servers", "iteration": t, "time": time.time(), "elapsed": self._elapsed(), **m.record})
+        return m.throughput, m.iteration_s
 
     # -- servers started while training runs ------------------------------------------------
     def _start_server(self) -> int:

@@ -24,6 +24,10 @@ times with its next plan request). New trials:
   measured fixed cost off) for the light servers, whose measured rates are
   extrapolations (under half the slowest server's bytes; not for a block going back to
   a server a kept trial took it off), once an episode (``_decide``);
+* a light server's probed rate in its extrapolation's place: ``probe_targets`` names,
+  once an episode, the slowest server and the light one a plan would load; the runtime
+  probes them (``measure.probed_rates``), and the probe holds while the rates measured
+  beside it stand (no relief meanwhile: the probe answered it);
 * explore (probability ``epsilon``, drawn before exploiting): add a server
   (probability 1/2 while fewer than ``max_servers`` run), else move a random block of
   the slowest server to a random other server; not with fewer than ``horizon``
@@ -67,19 +71,19 @@ exploit moves blocks onto it (a server never measured is assumed as fast as the 
 measured one), and that move is the trial. A server PSLD added that is empty again
 after its trial was undone is removed. Randomness comes from ``random.Random(seed)``.
 
-``parse_control`` reads a user's request (one line of run_dir/control.jsonl) as an
-action of the same types.
+The actions are typed in ``policy.actions``, which also reads a user's request (one
+line of run_dir/control.jsonl) as one of them (``parse_control``).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import statistics
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 
+from .actions import AddServer, MoveBlock, RemoveServer, ServerAction, parse_control
 from .measure import block_traffic, fixed_cost, interval_noise, server_rates, server_share
 from .placement import exploit_moves, predicted_time, server_loads
 
@@ -95,28 +99,6 @@ PAUSE_SCALE_MAX = 4.0  # a measured pause corrects the prediction by at most thi
 # A measured gain (the difference of two interval means) is believed beyond this many of
 # its standard errors: one-sided, a trial without effect is kept 5 times in 100.
 NOISE_Z = 1.645
-
-
-@dataclass(frozen=True)
-class MoveBlock:
-    """Migrate block ``block`` from server rank ``src`` (None: wherever it is) to ``dst``."""
-    block: int
-    src: int | None
-    dst: int
-
-
-@dataclass(frozen=True)
-class AddServer:
-    """Start one more server; it joins the job empty."""
-
-
-@dataclass(frozen=True)
-class RemoveServer:
-    """Move every block off server rank ``server``, then stop it."""
-    server: int
-
-
-ServerAction = MoveBlock | AddServer | RemoveServer
 
 
 @dataclass
@@ -170,12 +152,16 @@ class Psld:
         self._quiet = 0  # decisions in a row with no moves made and no trial in flight
         self.relieved: int | None = None  # the slowest server when a relief trial was last undone
         self.pause_scale = 1.0  # a trial's measured pause over its predicted (``_paying``)
+        self.probed: dict[int, float] = {}  # light servers' probed rates, while the slowest is the one probed for
+        self._probed_for, self._probe_age = None, 0  # the slowest server then; decisions since
+        self._probe_basis: dict[int, float] = {}  # the rates the probed servers measured then
 
     def decide(self, table: Sequence[int], live: Sequence[int],
                throughput: Mapping[int, float], iteration_s: float,
                added: Set[int] = frozenset(), share: float = 1.0,
                noise: float = 0.0, upper: Mapping[int, float] | None = None,
-               traffic: Mapping[int, float] | None = None, left: int | None = None) -> list[ServerAction]:
+               traffic: Mapping[int, float] | None = None, left: int | None = None,
+               probed: Mapping[int, float] | None = None) -> list[ServerAction]:
         """The actions to carry out now. ``table[k]`` is the server rank of block k,
         ``live`` the ranks running, ``throughput`` their measured bytes/s (missing for a
         server that handled nothing), ``iteration_s`` the mean iteration time since the
@@ -195,11 +181,17 @@ class Psld:
         is amortised over at most those (a move that cannot repay its pause before the
         job ends is not made; a trial is still judged on the whole ``horizon``: its
         pause is spent, and undoing it would cost another), and no random move is explored with fewer than ``horizon``
-        left (what it would teach has no iterations left to be used in)."""
+        left (what it would teach has no iterations left to be used in). ``probed`` is the
+        rates a probe measured for the servers ``probe_targets`` named: a light server's
+        probed rate stands in for its extrapolation while it stays light."""
         self._horizon = self.horizon if left is None else max(1, min(self.horizon, int(left)))
         noise = noise if math.isfinite(noise) and noise > 0 else 0.0
         self._weigh(traffic or {})
         self._observe(table, iteration_s)
+        self._probe_age += 1
+        if probed:
+            self.probed = {int(r): float(v) for r, v in probed.items() if math.isfinite(v) and v > 0}
+            self._probe_basis = {r: throughput[r] for r in (*self.probed, self._probed_for) if r in throughput}
         actions = self._decide(table, live, throughput, iteration_s, added, share, noise, upper or {})
         self._previous = (tuple(table), iteration_s)
         self._quiet = 0 if actions or self.trial is not None else self._quiet + 1
@@ -289,6 +281,14 @@ class Psld:
         owner = [index[s] for s in table]
         loads = server_loads(self.sizes, owner, len(live))
         slowest = live[max(range(len(live)), key=lambda i: (loads[i] / speeds[i], -i))]
+        # Probed for another slowest server, or a rate measured then has changed since by
+        # over 1.5x (a slowdown that moved): the probes no longer tell the speeds in force.
+        if slowest != self._probed_for or any(not 1 / 1.5 <= throughput.get(r, v) / v <= 1.5
+                                              for r, v in self._probe_basis.items() if v > 0):
+            self.probed, self._probe_basis = {}, {}
+        for i, r in enumerate(live):  # a light server's probed rate, not its extrapolation
+            if r in self.probed and r not in self.loaded and r != slowest and 2 * loads[i] < loads[index[slowest]]:
+                speeds[i] = self.probed[r]
         if slowest != self.held_for:
             self.failures, self.hold, self.held_for = 0, 0, None
         if slowest != self.relieved:  # another server is the slowest: a new episode
@@ -312,7 +312,7 @@ class Psld:
         plan, raw = self._paying(moves, live, speeds, loads, share, iteration_s, bar)
         if plan and frozenset(plan) not in self.tabu:
             self._start(plan, iteration_s, noise, slowest)
-        elif slowest != self.relieved and upper and not self.failures:
+        elif slowest != self.relieved and upper and not self.failures and not self.probed:
             # A relief: the plan the upper rates predict (each server's rate with the whole
             # measured fixed cost off, at most 0.9 of its time), once an episode. The rates
             # take off at most half, so a light destination is rated at what its time says
@@ -330,7 +330,7 @@ class Psld:
             # against 1,553 and 1,198 upper, and a relief swapped the largest block onto
             # one of them and back, episode after episode (0.86x greedy).
             light = loads[index[slowest]] / 2
-            fast = [v if r in self.loaded or loads[i] >= light else max(v, upper.get(r, v))
+            fast = [v if r in self.loaded or r in self.probed or loads[i] >= light else max(v, upper.get(r, v))
                     for i, (r, v) in enumerate(zip(live, speeds))]
             relief = exploit_moves(self.sizes, owner, fast)[0]
             # A block going back to a server a kept trial took it off: that server was
@@ -380,6 +380,44 @@ class Psld:
             if part > 0 and net > best_net:
                 best, best_net = len(costs), net
         return [MoveBlock(m.block, live[m.src], live[m.dst]) for m in moves[:best]], (costs[best - 1] if best else 0.0)
+
+    def probe_targets(self, table: Sequence[int], live: Sequence[int], throughput: Mapping[int, float],
+                      share: float, upper: Mapping[int, float] | None = None) -> list[int]:
+        """The servers to probe before this decision: the runtime sends each a probe of
+        known bytes (``measure.probe_bytes``) and passes the rates it measured to
+        ``decide`` as ``probed``. Named when the slowest server's time stands out
+        (``share`` above ``threshold``) and it was not probed for in the last ``memory``
+        decisions: it (to scale the probe to what its exchanges measure) and the light
+        server (under half its bytes, not measured under load: neither an undone trial's
+        destination nor a server a kept trial emptied) that looks the
+        fastest by its ``upper`` rate, the one a plan would move its load to; [] otherwise.
+
+        A light server's rate is an extrapolation: its time is mostly the exchanges'
+        fixed cost, its rate the difference of near-equal times. With the CNN's first
+        layer alone on a 4x-slower server behind 919 MB/s links (SSP, 6 servers), the
+        light servers' upper rates drew 77-443 MB/s from interval to interval against
+        the slow server's 266-350: whether the layer was moved within 60 iterations
+        depended on the draw (no move in 3 of 5 runs, the oracle 1.2x greedy); moved, it
+        ran at 817-1,556 MB/s. One server is probed, not all: each costs the time its
+        probe takes, with the workers held, and a server slower than the slowest one
+        (holding only small blocks) takes several times that."""
+        if not math.isfinite(share) or share < self.threshold or len(live) < 2 or self.trial is not None:
+            return []
+        rates = self._rates(live, throughput)
+        loads = {r: 0.0 for r in live}
+        for k, s in enumerate(table):
+            if s in loads:
+                loads[s] += self.sizes[k]
+        slowest = max(live, key=lambda r: (loads[r] / max(rates[r], 1e-300), -r))
+        if slowest == self._probed_for and self._probe_age <= self.memory:
+            return []
+        emptied = {src for _, src in self.left}  # measured under the load a kept trial took off them
+        light = [r for r in live if r != slowest and 2 * loads[r] < loads[slowest] and r not in self.loaded
+                 and r not in emptied]
+        if not light:
+            return []
+        self._probed_for, self._probe_age = slowest, 0
+        return [slowest, max(light, key=lambda r: (max(rates[r], (upper or {}).get(r, 0.0)), -r))]
 
     def charge(self, pause_s: float) -> None:
         """Add ``pause_s``, the pause the current trial's migration cost, to the trial
@@ -442,30 +480,3 @@ class Psld:
         moved), and its light measurements are what shows it."""
         fallback = max((self.known[r] for r in live if r in self.known), default=1.0)
         return {r: self.loaded[r][0] if r in self.loaded else self.known.get(r, fallback) for r in live}
-
-
-def parse_control(line: str) -> ServerAction:
-    """One control.jsonl request as a server action: {"action": "add_server"},
-    {"action": "remove_server", "server": R} or {"action": "move", "block": K, "to": R}.
-    Raises ValueError naming what is wrong."""
-    try:
-        req = json.loads(line)
-    except json.JSONDecodeError:
-        raise ValueError(f"not JSON: {line[:80]!r}") from None
-    if not isinstance(req, dict):
-        raise ValueError(f"not an object: {line[:80]!r}")
-    action = req.get("action")
-
-    def number(key: str) -> int:
-        v = req.get(key)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise ValueError(f"{action}: {key} = {v!r} must be an integer ≥ 0")
-        return v
-
-    if action == "add_server":
-        return AddServer()
-    if action == "remove_server":
-        return RemoveServer(number("server"))
-    if action == "move":
-        return MoveBlock(number("block"), None, number("to"))
-    raise ValueError(f"unknown action {action!r} (add_server, remove_server, move)")

@@ -97,7 +97,7 @@ class Server:
             "norm_req": self._on_norm_req, "clip": self._on_clip, "pull": self._on_pull,
             "state_req": self._on_state_req, "push": self._on_push, "fragment": self.streamed.on_fragment,
             "replicate": self.backup.on_replicate, "replica": self.backup.on_replica,
-            "replica_ack": self.backup.on_replica_ack, "replica_req": self.backup.on_replica_req, "stats_req": self.moves.on_stats_req, "migrate": self.moves.on_migrate, "rows_req": self.tables.on_rows_req,
+            "replica_ack": self.backup.on_replica_ack, "replica_req": self.backup.on_replica_req, "stats_req": self.moves.on_stats_req, "probe": self.moves.on_probe, "migrate": self.moves.on_migrate, "rows_req": self.tables.on_rows_req,
             "adopt": self.moves.on_adopt, "forward": self.moves.on_forward}
         self.norms: NormWait | None = None  # clip_grad_norm: an update waiting for the global norm
 
@@ -229,20 +229,20 @@ class Server:
         self.listener.send(peer, Message("ack", {"version": self.sync.published()}))
 
     def charge(self, nbytes: int | Mapping[int, int], since: float) -> None:
-        """Emulate a slower server or link for `nbytes` handled — (factor − 1)·nbytes/rate
-        more on `clock` — then book the busy time since `since` (a `clock.now()`). Given
-        by block (`per_block`), the bytes are also booked to each block (PSLD weighs a
-        table's shards by them)."""
+        """Emulate a slower server or link for `nbytes` handled (`emulated`), then book the busy time
+        since `since` (a `clock.now()`); bytes given by block (`per_block`) are booked to each block too."""
         if not isinstance(nbytes, int):
             for k, b in nbytes.items():
                 self.block_bytes[k] = self.block_bytes.get(k, 0) + b
             nbytes = sum(nbytes.values())
-        extra = (self.factor - 1.0) * nbytes / self.rate
-        if self.bucket is not None:  # the link's own time; with rate = bandwidth, factor f is f× slower
-            extra += self.bucket.delay(nbytes)
-        self.clock.sleep(extra)
+        self.clock.sleep(self.emulated(nbytes))
         self.busy_s += self.clock.now() - since
         self.bytes += nbytes
+
+    def emulated(self, nbytes: int) -> float:
+        """The seconds a slower server adds to `nbytes` handled, (factor − 1)·nbytes/rate, and
+        its link's own time (with rate = bandwidth, factor f is f× slower)."""
+        return (self.factor - 1.0) * nbytes / self.rate + (self.bucket.delay(nbytes) if self.bucket is not None else 0.0)
 
     def _on_flush(self, peer: bytes, msg: Message) -> None:
         """Apply a half-filled softsync group (the end of a run): no gradient is lost."""

@@ -33,6 +33,14 @@ class BlockMoves:
         self.core.busy_s, self.core.bytes, self.core.block_bytes = 0.0, 0, {}
         self.core.rows_served, self.core.gather_s = 0, 0.0
 
+    def on_probe(self, peer: bytes, msg: Message) -> None:
+        """A probe of this server's rate (PSLD's ``probe_targets``): its tensors' bytes take
+        the emulated slowdown and link a push's would, booked nowhere (the next stats hold
+        only the job's exchanges); the reply carries nothing."""
+        nbytes = sum(t.numel() * t.element_size() for t in msg.tensors.values())
+        self.core.clock.sleep(self.core.emulated(nbytes))
+        self.core.listener.send(peer, Message("pong", {}))
+
     def on_migrate(self, peer: bytes, msg: Message) -> None:
         """Hand blocks, with their optimizer state, to the server at `to`. Only at a
         barrier (nothing pending), so no update is lost or applied twice. The bytes pass

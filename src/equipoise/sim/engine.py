@@ -146,6 +146,8 @@ class Simulation:
             # servers, due at this barrier (coordinator/server_manager.py ServerManager.at_barrier)
             srv.update(prev, t)
             pause = self._server_actions(t, prev, joining, psld, psld_added, barrier_at)
+            if self.probe_s:  # a probe holds the plans of t: the workers start that much later
+                start, barrier_at[t] = start + self.probe_s, barrier_at[t] + self.probe_s
             # the iteration
             sizes = self.planner.sizes()
             r = np.array(ranks)
@@ -220,15 +222,17 @@ class Simulation:
                 actions.append(RemoveServer(ev.server))
             elif ev.iteration == t and isinstance(ev, BlockMove):
                 actions.append(MoveBlock(ev.block, None, ev.to))
-        interval = cfg.psld_interval
+        interval, self.probe_s = cfg.psld_interval, 0.0
         if t > 0 and t % interval == 0:
             since = barrier_at.get(t - interval)
             iteration_s = (now - since) / interval if since is not None else None
             rec, thr = srv.measure(t, now, iteration_s)
             self.emit(rec)
             if psld is not None and not actions and iteration_s:
+                probe = psld.probe_targets(srv.owner.tolist(), sorted(srv.live), thr, srv.share, srv.upper)
+                probed, self.probe_s = srv.probe(probe, thr) if probe else (None, 0.0)
                 actions = psld.decide(srv.owner.tolist(), sorted(srv.live), thr, iteration_s, psld_added,
-                                      share=srv.share, upper=srv.upper, left=self.iterations - t)
+                                      share=srv.share, upper=srv.upper, left=self.iterations - t, probed=probed)
         pause = 0.0
         for action in actions:
             refused = self._refusal(action)

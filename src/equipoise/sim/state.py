@@ -10,7 +10,7 @@ import numpy as np
 
 from ..config import Config
 from ..policy.placement import placement_blocks
-from ..policy.measure import fixed_cost, server_rates, server_share
+from ..policy.measure import fixed_cost, probe_bytes, probed_rates, server_rates, server_share
 from ..policy.sync import ServerSync
 from ..scenario import Scenario
 from .cost import CostModel, state_copies
@@ -121,6 +121,7 @@ class Servers:
         return self.cost.server_per_byte(self.scenario.server_factor(r, elapsed, t), cap, burst)
 
     def update(self, elapsed: float, t: int) -> None:
+        self.at = (elapsed, t)
         loads = np.bincount(self.owner, weights=self.sizes, minlength=max(self.live) + 1)
         self.per_byte = {r: self._per_byte(r, elapsed, t, loads[r]) for r in self.live}
 
@@ -142,6 +143,19 @@ class Servers:
         nbytes = int(self.sizes[block]) * state_copies(self.cfg)
         self.owner[block] = dst
         return nbytes, nbytes * (self.per_byte[src] + self.per_byte[dst]) + 2 * self.cost.latency
+
+    def probe(self, ranks: list[int], measured: dict[int, float]) -> tuple[dict[int, float], float]:
+        """PSLD's probe of servers `ranks` (the runtime's ``ServerPool.probe``): the bytes of
+        the first's largest block (``probe_bytes``) through each one's rate, plus a round
+        trip; the rates, and the seconds its rounds took."""
+        size = probe_bytes(max((int(b) for b, o in zip(self.sizes, self.owner) if o == ranks[0]), default=0),
+                           measured.get(ranks[0], 0.0))
+        rt = 2 * self.cost.latency
+        caps = self.scenario.server_bandwidth
+        sustained = {r: self.cost.server_per_byte(self.scenario.server_factor(r, *self.at),
+                                                  caps[r] if r < len(caps) else 0.0) for r in ranks}
+        took = {r: size * sustained[r] + rt for r in ranks}
+        return probed_rates(took, size, rt, measured, ranks[0]), 2 * max(took.values())  # two rounds
 
     def measure(self, t: int, elapsed: float, iteration_s: float | None) -> tuple[dict, dict[int, float]]:
         """A "servers" record (as coordinator/server_manager.py writes it) and PSLD's throughputs."""

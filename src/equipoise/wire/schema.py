@@ -69,6 +69,7 @@ SCHEMA: dict[str, dict[str, FieldType]] = {
     # PSLD: measurements, emulated server stragglers, block migration
     "stats_req": {},
     "stats": {"busy_s": float, "bytes": int, "load_bytes": int, "blocks": int},
+    "probe": {},  # + tensor "p": bytes whose handling times the server's rate; answered with a pong
     "straggle": {},  # optional factor, rate_mbps, bandwidth_mbps
     "migrate": {"keys": list, "to": str},  # coordinator -> source server
     "adopt": {"blocks": list, "version": int, "samples": int},  # source -> destination, + tensors; optional ledger

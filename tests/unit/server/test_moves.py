@@ -66,3 +66,20 @@ def test_a_migration_takes_the_tokens_of_both_links_and_the_slow_factor():
     assert src_clock.now() == pytest.approx(link + 3.0 * nbytes / RATE, rel=1e-12)
     assert ack.fields["seconds"] == pytest.approx(src_clock.now(), rel=1e-12)
     assert src.busy_s == pytest.approx(src_clock.now(), rel=1e-12)
+
+
+def test_a_probe_takes_the_link_and_slow_factor_a_push_would_and_books_nothing():
+    """A probe of N floats on the 4x-slower server: its bytes drain the bucket's burst,
+    then wait out the rest at RATE, and the factor adds 3 × bytes / RATE (a push's
+    charge); the busy time and bytes PSLD's next stats report are left as they were, and
+    only the coordinator may send one."""
+    clock = VirtualClock()
+    s = server(0, clock, factor=4.0)
+    nbytes = N * 4
+    s.handle(b"coord", Message("probe", {}, {"p": torch.zeros(N)}))
+    assert s.sent.pop()[1].type == "pong"
+    assert clock.now() == pytest.approx((nbytes - 5000) / RATE + 3.0 * nbytes / RATE, rel=1e-12)
+    assert s.busy_s == 0.0 and s.bytes == 0 and s.block_bytes == {}
+    s.handle(b"w", Message("probe", {}, {"p": torch.zeros(N)}, origin="worker"))
+    reply = s.sent.pop()[1]
+    assert reply.type == "error" and "'probe' from a worker" in reply.fields["message"]

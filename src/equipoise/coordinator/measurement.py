@@ -1,0 +1,60 @@
+"""PSLD's measurements of the servers over one interval of ``psld_interval`` iterations,
+taken at a barrier: each server's rate, its upper rate, the part of the iteration a
+placement could cut, the noise of the interval's mean and the bytes each block carried
+(the pure functions of ``policy.measure``, on the servers' ``stats`` and the workers'
+exchange times), and the "servers" record of metrics.jsonl that shows them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..policy.measure import block_traffic, fixed_cost, interval_noise, server_rates, server_share
+from ..wire import Message
+
+
+@dataclass
+class Interval:
+    throughput: dict[int, float]  # bytes/s per server (``server_rates``)
+    upper: dict[int, float]  # with the whole fixed cost off, at most 0.9 of the time
+    traffic: dict[int, float]  # bytes each block's exchanges carried (``block_traffic``)
+    share: float  # the part of the interval's wall time its slowest server took (``server_share``)
+    noise: float  # the relative standard error of the interval's mean iteration time
+    iteration_s: float | None  # the interval's mean iteration time (None: the first)
+    record: dict  # the "servers" record's fields, but its type, time and elapsed
+
+
+def measure_interval(pool, barrier_at: dict[int, float], t: int, interval: int, exchange_s: dict[int, float],
+                     workers: int) -> Interval:
+    """Ask every server of `pool` for its stats at the barrier of iteration `t` (`barrier_at`:
+    when each recent barrier was reached; `exchange_s`: the workers' exchange seconds with
+    each server since the last measurement, summed over `workers`)."""
+    stats = pool.broadcast(Message("stats_req", {}), "stats")
+    since = barrier_at.get(t - interval)
+    # Wall time per iteration, any worker pause for migrations included: that is the
+    # migrations' measured cost.
+    iteration_s = (barrier_at[t] - since) / interval if since is not None else None
+    noise = interval_noise([barrier_at[i] - barrier_at[i - 1] for i in range(t - interval + 1, t + 1)
+                            if i in barrier_at and i - 1 in barrier_at])
+    # A server's time is the larger of its busy time (handling bytes, an emulated
+    # slowdown included) and the mean time a worker spent in exchanges with it: a slow
+    # link or a loaded host, which the kernel imposes and the server does not see.
+    exchange = {r: exchange_s.get(r, 0.0) / max(1, workers) for r in stats}
+    seconds = {r: max(m.fields["busy_s"], exchange[r]) for r, m in stats.items()}
+    # What no byte causes: a worker's exchanges with a server (a push and a pull an
+    # iteration), each at what one carrying almost nothing takes (policy.measure.fixed_cost)
+    nbytes = {r: m.fields["bytes"] for r, m in stats.items()}
+    fixed_s = fixed_cost(nbytes, seconds, 2 * interval, workers, pool.round_trip_s)
+    throughput = server_rates(nbytes, seconds, fixed_s)
+    share = server_share(seconds, interval, iteration_s)  # PSLD weighs a cut by it
+    traffic = block_traffic(m.fields.get("block_bytes") for m in stats.values())
+    ranks = sorted(stats)
+    record = {
+        "servers": ranks, "load_bytes": [stats[r].fields["load_bytes"] for r in ranks],
+        **{k: [stats[r].fields.get(k, 0) for r in ranks] for k in ("blocks", "busy_s", "bytes", "rows", "gather_s")},
+        "exchange_s": [exchange[r] for r in ranks],
+        "busy_share": [stats[r].fields["busy_s"] / (interval * iteration_s) if iteration_s else None for r in ranks],
+        "throughput_mbps": [throughput.get(r, 0.0) / 1e6 for r in ranks], "fixed_s": fixed_s,
+        "share": share, "noise": noise, "block_bytes": sorted(traffic.items()),
+        "iteration_s": iteration_s, "table_version": pool.version}
+    return Interval(throughput, server_rates(nbytes, seconds, fixed_s, most=0.9), traffic, share, noise,
+                    iteration_s, record)

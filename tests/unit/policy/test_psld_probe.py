@@ -1,0 +1,74 @@
+"""PSLD's probe of a light server's rate (``Psld.probe_targets``, ``measure.probe_bytes``
+and ``probed_rates``): which servers are probed and when, what a probe's times say, and
+a move made or not on them. The numbers are the single-block case under SSP on 919 MB/s
+links as measured: the CNN's first layer (block 0) alone on the 4x-slower server 0."""
+
+import pytest
+
+from equipoise.policy.measure import PROBE_BYTES, probe_bytes, probed_rates
+from equipoise.policy.psld import MoveBlock, Psld
+
+SIZES = [1605632, 73728, 5120, 1152]
+LIVE = [0, 1, 2, 3]
+# bytes/s as measured over an interval: the light servers' rates are their few bytes
+# over times that are mostly the exchanges' fixed cost (extrapolations)
+RATES = {0: 300e6, 1: 80e6, 2: 6e6, 3: 1.5e6}
+UPPER = {0: 300e6, 1: 200e6, 2: 25e6, 3: 8e6}  # below server 0's: no relief either
+SHARE, ITERATION_S = 0.4, 0.055
+
+
+def test_a_probe_is_as_large_as_the_block_within_what_the_slow_server_takes_in_5_ms():
+    assert probe_bytes(1605632, 300e6) == 1_500_000  # 5 ms at 300 MB/s, under the block
+    assert probe_bytes(1605632, 1e9) == 1605632  # the block, under 5 ms
+    assert probe_bytes(100, 1e9) == PROBE_BYTES[0] and probe_bytes(10**9, float("inf")) == PROBE_BYTES[1]
+
+
+def test_probed_rates_are_scaled_to_the_slow_servers_measured_rate_within_a_factor_of_2():
+    # 1.5 MB: server 0 took 10.5 ms, server 1 2.5 ms, 0.5 ms of each a round trip without bytes
+    seconds = {0: 0.0105, 1: 0.0025}
+    # raw 150 and 750 MB/s; server 0 measured 300 under its load: scale 2
+    assert probed_rates(seconds, 1_500_000, 0.0005, {0: 300e6}, 0) == {1: pytest.approx(1.5e9)}
+    assert probed_rates(seconds, 1_500_000, 0.0005, {0: 900e6}, 0) == {1: pytest.approx(1.5e9)}  # at most 2
+    assert probed_rates(seconds, 1_500_000, 0.0005, {}, 0) == {1: pytest.approx(750e6)}  # unscaled
+    # at most half of a time is the round trip: 1 ms less 0.5 ms, not less 0.9 ms
+    assert probed_rates({1: 0.001}, 1000, 0.0009, {}, 0) == {1: pytest.approx(1000 / 0.0005)}
+
+
+def test_the_slow_server_and_the_fastest_looking_light_one_are_probed_once_an_episode():
+    c = Psld(SIZES, epsilon=0.0)
+    assert c.probe_targets(LIVE, LIVE, RATES, 0.01, UPPER) == []  # the servers' time is not what stands out
+    assert c.probe_targets(LIVE, LIVE, RATES, SHARE, UPPER) == [0, 1]
+    assert c.probe_targets(LIVE, LIVE, RATES, SHARE, UPPER) == []  # probed for server 0 already
+    # a light server measured under a trial's load is not probed; with none left, nothing is
+    c = Psld(SIZES, epsilon=0.0)
+    c.loaded = {r: (1e6, 1, 5) for r in (1, 2, 3)}
+    assert c.probe_targets(LIVE, LIVE, RATES, SHARE, UPPER) == []
+
+
+def test_a_light_server_probed_fast_takes_the_layer_and_one_probed_slow_does_not():
+    """On the rates measured nothing pays and the upper rates predict no relief; the probe
+    says server 1 handles 1.2 GB/s, and the layer moves there. Probed at 290 MB/s (no
+    faster than server 0), it stays, and no relief is tried on server 1's upper rate."""
+    assert Psld(SIZES, epsilon=0.0).decide(LIVE, LIVE, RATES, ITERATION_S, share=SHARE, upper=UPPER) == []
+    c = Psld(SIZES, epsilon=0.0)
+    assert c.probe_targets(LIVE, LIVE, RATES, SHARE, UPPER) == [0, 1]
+    actions = c.decide(LIVE, LIVE, RATES, ITERATION_S, share=SHARE, upper=UPPER, probed={1: 1.2e9})
+    assert MoveBlock(0, 0, 1) in actions
+    c = Psld(SIZES, epsilon=0.0)
+    c.probe_targets(LIVE, LIVE, RATES, SHARE, UPPER)
+    optimistic = {**UPPER, 1: 1.5e9}  # a relief on this would move the layer
+    assert c.decide(LIVE, LIVE, RATES, ITERATION_S, share=SHARE, upper=optimistic, probed={1: 290e6}) == []
+    assert c.decide(LIVE, LIVE, RATES, ITERATION_S, share=SHARE, upper=optimistic) == []  # the probe still holds
+
+
+def test_a_probe_no_longer_holds_once_the_rates_it_was_taken_beside_have_moved():
+    """Server 1 probed no faster than server 0; then server 0's measured rate falls by
+    over 1.5x (a slowdown arriving): the probe is dropped, and the relief its upper rate
+    predicts is tried. No probe is taken while a trial is in flight."""
+    c = Psld(SIZES, epsilon=0.0)
+    c.probe_targets(LIVE, LIVE, RATES, SHARE, UPPER)
+    optimistic = {**UPPER, 1: 1.5e9}
+    assert c.decide(LIVE, LIVE, RATES, ITERATION_S, share=SHARE, upper=optimistic, probed={1: 290e6}) == []
+    slowed = {**RATES, 0: 150e6}
+    assert MoveBlock(0, 0, 1) in c.decide(LIVE, LIVE, slowed, 0.09, share=SHARE, upper=optimistic)
+    assert c.trial is not None and c.probe_targets(LIVE, LIVE, slowed, SHARE, optimistic) == []
