@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -86,6 +87,26 @@ def classification_metrics(model: nn.Module, batch) -> dict:
     n = len(y)
     return {"loss": (F.cross_entropy(out, y, reduction="sum"), n),
             "accuracy": (int((out.argmax(1) == y).sum()), n)}
+
+
+def inference_module(model: nn.Module, example: Any) -> Any:
+    """`model` traced on `example` and frozen for evaluation (TorchScript: a layer and its
+    activation fused, weights packed once), or None. Only for an `nn.Sequential` of torch's
+    own layers on a CPU tensor: a trace records the one path its example took, and such a
+    stack has no other; a user's module, or anything the trace refuses, is run as it is.
+    The default job's evaluation (the CNN, 10,000 images, two threads) took 1.33 s frozen
+    against 2.3-2.5 s as it is."""
+    layers = list(model.modules())[1:] if isinstance(model, nn.Sequential) else None
+    if (not layers or not all(type(m).__module__.startswith("torch.nn.modules.") for m in layers)
+            or not isinstance(example, torch.Tensor) or example.device.type != "cpu"
+            or not example.dtype.is_floating_point):
+        return None
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the tracer's notes on what it records
+            return torch.jit.freeze(torch.jit.trace(model.eval(), example, check_trace=False))
+    except Exception:  # not traceable after all: evaluated as it is
+        return None
 
 
 def _number(value: Any) -> float | None:
@@ -248,12 +269,17 @@ class Workload:
 
         model.eval()
         sums: dict[str, list[float]] = {}
+        # the default metrics call model(x) alone: a plain stack of torch's layers may run frozen
+        plain = self.metrics_fn is None and self.loss_fn is cross_entropy
+        run = None
         for batch, n in self.eval_batches(batch_size, limit):
             if abort is not None and abort():
                 raise EvalAborted("evaluation aborted")
             if device is not None:
                 batch = to_device(batch, device)
-            for key, (s, c) in self.batch_metrics(model, batch, n).items():
+            if run is None:
+                run = (inference_module(model, batch[0]) if plain and isinstance(batch, (tuple, list)) else None) or model
+            for key, (s, c) in self.batch_metrics(run, batch, n).items():
                 acc = sums.setdefault(key, [0.0, 0.0])
                 acc[0] += s
                 acc[1] += c
