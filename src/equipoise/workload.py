@@ -278,7 +278,8 @@ class Workload:
             if device is not None:
                 batch = to_device(batch, device)
             if run is None:
-                run = (inference_module(model, batch[0]) if plain and isinstance(batch, (tuple, list)) else None) or model
+                frozen = inference_module(model, batch[0]) if plain and isinstance(batch, (tuple, list)) else None
+                run = model if frozen is None else frozen
             for key, (s, c) in self.batch_metrics(run, batch, n).items():
                 acc = sums.setdefault(key, [0.0, 0.0])
                 acc[0] += s

@@ -384,7 +384,11 @@ def test_a_plain_stack_of_torchs_layers_is_evaluated_frozen_with_the_same_metric
     model = build_model("cnn", (1, 28, 28), 10)
     frozen = inference_module(model, x[:16])
     assert isinstance(frozen, torch.jit.ScriptModule)
+    ran = []
+    metrics = work.batch_metrics
+    work.batch_metrics = lambda m, b, n: ran.append(type(m)) or metrics(m, b, n)
     got = work.evaluate(model, batch_size=16)
+    assert len(ran) == 4 and all(issubclass(t, torch.jit.ScriptModule) for t in ran)
     with torch.no_grad():
         out = model(x)
     top2 = out.topk(2, dim=1).values

@@ -60,7 +60,7 @@ class ServerPool:
         time from the sending to a reply's reading is kept (`round_trip_s`): what a
         message that carries no bytes costs, every exchange's fixed cost."""
         replies, took = self.timed(self.live(), msg, kind)
-        self.round_trip_s = min(self.round_trip_s, *took.values())
+        self.round_trip_s = min([self.round_trip_s, *took.values()])
         return replies
 
     def timed(self, ranks: list[int], msg: Message, kind: str) -> tuple[dict[int, Message], dict[int, float]]:
