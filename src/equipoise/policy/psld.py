@@ -330,7 +330,7 @@ class Psld:
             # against 1,553 and 1,198 upper, and a relief swapped the largest block onto
             # one of them and back, episode after episode (0.86x greedy).
             light = loads[index[slowest]] / 2
-            fast = [v if r in self.loaded or r in self.probed or loads[i] >= light else max(v, upper.get(r, v))
+            fast = [v if r in self.loaded or loads[i] >= light else max(v, upper.get(r, v))
                     for i, (r, v) in enumerate(zip(live, speeds))]
             relief = exploit_moves(self.sizes, owner, fast)[0]
             # A block going back to a server a kept trial took it off: that server was
@@ -385,9 +385,9 @@ class Psld:
                       share: float, upper: Mapping[int, float] | None = None) -> list[int]:
         """The servers to probe before this decision: the runtime sends each a probe of
         known bytes (``measure.probe_bytes``) and passes the rates it measured to
-        ``decide`` as ``probed``. Named when the slowest server's time stands out
-        (``share`` above ``threshold``) and it was not probed for in the last ``memory``
-        decisions: it (to scale the probe to what its exchanges measure) and the light
+        ``decide`` as ``probed``. Named when no trial is in flight, the slowest server's
+        time stands out (``share`` above ``threshold``) and it was not probed for in the
+        last ``memory`` decisions: it (to scale the probe to what its exchanges measure) and the light
         server (under half its bytes, not measured under load: neither an undone trial's
         destination nor a server a kept trial emptied) that looks the
         fastest by its ``upper`` rate, the one a plan would move its load to; [] otherwise.
