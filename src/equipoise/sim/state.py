@@ -151,10 +151,7 @@ class Servers:
         size = probe_bytes(max((int(b) for b, o in zip(self.sizes, self.owner) if o == ranks[0]), default=0),
                            measured.get(ranks[0], 0.0))
         rt = 2 * self.cost.latency
-        caps = self.scenario.server_bandwidth
-        sustained = {r: self.cost.server_per_byte(self.scenario.server_factor(r, *self.at),
-                                                  caps[r] if r < len(caps) else 0.0) for r in ranks}
-        took = {r: size * sustained[r] + rt for r in ranks}
+        took = {r: size * self._per_byte(r, *self.at) + rt for r in ranks}  # no load: no burst, the sustained rate
         return probed_rates(took, size, rt, measured, ranks[0]), 2 * max(took.values())  # two rounds
 
     def measure(self, t: int, elapsed: float, iteration_s: float | None) -> tuple[dict, dict[int, float]]:
