@@ -13,7 +13,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 
 __all__ = ["PROBE_BYTES", "SMALL_EXCHANGE_BYTES", "block_traffic", "fixed_cost", "interval_noise", "probe_bytes",
-           "probed_rates", "server_rates", "server_share"]
+           "probed_rates", "train_spacing", "server_rates", "server_share"]
 
 
 # An exchange carrying at most this many bytes is timed as its fixed cost: 16 KB take
@@ -114,6 +114,16 @@ def probe_bytes(largest: int, rate: float) -> int:
     low, high = PROBE_BYTES
     cap = rate * PROBE_S if math.isfinite(rate) and rate > 0 else high
     return int(min(high, max(low, min(int(largest), cap))))
+
+
+def train_spacing(times: Sequence[float], timed: int) -> float:
+    """The seconds a server takes per probe, from the times its replies to a train of
+    probes sent back to back were read: the median of the last ``timed`` spacings (the
+    probes before them cross whatever burst an idle link lets through; the median drops
+    one spacing the host's scheduler stretched); nan with fewer than two times."""
+    t = [float(x) for x in times]
+    gaps = [b - a for a, b in zip(t, t[1:])][-max(1, int(timed)):]
+    return statistics.median(gaps) if gaps else math.nan
 
 
 def probed_rates(seconds: Mapping[int, float], nbytes: int, round_trip: float,

@@ -145,14 +145,14 @@ class Servers:
         return nbytes, nbytes * (self.per_byte[src] + self.per_byte[dst]) + 2 * self.cost.latency
 
     def probe(self, ranks: list[int], measured: dict[int, float]) -> tuple[dict[int, float], float]:
-        """PSLD's probe of servers `ranks` (the runtime's ``ServerPool.probe``): the bytes of
-        the first's largest block (``probe_bytes``) through each one's rate, plus a round
-        trip; the rates, and the seconds its rounds took."""
+        """PSLD's probe of servers `ranks` (the runtime's ``ServerPool.probe``): a train of six
+        probes of the first's largest block's bytes (``probe_bytes``); the spacing of the
+        last replies is each server's sustained time per probe (no load: no burst). The
+        rates, and the seconds the train took (six probes and a round trip)."""
         size = probe_bytes(max((int(b) for b, o in zip(self.sizes, self.owner) if o == ranks[0]), default=0),
                            measured.get(ranks[0], 0.0))
-        rt = 2 * self.cost.latency
-        took = {r: size * self._per_byte(r, *self.at) + rt for r in ranks}  # no load: no burst, the sustained rate
-        return probed_rates(took, size, rt, measured, ranks[0]), 2 * max(took.values())  # two rounds
+        spacing = {r: size * self._per_byte(r, *self.at) for r in ranks}
+        return probed_rates(spacing, size, 0.0, measured, ranks[0]), 6 * max(spacing.values()) + 2 * self.cost.latency
 
     def measure(self, t: int, elapsed: float, iteration_s: float | None) -> tuple[dict, dict[int, float]]:
         """A "servers" record (as coordinator/server_manager.py writes it) and PSLD's throughputs."""

@@ -3,10 +3,14 @@ and ``probed_rates``): which servers are probed and when, what a probe's times s
 a move made or not on them. The numbers are the single-block case under SSP on 919 MB/s
 links as measured: the CNN's first layer (block 0) alone on the 4x-slower server 0."""
 
+import math
+
 import pytest
 
-from equipoise.policy.measure import PROBE_BYTES, probe_bytes, probed_rates
+from equipoise.clock import VirtualClock
+from equipoise.policy.measure import PROBE_BYTES, PROBE_S, probe_bytes, probed_rates, train_spacing
 from equipoise.policy.psld import MoveBlock, Psld
+from equipoise.wire.bandwidth import TokenBucket
 
 SIZES = [1605632, 73728, 5120, 1152]
 LIVE = [0, 1, 2, 3]
@@ -32,6 +36,36 @@ def test_probed_rates_are_scaled_to_the_slow_servers_measured_rate_within_a_fact
     assert probed_rates(seconds, 1_500_000, 0.0005, {}, 0) == {1: pytest.approx(750e6)}  # unscaled
     # at most half of a time is the round trip: 1 ms less 0.5 ms, not less 0.9 ms
     assert probed_rates({1: 0.001}, 1000, 0.0009, {}, 0) == {1: pytest.approx(1000 / 0.0005)}
+
+
+def replies(rate: float, nbytes: int, train: int = 6) -> list[float]:
+    """When a server behind an idle emulated link (its bucket full: 5 ms of ``rate``)
+    answers each of ``train`` probes of ``nbytes`` sent back to back: it handles one at
+    a time, each taking the delay the bucket sets."""
+    clock = VirtualClock()
+    bucket = TokenBucket(rate, clock=clock)
+    out = []
+    for _ in range(train):
+        clock.sleep(bucket.delay(nbytes))
+        out.append(clock.now())
+    return out
+
+
+def test_a_train_of_probes_times_the_links_sustained_rate_not_its_burst():
+    """A probe is 5 ms at the slowest server's rate, the size of the burst an idle link of
+    that rate lets through: the first probe takes no time (timed alone, it made a 55 MB/s
+    server look several times faster). The last three spacings of a train of six are the
+    sustained time per probe, for a light server as fast as the slowest or up to 3x
+    faster (its burst three probes); one faster still is overrated, never underrated."""
+    slow = 55e6
+    n = probe_bytes(1605632, slow)
+    assert n == pytest.approx(slow * PROBE_S)
+    assert replies(slow, n)[0] == 0.0
+    for rate in (slow / 2, slow, 2 * slow, 3 * slow):
+        assert train_spacing(replies(rate, n), 3) == pytest.approx(n / rate, rel=1e-9)
+    assert train_spacing(replies(5 * slow, n), 3) <= n / (5 * slow)
+    assert train_spacing([1.0, 1.004, 1.009, 1.030, 1.035, 1.040], 3) == pytest.approx(0.005)  # one stretched, dropped
+    assert math.isnan(train_spacing([1.0], 3))
 
 
 def test_the_slow_server_and_the_fastest_looking_light_one_are_probed_once_an_episode():
@@ -72,3 +106,16 @@ def test_a_probe_no_longer_holds_once_the_rates_it_was_taken_beside_have_moved()
     slowed = {**RATES, 0: 150e6}
     assert MoveBlock(0, 0, 1) in c.decide(LIVE, LIVE, slowed, 0.09, share=SHARE, upper=optimistic)
     assert c.trial is not None and c.probe_targets(LIVE, LIVE, slowed, SHARE, optimistic) == []
+
+
+def test_a_light_servers_own_measured_rate_moving_does_not_drop_the_probe():
+    """A light server's measured rate is the extrapolation the probe stands in for: its
+    moving by over 1.5x (80 then 130 MB/s, server 0's unchanged) keeps the probe, and no
+    relief is tried on its upper rate."""
+    c = Psld(SIZES, epsilon=0.0)
+    c.probe_targets(LIVE, LIVE, RATES, SHARE, UPPER)
+    optimistic = {**UPPER, 1: 1.5e9}
+    assert c.decide(LIVE, LIVE, RATES, ITERATION_S, share=SHARE, upper=optimistic, probed={1: 290e6}) == []
+    noisy = {**RATES, 1: 130e6}
+    assert c.decide(LIVE, LIVE, noisy, ITERATION_S, share=SHARE, upper=optimistic) == []
+    assert c.probed == {1: 290e6}
