@@ -130,3 +130,16 @@ def test_prestart_imports_no_torch():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False", done.stdout
+
+
+def test_threads_beyond_one_sleep_when_idle_unless_the_user_says_otherwise(monkeypatch):
+    """A job's processes share the cores: with more than one thread OpenMP's idle threads
+    sleep (OMP_WAIT_POLICY=PASSIVE) rather than spin through the exchange; one thread has
+    no idle threads to set; a policy the user set is kept."""
+    from equipoise.launch.warm import job_env
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert job_env(2)["OMP_WAIT_POLICY"] == "PASSIVE" and job_env(2)["OMP_NUM_THREADS"] == "2"
+    assert "OMP_WAIT_POLICY" not in job_env(1)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert job_env(2)["OMP_WAIT_POLICY"] == "ACTIVE"

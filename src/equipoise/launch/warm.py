@@ -74,8 +74,15 @@ def _subreaper(on: bool) -> bool:
 
 def job_env(threads: int) -> dict[str, str]:
     """The environment the job's processes start with: this one's, with `threads` for
-    OpenMP and MKL (TMPDIR, the job's folder, is added where it fits an ipc socket)."""
-    return dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    OpenMP and MKL (TMPDIR, the job's folder, is added where it fits an ipc socket). With
+    more than one thread, OpenMP's idle threads sleep instead of spinning (unless
+    OMP_WAIT_POLICY is set already): the job's processes share the machine's cores, and a
+    worker's threads spinning after its step take them from the server and the
+    coordinator just when the exchange needs them."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    if threads > 1:
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    return env
 
 
 # What an ipc listener's socket (wire/zmq_transport.py) adds to its folder's path:
