@@ -33,6 +33,9 @@ the loop on 1 and on 2 threads, interleaved: samples/s after 20 iterations (equi
 from its iteration records, as bench_lbbsp's steady window), and per round equipoise over
 the plain loop.
 
+Preset ``wait`` (bench_startup_wait.json): the ``single`` job on 2 threads, OpenMP's idle
+threads spinning against sleeping (the job's default), interleaved.
+
     python -m benchmarks.bench_startup start [--reps 3]
 """
 
@@ -192,9 +195,32 @@ def bench_plain(reps: int) -> dict[str, Any]:
                                                   for e, p in zip(runs["equipoise"], runs["plain"])])}
 
 
+def bench_wait(reps: int) -> dict[str, Any]:
+    """One worker and one server on 2 threads each, OpenMP's idle threads spinning
+    (OMP_WAIT_POLICY=ACTIVE) against sleeping (PASSIVE, the job's default with threads >
+    1: launch/warm.py job_env), interleaved."""
+    def run(policy: str, tmp: Path) -> dict[str, Any]:
+        os.environ["OMP_WAIT_POLICY"] = policy  # inherited by the command, kept by job_env
+        try:
+            return run_single(2, tmp)
+        finally:
+            os.environ.pop("OMP_WAIT_POLICY", None)
+
+    with tempfile.TemporaryDirectory(prefix="bench-startup-") as name:
+        tmp = Path(name)
+        runs = interleave({"active": lambda: run("ACTIVE", tmp), "passive": lambda: run("PASSIVE", tmp)}, reps)
+    return {"preset": "wait", "args": SINGLE, "warmup": SINGLE_WARMUP, "reps": reps,
+            "loadavg_at_start": load_average(), "runs": runs,
+            "steady_samples_per_s": {k: summary([r["steady_samples_per_s"] for r in v]) for k, v in runs.items()},
+            "passive_over_active": summary([p["steady_samples_per_s"] / a["steady_samples_per_s"]
+                                            for a, p in zip(runs["active"], runs["passive"])])}
+
+
 def bench(preset: str, reps: int) -> dict[str, Any]:
     if preset == "single":
         return bench_single(reps)
+    if preset == "wait":
+        return bench_wait(reps)
     if preset == "plain":
         return bench_plain(reps)
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as name:
@@ -215,7 +241,7 @@ def bench(preset: str, reps: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("preset", choices=sorted(PRESETS) + ["replace", "plain", "single"])
+    parser.add_argument("preset", choices=sorted(PRESETS) + ["replace", "plain", "single", "wait"])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--results", default=None)
     args = parser.parse_args()
@@ -223,6 +249,9 @@ def main() -> None:
     if args.preset == "single":
         print("samples/s: " + ", ".join(f"{k} {fmt_range(v)}" for k, v in result["steady_samples_per_s"].items()))
         print("equipoise / plain: " + ", ".join(f"{k} {fmt_range(v)}" for k, v in result["equipoise_over_plain"].items()))
+    elif args.preset == "wait":
+        print("samples/s: " + ", ".join(f"{k} {fmt_range(v)}" for k, v in result["steady_samples_per_s"].items()))
+        print(f"passive / active: {fmt_range(result['passive_over_active'])}")
     elif args.preset == "plain":
         for key in ("wall_s_command", "train_s", "eval_s", "final_accuracy"):
             print(f"{key}: equipoise {fmt_range(result[key]['equipoise'])}, plain {fmt_range(result[key]['plain'])}")
