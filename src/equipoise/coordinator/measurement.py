@@ -36,11 +36,11 @@ def measure_interval(pool, barrier_at: dict[int, float], t: int, interval: int, 
     # migrations' measured cost. A snapshot's is not: with snapshots every 10 iterations
     # and an interval of 5, every other interval held one (17 against 13 ms an iteration,
     # a long-tail model at 195 MB/s), and a trial was judged against a snapshot's time.
-    gaps = {i: barrier_at[i] - barrier_at[i - 1] - held.get(i, 0.0) for i in range(t - interval + 1, t + 1)
-            if i in barrier_at and i - 1 in barrier_at}
-    own = sum(held.get(i, 0.0) for i in range(t - interval + 1, t + 1))
+    span = range(t - interval + 1, t + 1)
+    own = sum(held.get(i, 0.0) for i in span)
     iteration_s = max(0.0, barrier_at[t] - since - own) / interval if since is not None else None
-    noise = interval_noise(list(gaps.values()))
+    noise = interval_noise([barrier_at[i] - barrier_at[i - 1] - held.get(i, 0.0) for i in span
+                            if i in barrier_at and i - 1 in barrier_at])
     # A server's time is the larger of its busy time (handling bytes, an emulated
     # slowdown included) and the mean time a worker spent in exchanges with it: a slow
     # link or a loaded host, which the kernel imposes and the server does not see.

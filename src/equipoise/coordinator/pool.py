@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from ..policy.measure import probe_bytes, probed_rates, train_spacing
+from ..policy.measure import PROBE_TRAIN, probe_bytes, probed_rates, train_spacing
 from ..policy.placement import Block, rehome
 from ..wire import Connection, Message, wait_readable
 
@@ -79,7 +79,8 @@ class ServerPool:
             took[r] = time.perf_counter() - sent
         return {r: replies[r] for r in ranks}, took
 
-    def probe(self, ranks: list[int], measured: dict[int, float], train: int = 6, timed: int = 3) -> dict[int, float]:
+    def probe(self, ranks: list[int], measured: dict[int, float], train: int = PROBE_TRAIN[0],
+              timed: int = PROBE_TRAIN[1]) -> dict[int, float]:
         """The rates of servers `ranks` by a probe (PSLD's ``probe_targets``, the slowest server
         first): a tensor of as many bytes as the first's largest block, at most what its
         `measured` rate handles in PROBE_S (``probe_bytes``), sent `train` times back to back

@@ -12,7 +12,7 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 
-__all__ = ["PROBE_BYTES", "SMALL_EXCHANGE_BYTES", "block_traffic", "fixed_cost", "interval_noise", "probe_bytes",
+__all__ = ["PROBE_BYTES", "PROBE_TRAIN", "SMALL_EXCHANGE_BYTES", "block_traffic", "fixed_cost", "interval_noise", "probe_bytes",
            "probed_rates", "train_spacing", "server_rates", "server_share"]
 
 
@@ -102,6 +102,9 @@ def server_rates(nbytes: Mapping[int, float], seconds: Mapping[int, float],
 # these bounds (64 KB: 1 ms on a 64 MB/s link; 4 MB: 4 ms on a 1 GB/s one).
 PROBE_S = 0.005
 PROBE_BYTES = (64 * 1024, 4 * 1024 * 1024)
+# A probe is a train of PROBE_TRAIN[0] sent back to back, timed by the spacing of the last
+# PROBE_TRAIN[1] replies (``train_spacing``; coordinator/pool.py, sim/state.py).
+PROBE_TRAIN = (6, 3)
 
 
 def probe_bytes(largest: int, rate: float) -> int:

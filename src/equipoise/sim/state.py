@@ -10,7 +10,7 @@ import numpy as np
 
 from ..config import Config
 from ..policy.placement import placement_blocks
-from ..policy.measure import fixed_cost, probe_bytes, probed_rates, server_rates, server_share
+from ..policy.measure import PROBE_TRAIN, fixed_cost, probe_bytes, probed_rates, server_rates, server_share
 from ..policy.sync import ServerSync
 from ..scenario import Scenario
 from .cost import CostModel, state_copies
@@ -145,14 +145,15 @@ class Servers:
         return nbytes, nbytes * (self.per_byte[src] + self.per_byte[dst]) + 2 * self.cost.latency
 
     def probe(self, ranks: list[int], measured: dict[int, float]) -> tuple[dict[int, float], float]:
-        """PSLD's probe of servers `ranks` (the runtime's ``ServerPool.probe``): a train of six
+        """PSLD's probe of servers `ranks` (the runtime's ``ServerPool.probe``): a train of PROBE_TRAIN[0]
         probes of the first's largest block's bytes (``probe_bytes``); the spacing of the
         last replies is each server's sustained time per probe (no load: no burst). The
-        rates, and the seconds the train took (six probes and a round trip)."""
+        rates, and the seconds the train took (the train's probes and a round trip)."""
         size = probe_bytes(max((int(b) for b, o in zip(self.sizes, self.owner) if o == ranks[0]), default=0),
                            measured.get(ranks[0], 0.0))
         spacing = {r: size * self._per_byte(r, *self.at) for r in ranks}
-        return probed_rates(spacing, size, 0.0, measured, ranks[0]), 6 * max(spacing.values()) + 2 * self.cost.latency
+        return (probed_rates(spacing, size, 0.0, measured, ranks[0]),
+                PROBE_TRAIN[0] * max(spacing.values()) + 2 * self.cost.latency)
 
     def measure(self, t: int, elapsed: float, iteration_s: float | None) -> tuple[dict, dict[int, float]]:
         """A "servers" record (as coordinator/server_manager.py writes it) and PSLD's throughputs."""
