@@ -449,12 +449,11 @@ class Coordinator:
         want_mem = bool(every and not self.cfg.replication and t % every == 0 and t < self.total
                         and self.recovery.memory and t > self.recovery.memory.iteration)
         if want_eval or want_ckpt or want_mem:
-            t0, state = time.perf_counter(), self.snapshots.fetch(self.servers.broadcast, version)
+            state = self.snapshots.fetch(self.servers.broadcast, version)
             if want_mem:
                 self.recovery.memory = Memory(t, state, list(self.servers.table), cursor=cursor, plans=self.plans)
             self.snapshots.take(t, state, cursor=cursor, blocks=self.blocks, table=self.servers.table,
                                 elapsed=self.stats.elapsed(), want_eval=want_eval, want_ckpt=want_ckpt)
-            self.servers.note_held(t, time.perf_counter() - t0)  # the coordinator's time, not the placement's
 
     def _finish(self, start: float) -> dict:
         self._wind_down()

@@ -24,23 +24,22 @@ class Interval:
 
 
 def measure_interval(pool, barrier_at: dict[int, float], t: int, interval: int, exchange_s: dict[int, float],
-                     workers: int, held: dict[int, float] | None = None) -> Interval:
+                     workers: int) -> Interval:
     """Ask every server of `pool` for its stats at the barrier of iteration `t` (`barrier_at`:
     when each recent barrier was reached; `exchange_s`: the workers' exchange seconds with
-    each server since the last measurement, summed over `workers`; `held`: seconds the
-    coordinator held the workers for its own work before each iteration's barrier)."""
+    each server since the last measurement, summed over `workers`)."""
     stats = pool.broadcast(Message("stats_req", {}), "stats")
     since = barrier_at.get(t - interval)
-    held = held or {}
-    # Wall time per iteration, any worker pause for migrations included: that is the
-    # migrations' measured cost. A snapshot's is not: with snapshots every 10 iterations
-    # and an interval of 5, every other interval held one (17 against 13 ms an iteration,
-    # a long-tail model at 195 MB/s), and a trial was judged against a snapshot's time.
+    # Wall time per iteration from barrier to barrier, any worker pause for migrations
+    # and the coordinator's own holds (a snapshot) included: a hold's wall time is not
+    # its cost (at a barrier the workers are still pulling the next iteration's weights
+    # from a slow server, and the snapshot waits behind those pulls: 134 ms of hold that
+    # cost the job nothing, the dynamic preset's 0.27 s iterations the same with and
+    # without it). A snapshot every other interval is in one phase of the intervals; PSLD
+    # compares intervals two apart, one phase (``Psld.steady_noise``).
     span = range(t - interval + 1, t + 1)
-    own = sum(held.get(i, 0.0) for i in span)
-    iteration_s = max(0.0, barrier_at[t] - since - own) / interval if since is not None else None
-    noise = interval_noise([barrier_at[i] - barrier_at[i - 1] - held.get(i, 0.0) for i in span
-                            if i in barrier_at and i - 1 in barrier_at])
+    iteration_s = (barrier_at[t] - since) / interval if since is not None else None
+    noise = interval_noise([barrier_at[i] - barrier_at[i - 1] for i in span if i in barrier_at and i - 1 in barrier_at])
     # A server's time is the larger of its busy time (handling bytes, an emulated
     # slowdown included) and the mean time a worker spent in exchanges with it: a slow
     # link or a loaded host, which the kernel imposes and the server does not see.

@@ -57,6 +57,7 @@ class BarrierCoordinator(Coordinator):
         if self.clip_due == t - 1:  # clip_grad_norm: update t−1 waits on the servers for its norm
             self.clip_due = None
             self.grad_norms[t - 1] = self.servers.clip(t - 1)
+        self.servers.reached(t)
         self._snapshot(t, version=t, cursor=t * self.cfg.global_batch)
         if t >= self.total:
             self._end_iteration(t - 1)
@@ -260,6 +261,7 @@ class StreamCoordinator(Coordinator):
         self.plans += 1
         self.iteration = self.cursor // self.cfg.global_batch
         if self.iteration > before and self.iteration < self.total:
+            self.servers.reached(self.iteration)
             self._snapshot(self.iteration, version=0, cursor=self.cursor)
             self._server_work(self.iteration)
 

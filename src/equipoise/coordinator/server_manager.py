@@ -83,7 +83,6 @@ class ServerManager:
         self.done_at: int | None = None  # the barrier whose server work is done
         self.table_at = 0  # the iteration the last table change took effect
         self._barrier_at: dict[int, float] = {}
-        self._held: dict[int, float] = {}  # iteration -> seconds the coordinator held the workers for itself
         self.control = ControlFile(control_path)  # the user's requests (`equipoise ctl`)
         self._straggle_sent: dict[int, dict] = {}
         self._added: set[int] = set()  # servers added while training ran
@@ -327,11 +326,9 @@ class ServerManager:
             return []  # a barrier re-entered after workers joined
         self.done_at = t
         interval = self.settings.psld_interval
-        self._barrier_at[t] = time.perf_counter()
+        self.reached(t)
         for old in [k for k in self._barrier_at if k < t - interval]:
             del self._barrier_at[old]
-        for old in [k for k in self._held if k <= t - interval]:
-            del self._held[old]
         self._update_stragglers(t)
         actions: list[Action] = []
         for rank, at in sorted(self._planned.items()):
@@ -424,16 +421,17 @@ class ServerManager:
         reply = self.pool.request(r, Message("ping", {}), "pong")
         return int(reply.fields["version"]), int(reply.fields["samples"])
 
-    def note_held(self, t: int, seconds: float) -> None:
-        """The coordinator held the workers `seconds` at iteration t for its own work (a
-        snapshot): PSLD's interval takes it out, as not the placement's doing."""
-        self._held[t] = self._held.get(t, 0.0) + max(0.0, seconds)
+    def reached(self, t: int) -> None:
+        """Every worker reached iteration t's barrier (or the stream passed it): the end
+        of one of PSLD's iterations, stamped before the coordinator's own work there (a
+        snapshot), which `measure_interval` counts in the interval after it."""
+        self._barrier_at.setdefault(t, time.perf_counter())
 
     def _measure(self, t: int) -> tuple[dict[int, float], float | None]:
         """Each server's busy seconds, bytes and load since the last measurement, and the
         mean iteration time (``measure_interval``) — written as a "servers" record."""
         m = measure_interval(self.pool, self._barrier_at, t, self.settings.psld_interval, self._exchange_s,
-                             self.workers, self._held)
+                             self.workers)
         self._exchange_s = {}
         self.share, self.noise, self._rates, self._upper, self._traffic = m.share, m.noise, m.throughput, m.upper, m.traffic
         self._record({"type": "servers", "iteration": t, "time": time.time(), "elapsed": self._elapsed(), **m.record})
