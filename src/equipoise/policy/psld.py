@@ -60,8 +60,8 @@ twice), and a server measured with half the bytes or more is rated as measured.
 
 The noise a gain must exceed is the larger of two estimates: the standard error of the
 interval means compared (from the spread of their iterations, ``interval_noise``), and
-the spread of the differences between interval means two apart (as a trial's are) while
-the placement stood still (1.4826 × their median absolute value, once three are known). The first
+the spread of the differences between consecutive interval means while the placement
+stood still (1.4826 × their median absolute value, once three are known). The first
 misses noise that holds for seconds (a neighbour's burst, the host's scheduler): on one
 machine under two busy workers consecutive means of one placement differed by 10-20%
 while the iterations within each said 2-4%.
@@ -148,7 +148,7 @@ class Psld:
         self.tabu: dict[frozenset[MoveBlock], int] = {}  # undone plan (in any order) -> decisions left
         self.left: set[tuple[int, int]] = set()  # (block, a server a kept trial took it off)
         self.steady: list[float] = []  # relative differences of consecutive means, placement unchanged
-        self._previous: list[tuple[tuple[int, ...], float]] = []  # the last two decisions' tables and means
+        self._previous: tuple[tuple[int, ...], float] | None = None  # the last decision's table and mean
         self._quiet = 0  # decisions in a row with no moves made and no trial in flight
         self.relieved: int | None = None  # the slowest server when a relief trial was last undone
         self.pause_scale = 1.0  # a trial's measured pause over its predicted (``_paying``)
@@ -193,7 +193,7 @@ class Psld:
             self.probed = {int(r): float(v) for r, v in probed.items() if math.isfinite(v) and v > 0}
             self._probe_basis = {r: throughput[r] for r in (self._probed_for,) if r in throughput}
         actions = self._decide(table, live, throughput, iteration_s, added, share, noise, upper or {})
-        self._previous = (self._previous + [(tuple(table), iteration_s)])[-2:]
+        self._previous = (tuple(table), iteration_s)
         self._quiet = 0 if actions or self.trial is not None else self._quiet + 1
         return actions
 
@@ -222,24 +222,19 @@ class Psld:
             self.sizes[k] = load.get(k, 0.0) * scale
 
     def steady_noise(self) -> float:
-        """The standard deviation of the relative difference between two interval means
-        at one placement, two intervals apart as a trial's are (0 until three are known:
-        the median of two is their mean, and one of them may be a step, a slowdown
-        arriving, not noise)."""
+        """The standard deviation of the relative difference between two consecutive
+        interval means at one placement (0 until three are known: the median of two is
+        their mean, and one of them may be a step, a slowdown arriving, not noise)."""
         if len(self.steady) < 3:
             return 0.0
         return 1.4826 * statistics.median(self.steady)
 
     def _observe(self, table: Sequence[int], iteration_s: float) -> None:
-        """Add this interval's mean to the steady differences if it and the one two
-        before ran wholly at one placement (three quiet decisions: the interval after
-        moves holds their pause). Two apart, as a trial is judged (its before and after
-        are one phase of the intervals): the coordinator's work every other interval (a
-        snapshot every 10 iterations, an interval of 5) makes consecutive means differ
-        by what it takes, 10-30%, and set from them the keep bar stood at 36%, above the
-        12% a trial after the dynamic preset's switch had to show."""
-        prev = self._previous[0] if len(self._previous) == 2 else None
-        if (self._quiet >= 3 and prev is not None and prev[0] == tuple(table) and prev[1] > 0
+        """Add this interval's mean to the steady differences if it and the previous one
+        ran wholly at one placement (two quiet decisions: the interval after moves holds
+        their pause)."""
+        prev = self._previous
+        if (self._quiet >= 2 and prev is not None and prev[0] == tuple(table) and prev[1] > 0
                 and math.isfinite(iteration_s) and iteration_s > 0):
             self.steady = (self.steady + [abs(iteration_s / prev[1] - 1.0)])[-8:]
 
