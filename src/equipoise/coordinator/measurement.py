@@ -35,8 +35,8 @@ def measure_interval(pool, barrier_at: dict[int, float], t: int, interval: int, 
     # its cost (at a barrier the workers are still pulling the next iteration's weights
     # from a slow server, and the snapshot waits behind those pulls: 134 ms of hold that
     # cost the job nothing, the dynamic preset's 0.27 s iterations the same with and
-    # without it). A snapshot every other interval is in one phase of the intervals; PSLD
-    # compares intervals two apart, one phase (``Psld.steady_noise``).
+    # without it). Taken out of its interval, it left the next one 11% short, and
+    # consecutive intervals alternated for no placement's doing (docs/psld.md).
     span = range(t - interval + 1, t + 1)
     iteration_s = (barrier_at[t] - since) / interval if since is not None else None
     noise = interval_noise([barrier_at[i] - barrier_at[i - 1] for i in span if i in barrier_at and i - 1 in barrier_at])
