@@ -30,14 +30,17 @@ def test_sizes_change_every_iteration_and_training_equals_sgd(small, tmp_path):
     assert changes >= 0.8 * (len(batches) - 1), batches
     # The sizes follow the straggler: the plan of iteration t knows the reports up to t − 2
     # (the coordinator digests t − 1's after replying) and `last` predicts each worker's
-    # speed from its latest one, so worker (t − 2) mod 4, 6× slower then, should get the
-    # smallest batch at t. A one-step measurement can be off (the stretch of a step
-    # follows the worker's recent compute, and the box is shared), so not every time; but
-    # sizes blind to the straggler would pick it 1 time in 4, and a majority needs the
-    # 6× slowdown to show through most single-step measurements.
-    smallest = [min(range(4), key=b.__getitem__) for b in batches]
-    follows = sum(smallest[t] == (t - 2) % 4 for t in range(2, len(batches)))
-    assert follows > (len(batches) - 2) / 2, batches
+    # speed from its latest one, so worker (t − 2) mod 4, 6× slower then, should get a
+    # small batch at t. Not always the smallest: worker t mod 4 got the smallest batch at
+    # t − 2 (it was the straggler at t − 4), a step of one to three samples is mostly a
+    # step's fixed cost, and its measured speed is then as low as the straggler's (ties
+    # too: [61, 1, 1, 1]). So the straggler is among the two smallest at t, which sizes
+    # blind to it would make it 1 time in 2 (18 or more of 22 by chance: 0.2%), and its
+    # mean batch is under half the fair share of 16, which blind sizes would give it.
+    strag = [(t - 2) % 4 for t in range(len(batches))]
+    among = sum(sorted(b).index(b[strag[t]]) <= 1 for t, b in enumerate(batches) if t >= 2)
+    assert among >= 0.8 * (len(batches) - 2), batches
+    assert statistics.mean(b[strag[t]] for t, b in enumerate(batches) if t >= 2) < 64 / 4 / 2, batches
     assert summary["iterations"] == 24
     assert_equals_reference(cfg, tmp_path / "run")
 
