@@ -83,6 +83,7 @@ class ServerManager:
         self.done_at: int | None = None  # the barrier whose server work is done
         self.table_at = 0  # the iteration the last table change took effect
         self._barrier_at: dict[int, float] = {}
+        self._reached: int | None = None  # the barrier stamped last (`reached`)
         self.control = ControlFile(control_path)  # the user's requests (`equipoise ctl`)
         self._straggle_sent: dict[int, dict] = {}
         self._added: set[int] = set()  # servers added while training ran
@@ -424,8 +425,11 @@ class ServerManager:
     def reached(self, t: int) -> None:
         """Every worker reached iteration t's barrier (or the stream passed it): the end
         of one of PSLD's iterations, stamped before the coordinator's own work there (a
-        snapshot), which `measure_interval` counts in the interval after it."""
-        self._barrier_at.setdefault(t, time.perf_counter())
+        snapshot), which `measure_interval` counts in the interval after it. The same
+        barrier again (re-entered after workers joined, or `at_barrier` after the
+        snapshot) keeps its first stamp; one reached anew after a rollback is stamped anew."""
+        if t != self._reached:
+            self._barrier_at[t], self._reached = time.perf_counter(), t
 
     def _measure(self, t: int) -> tuple[dict[int, float], float | None]:
         """Each server's busy seconds, bytes and load since the last measurement, and the

@@ -241,7 +241,7 @@ def test_an_interval_runs_from_barrier_to_barrier_the_coordinators_holds_include
     manager.pool = SimpleNamespace(broadcast=lambda msg, kind: stats, version=1, round_trip_s=0.001)
     barriers = [0.0, 0.013, 0.026, 0.039, 0.052, 0.065]
     manager._barrier_at, manager.workers, manager._exchange_s = dict(enumerate(barriers)), 2, {}
-    records = []
+    manager._reached, records = 5, []
     manager._record, manager._elapsed = records.append, lambda: 0.065
     manager.reached(5)  # again, after the snapshot: the first stamp stands
     assert manager._barrier_at[5] == 0.065
@@ -249,6 +249,9 @@ def test_an_interval_runs_from_barrier_to_barrier_the_coordinators_holds_include
     assert records[0]["noise"] == pytest.approx(0.0, abs=1e-12)  # five iterations of 13 ms
     manager._barrier_at.update({6: 0.098, 7: 0.111, 8: 0.124, 9: 0.137, 10: 0.150})  # 6 held 20 ms
     assert manager._measure(10)[1] == pytest.approx(0.017)
+    manager._reached = 10
+    manager.reached(9)  # reached anew (a rollback): stamped now, not kept from before
+    assert manager._barrier_at[9] > 0.137
 
 
 # Issue 39's case, measured: the CNN's first fully connected layer (1,605,632 bytes) alone
