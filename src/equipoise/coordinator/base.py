@@ -449,6 +449,7 @@ class Coordinator:
         want_mem = bool(every and not self.cfg.replication and t % every == 0 and t < self.total
                         and self.recovery.memory and t > self.recovery.memory.iteration)
         if want_eval or want_ckpt or want_mem:
+            self.servers.note_hold(t)  # PSLD's interval counts what holding the workers here cost them
             state = self.snapshots.fetch(self.servers.broadcast, version)
             if want_mem:
                 self.recovery.memory = Memory(t, state, list(self.servers.table), cursor=cursor, plans=self.plans)

@@ -6,9 +6,10 @@ exchange times), and the "servers" record of metrics.jsonl that shows them."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
-from ..policy.measure import block_traffic, fixed_cost, interval_noise, server_rates, server_share
+from ..policy.measure import block_traffic, fixed_cost, hold_cost, interval_noise, server_rates, server_share
 from ..wire import Message
 
 
@@ -24,22 +25,25 @@ class Interval:
 
 
 def measure_interval(pool, barrier_at: dict[int, float], t: int, interval: int, exchange_s: dict[int, float],
-                     workers: int) -> Interval:
+                     workers: int, held: Collection[int] = ()) -> Interval:
     """Ask every server of `pool` for its stats at the barrier of iteration `t` (`barrier_at`:
-    when each recent barrier was reached; `exchange_s`: the workers' exchange seconds with
-    each server since the last measurement, summed over `workers`)."""
+    when each recent barrier was reached; `held`: the barriers at which the coordinator
+    held the workers; `exchange_s`: the workers' exchange seconds with each server since
+    the last measurement, summed over `workers`)."""
     stats = pool.broadcast(Message("stats_req", {}), "stats")
     since = barrier_at.get(t - interval)
     # Wall time per iteration from barrier to barrier, any worker pause for migrations
-    # and the coordinator's own holds (a snapshot) included: a hold's wall time is not
-    # its cost (at a barrier the workers are still pulling the next iteration's weights
-    # from a slow server, and the snapshot waits behind those pulls: 134 ms of hold that
-    # cost the job nothing, the dynamic preset's 0.27 s iterations the same with and
-    # without it). Taken out of its interval, it left the next one 11% short, and
-    # consecutive intervals alternated for no placement's doing (docs/psld.md).
+    # included, less what the coordinator's holds there (a snapshot, a probe) cost the
+    # workers: their iteration's excess over the interval's others (``hold_cost``). The
+    # hold's own wall time is not its cost (workers still pulling the next weights from a
+    # slow server hide it), and counted whole it made intervals alternate (docs/psld.md).
     span = range(t - interval + 1, t + 1)
-    iteration_s = (barrier_at[t] - since) / interval if since is not None else None
-    noise = interval_noise([barrier_at[i] - barrier_at[i - 1] for i in span if i in barrier_at and i - 1 in barrier_at])
+    durations = {i: barrier_at[i] - barrier_at[i - 1] for i in span if i in barrier_at and i - 1 in barrier_at}
+    cost = hold_cost(durations, {i + 1 for i in held} & set(durations))
+    for i, c in cost.items():
+        durations[i] -= c
+    iteration_s = (barrier_at[t] - since - sum(cost.values())) / interval if since is not None else None
+    noise = interval_noise(list(durations.values()))
     # A server's time is the larger of its busy time (handling bytes, an emulated
     # slowdown included) and the mean time a worker spent in exchanges with it: a slow
     # link or a loaded host, which the kernel imposes and the server does not see.
@@ -60,6 +64,6 @@ def measure_interval(pool, barrier_at: dict[int, float], t: int, interval: int, 
         "busy_share": [stats[r].fields["busy_s"] / (interval * iteration_s) if iteration_s else None for r in ranks],
         "throughput_mbps": [throughput.get(r, 0.0) / 1e6 for r in ranks], "fixed_s": fixed_s,
         "share": share, "noise": noise, "block_bytes": sorted(traffic.items()),
-        "iteration_s": iteration_s, "table_version": pool.version}
+        "iteration_s": iteration_s, "hold_s": sum(cost.values()), "table_version": pool.version}
     return Interval(throughput, server_rates(nbytes, seconds, fixed_s, most=0.9), traffic, share, noise,
                     iteration_s, record)

@@ -84,6 +84,7 @@ class ServerManager:
         self.table_at = 0  # the iteration the last table change took effect
         self._barrier_at: dict[int, float] = {}
         self._reached: int | None = None  # the barrier stamped last (`reached`)
+        self._held: set[int] = set()  # barriers at which the coordinator held the workers (`note_hold`)
         self.control = ControlFile(control_path)  # the user's requests (`equipoise ctl`)
         self._straggle_sent: dict[int, dict] = {}
         self._added: set[int] = set()  # servers added while training ran
@@ -330,6 +331,7 @@ class ServerManager:
         self.reached(t)
         for old in [k for k in self._barrier_at if k < t - interval]:
             del self._barrier_at[old]
+        self._held = {k for k in self._held if k >= t - interval}
         self._update_stragglers(t)
         actions: list[Action] = []
         for rank, at in sorted(self._planned.items()):
@@ -349,9 +351,9 @@ class ServerManager:
             if self.psld is not None and not actions and iteration_s:
                 probe = self.psld.probe_targets(self.pool.table, self.pool.serving(), throughput, self.share, self._upper)
                 probed = self.pool.probe(probe, throughput) if probe else None
-                if probed:  # it held the barrier: the next interval is timed from its end
+                if probed:  # it held the barrier: the next interval counts what that cost the workers
                     self._event("servers_probed", t, servers=probe, mbps={r: v / 1e6 for r, v in probed.items()})
-                    self._barrier_at[t] = time.perf_counter()
+                    self.note_hold(t)
                 actions = self.psld.decide(self.pool.table, self.pool.serving(), throughput, iteration_s,
                                            set(self._added), share=self.share, noise=self.noise, upper=self._upper,
                                            traffic=self._traffic, left=self.total and self.total - t or None,
@@ -431,11 +433,17 @@ class ServerManager:
         if t != self._reached:
             self._barrier_at[t], self._reached = time.perf_counter(), t
 
+    def note_hold(self, t: int) -> None:
+        """The coordinator held the workers at barrier t (a snapshot, a probe): the
+        iteration after it counts in its interval less what the hold cost them
+        (``policy.measure.hold_cost``)."""
+        self._held.add(t)
+
     def _measure(self, t: int) -> tuple[dict[int, float], float | None]:
         """Each server's busy seconds, bytes and load since the last measurement, and the
         mean iteration time (``measure_interval``) — written as a "servers" record."""
         m = measure_interval(self.pool, self._barrier_at, t, self.settings.psld_interval, self._exchange_s,
-                             self.workers)
+                             self.workers, self._held)
         self._exchange_s = {}
         self.share, self.noise, self._rates, self._upper, self._traffic = m.share, m.noise, m.throughput, m.upper, m.traffic
         self._record({"type": "servers", "iteration": t, "time": time.time(), "elapsed": self._elapsed(), **m.record})
