@@ -20,7 +20,7 @@ class Interval:
     traffic: dict[int, float]  # bytes each block's exchanges carried (``block_traffic``)
     share: float  # the part of the interval's wall time its slowest server took (``server_share``)
     noise: float  # the relative standard error of the interval's mean iteration time
-    iteration_s: float | None  # the interval's mean iteration time (None: the first)
+    iteration_s: float | None  # the interval's mean iteration time less its holds' cost (None: the first)
     record: dict  # the "servers" record's fields, but its type, time and elapsed
 
 
@@ -33,16 +33,20 @@ def measure_interval(pool, barrier_at: dict[int, float], t: int, interval: int, 
     stats = pool.broadcast(Message("stats_req", {}), "stats")
     since = barrier_at.get(t - interval)
     # Wall time per iteration from barrier to barrier, any worker pause for migrations
-    # included, less what the coordinator's holds there (a snapshot, a probe) cost the
-    # workers: their iteration's excess over the interval's others (``hold_cost``). The
-    # hold's own wall time is not its cost (workers still pulling the next weights from a
-    # slow server hide it), and counted whole it made intervals alternate (docs/psld.md).
+    # included; PSLD judges it less what the coordinator's holds (a snapshot; the
+    # measurement, decision and any probe at each decision barrier) cost the workers:
+    # the held iteration's excess over the interval's others (``hold_cost``). A hold's
+    # wall time is not its cost (workers still pulling the next weights from a slow
+    # server hide it), and a cost counted in some intervals and not others made them
+    # alternate (docs/psld.md).
     span = range(t - interval + 1, t + 1)
     durations = {i: barrier_at[i] - barrier_at[i - 1] for i in span if i in barrier_at and i - 1 in barrier_at}
     cost = hold_cost(durations, {i + 1 for i in held} & set(durations))
     for i, c in cost.items():
         durations[i] -= c
-    iteration_s = (barrier_at[t] - since - sum(cost.values())) / interval if since is not None else None
+    hold_s = sum(cost.values())
+    wall_s = (barrier_at[t] - since) / interval if since is not None else None
+    iteration_s = wall_s - hold_s / interval if wall_s is not None else None
     noise = interval_noise(list(durations.values()))
     # A server's time is the larger of its busy time (handling bytes, an emulated
     # slowdown included) and the mean time a worker spent in exchanges with it: a slow
@@ -54,16 +58,16 @@ def measure_interval(pool, barrier_at: dict[int, float], t: int, interval: int, 
     nbytes = {r: m.fields["bytes"] for r, m in stats.items()}
     fixed_s = fixed_cost(nbytes, seconds, 2 * interval, workers, pool.round_trip_s)
     throughput = server_rates(nbytes, seconds, fixed_s)
-    share = server_share(seconds, interval, iteration_s)  # PSLD weighs a cut by it
+    share = server_share(seconds, interval, wall_s)  # PSLD weighs a cut by it
     traffic = block_traffic(m.fields.get("block_bytes") for m in stats.values())
     ranks = sorted(stats)
     record = {
         "servers": ranks, "load_bytes": [stats[r].fields["load_bytes"] for r in ranks],
         **{k: [stats[r].fields.get(k, 0) for r in ranks] for k in ("blocks", "busy_s", "bytes", "rows", "gather_s")},
         "exchange_s": [exchange[r] for r in ranks],
-        "busy_share": [stats[r].fields["busy_s"] / (interval * iteration_s) if iteration_s else None for r in ranks],
+        "busy_share": [stats[r].fields["busy_s"] / (interval * wall_s) if wall_s else None for r in ranks],
         "throughput_mbps": [throughput.get(r, 0.0) / 1e6 for r in ranks], "fixed_s": fixed_s,
         "share": share, "noise": noise, "block_bytes": sorted(traffic.items()),
-        "iteration_s": iteration_s, "hold_s": sum(cost.values()), "table_version": pool.version}
+        "iteration_s": wall_s, "hold_s": hold_s, "table_version": pool.version}
     return Interval(throughput, server_rates(nbytes, seconds, fixed_s, most=0.9), traffic, share, noise,
                     iteration_s, record)

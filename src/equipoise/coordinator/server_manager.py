@@ -347,13 +347,13 @@ class ServerManager:
             lambda line, reason: self._event("control_refused", t, line=line[:200], reason=reason))
         actions += self._arrived_servers()
         if t > 0 and t % interval == 0:
+            self.note_hold(t)  # measuring and deciding here hold the workers, a probe too
             throughput, iteration_s = self._measure(t)
             if self.psld is not None and not actions and iteration_s:
                 probe = self.psld.probe_targets(self.pool.table, self.pool.serving(), throughput, self.share, self._upper)
                 probed = self.pool.probe(probe, throughput) if probe else None
-                if probed:  # it held the barrier: the next interval counts what that cost the workers
+                if probed:
                     self._event("servers_probed", t, servers=probe, mbps={r: v / 1e6 for r, v in probed.items()})
-                    self.note_hold(t)
                 actions = self.psld.decide(self.pool.table, self.pool.serving(), throughput, iteration_s,
                                            set(self._added), share=self.share, noise=self.noise, upper=self._upper,
                                            traffic=self._traffic, left=self.total and self.total - t or None,
@@ -434,9 +434,9 @@ class ServerManager:
             self._barrier_at[t], self._reached = time.perf_counter(), t
 
     def note_hold(self, t: int) -> None:
-        """The coordinator held the workers at barrier t (a snapshot, a probe): the
-        iteration after it counts in its interval less what the hold cost them
-        (``policy.measure.hold_cost``)."""
+        """The coordinator held the workers at barrier t (a snapshot; a measurement, with
+        PSLD's decision and any probe): PSLD judges the interval holding the iteration
+        after it less what the hold cost them (``policy.measure.hold_cost``)."""
         self._held.add(t)
 
     def _measure(self, t: int) -> tuple[dict[int, float], float | None]:
