@@ -432,6 +432,7 @@ class ServerManager:
         snapshot) keeps its first stamp; one reached anew after a rollback is stamped anew."""
         if t != self._reached:
             self._barrier_at[t], self._reached = time.perf_counter(), t
+            self._held = {k for k in self._held if k < t}  # after a rollback: holds of the lost timeline
 
     def note_hold(self, t: int) -> None:
         """The coordinator held the workers at barrier t (a snapshot; a measurement, with
