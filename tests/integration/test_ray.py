@@ -273,6 +273,7 @@ def test_a_job_starting_its_own_ray_ignores_a_stale_state_file(tmp_path):
 
     state = Path("/tmp/ray/ray_current_cluster")
     before = state.read_bytes() if state.exists() else None
+    made = not state.parent.exists()  # removed again at the end: the test leaves nothing behind
     state.parent.mkdir(parents=True, exist_ok=True)
     state.write_text("10.255.255.1:6379")  # nobody there
     script = ("import equipoise, json, sys\n"
@@ -289,6 +290,11 @@ def test_a_job_starting_its_own_ray_ignores_a_stale_state_file(tmp_path):
             state.unlink(missing_ok=True)
         else:
             state.write_bytes(before)
+        if made:
+            try:
+                state.parent.rmdir()
+            except OSError:  # something else wrote there meanwhile: not ours to remove
+                pass
     assert done.returncode == 0, done.stderr[-2000:]
     launcher = json.loads(done.stdout.strip().splitlines()[-1])
     assert launcher["address"].startswith("(started here: ") and "10.255.255.1" not in launcher["address"]
