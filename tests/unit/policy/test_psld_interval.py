@@ -112,3 +112,31 @@ def test_hold_cost_is_a_held_iterations_excess_over_the_median_of_the_others():
     assert hold_cost(durations, {3}) == {3: 0.0}  # shorter than the others: costs nothing, adds nothing
     assert hold_cost({1: 0.2}, {1}) == {}  # nothing to compare with
     assert hold_cost(durations, set()) == {} and hold_cost(durations, {9}) == {}
+
+
+def test_a_decision_barrier_and_a_snapshot_are_holds_and_old_ones_are_forgotten():
+    """At each decision barrier (every `psld_interval` iterations) the measurement, the
+    decision and any probe hold the workers: `at_barrier` marks it. A barrier between
+    decisions is a hold only if the coordinator marked it (a snapshot); marks older than
+    the interval to be measured are dropped. The interval measured at 10 is judged less
+    the 40 ms by which the iteration after the decision barrier 5 ran long."""
+    from types import SimpleNamespace
+
+    barriers = [0.0, 0.065, 0.130, 0.195, 0.260, 0.325, 0.430, 0.495, 0.560, 0.625, 0.690]
+    manager, records = _manager_at(barriers)
+    manager.settings = SimpleNamespace(psld_interval=5, timeout=60.0)
+    manager.done_at, manager.psld, manager.total = None, None, 0
+    manager.scenario = SimpleNamespace(server_trace=None, server_events=[])
+    manager.control = SimpleNamespace(actions=lambda refused: [])
+    manager._planned, manager._spawning, manager._hellos = {}, {}, {}
+    manager.note_hold(0)
+    held = {}
+    for t in range(5, 11):
+        manager._reached = t  # stamped already (the barriers above): at_barrier's stamp stands
+        assert manager.at_barrier(t) == []
+        held[t] = set(manager._held)
+        if t == 6:
+            manager.note_hold(6)  # a snapshot there, costing nothing
+    assert held[5] == {0, 5} and held[6] == {5} and held[9] == {5, 6} and held[10] == {5, 6, 10}
+    assert [r["iteration"] for r in records] == [5, 10]
+    assert records[-1]["hold_s"] == pytest.approx(0.040) and records[-1]["iteration_s"] == pytest.approx(0.073)
