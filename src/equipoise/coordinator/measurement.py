@@ -20,7 +20,7 @@ class Interval:
     traffic: dict[int, float]  # bytes each block's exchanges carried (``block_traffic``)
     share: float  # the part of the interval's wall time its slowest server took (``server_share``)
     noise: float  # the relative standard error of the interval's mean iteration time
-    iteration_s: float | None  # the interval's mean iteration time less its holds' cost (None: the first)
+    judged_s: float | None  # the mean iteration time PSLD judges: wall time less the holds' cost (None: the first)
     record: dict  # the "servers" record's fields, but its type, time and elapsed
 
 
@@ -46,7 +46,7 @@ def measure_interval(pool, barrier_at: dict[int, float], t: int, interval: int, 
         durations[i] -= c
     hold_s = sum(cost.values())
     wall_s = (barrier_at[t] - since) / interval if since is not None else None
-    iteration_s = wall_s - hold_s / interval if wall_s is not None else None
+    judged_s = wall_s - hold_s / interval if wall_s is not None else None
     noise = interval_noise(list(durations.values()))
     # A server's time is the larger of its busy time (handling bytes, an emulated
     # slowdown included) and the mean time a worker spent in exchanges with it: a slow
@@ -70,4 +70,4 @@ def measure_interval(pool, barrier_at: dict[int, float], t: int, interval: int, 
         "share": share, "noise": noise, "block_bytes": sorted(traffic.items()),
         "iteration_s": wall_s, "hold_s": hold_s, "table_version": pool.version}
     return Interval(throughput, server_rates(nbytes, seconds, fixed_s, most=0.9), traffic, share, noise,
-                    iteration_s, record)
+                    judged_s, record)

@@ -448,7 +448,7 @@ class ServerManager:
         self._exchange_s = {}
         self.share, self.noise, self._rates, self._upper, self._traffic = m.share, m.noise, m.throughput, m.upper, m.traffic
         self._record({"type": "servers", "iteration": t, "time": time.time(), "elapsed": self._elapsed(), **m.record})
-        return m.throughput, m.iteration_s
+        return m.throughput, m.judged_s
 
     # -- servers started while training runs ------------------------------------------------
     def _start_server(self) -> int:

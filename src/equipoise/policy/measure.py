@@ -61,8 +61,8 @@ def interval_noise(durations: Sequence[float]) -> float:
 
 def hold_cost(durations: Mapping[int, float], held: Collection[int]) -> dict[int, float]:
     """What the coordinator's holds cost the workers, per held iteration: for each
-    iteration i in ``held`` (the coordinator held the workers at its start: a snapshot,
-    a probe) whose duration ``durations[i]`` is known, its excess over the median of the
+    iteration i in ``held`` (the coordinator held the workers at its start: a snapshot;
+    a measurement, with PSLD's decision and any probe) whose duration ``durations[i]`` is known, its excess over the median of the
     interval's iterations not held; nothing without such iterations to compare with.
 
     Not a hold's wall time: at a barrier the workers are still pulling the next

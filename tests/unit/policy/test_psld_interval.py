@@ -6,6 +6,22 @@ they cost the workers (``policy.measure.hold_cost``)."""
 import pytest
 
 
+def _manager_at(barriers):
+    from types import SimpleNamespace
+
+    from equipoise.coordinator.server_manager import ServerManager
+    from equipoise.wire import Message
+
+    manager = object.__new__(ServerManager)
+    stats = {0: Message("stats", {"busy_s": 0.01, "bytes": 1_000_000, "load_bytes": 400, "blocks": 1})}
+    manager.settings = SimpleNamespace(psld_interval=5)
+    manager.pool = SimpleNamespace(broadcast=lambda msg, kind: stats, version=1, round_trip_s=0.001)
+    manager._barrier_at, manager.workers, manager._exchange_s = dict(enumerate(barriers)), 2, {}
+    manager._held, manager._reached, records = set(), None, []
+    manager._record, manager._elapsed = records.append, lambda: barriers[-1]
+    return manager, records
+
+
 def test_a_servers_time_is_the_larger_of_its_busy_time_and_the_workers_exchanges_with_it():
     """A server behind a slow link (the kernel's, not an emulation) is busy as briefly
     as the others, but every worker spends longer in its exchanges: its throughput is
@@ -43,19 +59,8 @@ def test_an_interval_runs_from_barrier_to_barrier_the_coordinators_holds_include
     """A barrier is stamped when every worker reached it (`reached`), before the
     coordinator's own work there: a snapshot's 20 ms at iteration 5 counts in the next
     interval, whose wall time it is, and a later stamp of the same barrier changes nothing."""
-    from types import SimpleNamespace
-
-    from equipoise.coordinator.server_manager import ServerManager
-    from equipoise.wire import Message
-
-    manager = object.__new__(ServerManager)
-    stats = {0: Message("stats", {"busy_s": 0.01, "bytes": 1_000_000, "load_bytes": 400, "blocks": 1})}
-    manager.settings = SimpleNamespace(psld_interval=5)
-    manager.pool = SimpleNamespace(broadcast=lambda msg, kind: stats, version=1, round_trip_s=0.001)
-    barriers = [0.0, 0.013, 0.026, 0.039, 0.052, 0.065]
-    manager._barrier_at, manager.workers, manager._exchange_s = dict(enumerate(barriers)), 2, {}
-    manager._reached, manager._held, records = 5, set(), []
-    manager._record, manager._elapsed = records.append, lambda: 0.065
+    manager, records = _manager_at([0.0, 0.013, 0.026, 0.039, 0.052, 0.065])
+    manager._reached = 5
     manager.reached(5)  # again, after the snapshot: the first stamp stands
     assert manager._barrier_at[5] == 0.065
     assert manager._measure(5)[1] == pytest.approx(0.013)
@@ -66,22 +71,6 @@ def test_an_interval_runs_from_barrier_to_barrier_the_coordinators_holds_include
     manager.reached(9)  # reached anew (a rollback): stamped now, not kept from before
     assert manager._barrier_at[9] > 0.137
     assert manager._held == {5}  # the holds of the lost timeline are gone
-
-
-def _manager_at(barriers):
-    from types import SimpleNamespace
-
-    from equipoise.coordinator.server_manager import ServerManager
-    from equipoise.wire import Message
-
-    manager = object.__new__(ServerManager)
-    stats = {0: Message("stats", {"busy_s": 0.01, "bytes": 1_000_000, "load_bytes": 400, "blocks": 1})}
-    manager.settings = SimpleNamespace(psld_interval=5)
-    manager.pool = SimpleNamespace(broadcast=lambda msg, kind: stats, version=1, round_trip_s=0.001)
-    manager._barrier_at, manager.workers, manager._exchange_s = dict(enumerate(barriers)), 2, {}
-    manager._held, manager._reached, records = set(), None, []
-    manager._record, manager._elapsed = records.append, lambda: barriers[-1]
-    return manager, records
 
 
 def test_a_hold_counts_at_what_it_cost_the_workers_not_its_wall_time():
