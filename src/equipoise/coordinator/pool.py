@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from ..policy.measure import PROBE_TRAIN, probe_bytes, probed_rates, train_spacing
+from ..policy.measure import PROBE_TRAIN, ProbeTrain, probe_bytes, probed_rates
 from ..policy.placement import Block, rehome
 from ..wire import Connection, Message, wait_readable
 
@@ -80,12 +80,13 @@ class ServerPool:
         return {r: replies[r] for r in ranks}, took
 
     def probe(self, ranks: list[int], measured: dict[int, float], train: int = PROBE_TRAIN[0],
-              timed: int = PROBE_TRAIN[1]) -> dict[int, float]:
+              timed: int = PROBE_TRAIN[1], window: int = PROBE_TRAIN[2]) -> dict[int, float]:
         """The rates of servers `ranks` by a probe (PSLD's ``probe_targets``, the slowest server
         first): a tensor of as many bytes as the first's largest block, at most what its
-        `measured` rate handles in PROBE_S (``probe_bytes``), sent `train` times back to back
-        to each; a server's rate is those bytes over the median of its last `timed`
-        replies' spacings (``train_spacing``, ``probed_rates``, scaled by the first's rate).
+        `measured` rate handles in PROBE_S (``probe_bytes``), sent `train` times to each,
+        `window` at most in flight, none more to the others once the first's are in
+        (``ProbeTrain``: a server still answering is slower than the first); a server's
+        rate is those bytes over the median of its last `timed` replies' spacings (``train_spacing``, ``probed_rates``, scaled by the first's rate).
 
         A spacing is what a server takes per probe; the probes before the timed ones cross
         whatever burst an idle link lets through (the emulated link's bucket holds 5 ms of
@@ -98,18 +99,17 @@ class ServerPool:
         largest = max((b.nbytes for b in self.blocks if self.table[b.key] == ranks[0]), default=0)
         size = probe_bytes(largest, measured.get(ranks[0], 0.0))
         msg = Message("probe", {}, {"p": torch.zeros(size // 4, dtype=torch.float32)})
-        train = max(2, int(train))
-        for _ in range(train):
-            for r in ranks:
-                self.conns[r].send(msg)
-        seen: dict[int, list[float]] = {r: [] for r in ranks}
-        while pending := [r for r in ranks if len(seen[r]) < train]:
+        plan = ProbeTrain(ranks, train, window)
+        start = time.perf_counter()
+        for r in plan.start():
+            self.conns[r].send(msg)
+        while pending := plan.pending():
             ready = wait_readable([self.conns[r] for r in pending], 1.0)
             for r in [r for r in pending if any(c is self.conns[r] for c in ready)] or pending[:1]:
                 self._expect(self.conns[r], "pong", f"server {r}")
-                seen[r].append(time.perf_counter())
-        spacing = {r: train_spacing(t, timed) for r, t in seen.items()}
-        return probed_rates(spacing, size // 4 * 4, 0.0, measured, ranks[0])
+                for again in plan.replied(r, time.perf_counter()):
+                    self.conns[again].send(msg)
+        return probed_rates(plan.seconds(start, timed), size // 4 * 4, 0.0, measured, ranks[0])
 
     def close(self) -> None:
         for c in self.conns:

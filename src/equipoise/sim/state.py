@@ -4,13 +4,14 @@ servers' blocks, costs and measurements."""
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 
 import numpy as np
 
 from ..config import Config
 from ..policy.placement import placement_blocks
-from ..policy.measure import PROBE_TRAIN, fixed_cost, probe_bytes, probed_rates, server_rates, server_share
+from ..policy.measure import PROBE_TRAIN, ProbeTrain, fixed_cost, probe_bytes, probed_rates, server_rates, server_share
 from ..policy.sync import ServerSync
 from ..scenario import Scenario
 from .cost import CostModel, state_copies
@@ -146,14 +147,28 @@ class Servers:
 
     def probe(self, ranks: list[int], measured: dict[int, float]) -> tuple[dict[int, float], float]:
         """PSLD's probe of servers `ranks` (the runtime's ``ServerPool.probe``): a train of PROBE_TRAIN[0]
-        probes of the first's largest block's bytes (``probe_bytes``); the spacing of the
-        last replies is each server's sustained time per probe (no load: no burst). The
-        rates, and the seconds the train took (the train's probes and a round trip)."""
+        probes of the first's largest block's bytes (``probe_bytes``), sent as ``ProbeTrain``
+        says; the spacing of the last replies is each server's sustained time per probe
+        (no load: no burst). The rates, and the seconds the train took (the train's probes
+        and a round trip)."""
         size = probe_bytes(max((int(b) for b, o in zip(self.sizes, self.owner) if o == ranks[0]), default=0),
                            measured.get(ranks[0], 0.0))
-        spacing = {r: size * self._per_byte(r, *self.at) for r in ranks}
-        return (probed_rates(spacing, size, 0.0, measured, ranks[0]),
-                PROBE_TRAIN[0] * max(spacing.values()) + 2 * self.cost.latency)
+        each = {r: size * self._per_byte(r, *self.at) for r in ranks}
+        plan, free, due = ProbeTrain(ranks, PROBE_TRAIN[0], PROBE_TRAIN[2]), dict.fromkeys(ranks, 0.0), []
+
+        def send(r: int, now: float) -> None:  # a server handles its probes one at a time
+            free[r] = max(free[r], now) + each[r]
+            heapq.heappush(due, (free[r], r))
+
+        for r in plan.start():
+            send(r, 0.0)
+        end = 0.0
+        while due:
+            end, r = heapq.heappop(due)
+            for again in plan.replied(r, end):
+                send(again, end)
+        return (probed_rates(plan.seconds(0.0, PROBE_TRAIN[1]), size, 0.0, measured, ranks[0]),
+                end + 2 * self.cost.latency)
 
     def measure(self, t: int, elapsed: float, iteration_s: float | None) -> tuple[dict, dict[int, float]]:
         """A "servers" record (as coordinator/server_manager.py writes it) and PSLD's throughputs."""

@@ -3,12 +3,13 @@ and ``probed_rates``): which servers are probed and when, what a probe's times s
 a move made or not on them. The numbers are the single-block case under SSP on 919 MB/s
 links as measured: the CNN's first layer (block 0) alone on the 4x-slower server 0."""
 
+import heapq
 import math
 
 import pytest
 
 from equipoise.clock import VirtualClock
-from equipoise.policy.measure import PROBE_BYTES, PROBE_S, probe_bytes, probed_rates, train_spacing
+from equipoise.policy.measure import PROBE_BYTES, PROBE_S, PROBE_TRAIN, ProbeTrain, probe_bytes, probed_rates, train_spacing
 from equipoise.policy.psld import MoveBlock, Psld
 from equipoise.wire.bandwidth import TokenBucket
 
@@ -66,6 +67,79 @@ def test_a_train_of_probes_times_the_links_sustained_rate_not_its_burst():
     assert train_spacing(replies(5 * slow, n), 3) <= n / (5 * slow)
     assert train_spacing([1.0, 1.004, 1.009, 1.030, 1.035, 1.040], 3) == pytest.approx(0.005)  # one stretched, dropped
     assert math.isnan(train_spacing([1.0], 3))
+
+
+class _At:
+    """A clock that reads what it is set to (one server's handling, in a train below)."""
+    t = 0.0
+
+    def now(self) -> float:
+        return self.t
+
+
+def windowed(rates: dict[int, float], nbytes: int) -> tuple[ProbeTrain, float]:
+    """A probe of ``nbytes`` to servers behind idle emulated links (``rates``, the first
+    the slowest-looking server), sent as ``ProbeTrain`` says: each server handles its
+    probes one at a time, each taking the delay its bucket sets. The train, and when its
+    last reply came."""
+    clocks = {r: _At() for r in rates}
+    buckets = {r: TokenBucket(v, clock=clocks[r]) for r, v in rates.items()}
+    free, due = dict.fromkeys(rates, 0.0), []
+
+    def send(r: int, now: float) -> None:
+        clocks[r].t = max(free[r], now)
+        free[r] = clocks[r].t + buckets[r].delay(nbytes)
+        heapq.heappush(due, (free[r], r))
+
+    plan = ProbeTrain(list(rates), PROBE_TRAIN[0], PROBE_TRAIN[2])
+    for r in plan.start():
+        send(r, 0.0)
+    end = 0.0
+    while due:
+        end, r = heapq.heappop(due)
+        for again in plan.replied(r, end):
+            send(again, end)
+    return plan, end
+
+
+def test_a_windowed_train_times_a_light_server_as_fast_or_faster_as_a_whole_train_does():
+    """Three probes in flight at most (a light server's first alone): a light server as
+    fast as the slowest or up to 3x faster gets the whole train, and the last three
+    spacings are its sustained time per probe, as when the six went back to back."""
+    slow = 55e6
+    n = probe_bytes(1605632, slow)
+    for rate in (slow, 2 * slow, 3 * slow):
+        plan, _ = windowed({0: slow, 1: rate}, n)
+        assert plan.sent == {0: 6, 1: 6}
+        assert plan.seconds(0.0, 3)[1] == pytest.approx(n / rate, rel=1e-9)
+        assert plan.seconds(0.0, 3)[0] == pytest.approx(n / slow, rel=1e-9)
+
+
+def test_a_light_server_slower_than_the_first_gets_one_probe_and_is_rated_below_it():
+    """A light server 5x slower than the slowest-looking one (the truly slow server, with
+    a small block): sent whole, its train took 6 of its probes, 5x the first's train.
+    Its first reply comes after the first server's second: it gets no more, the train
+    ends with the first server's six, and it is rated by its one probe's time (its burst
+    counted: above its own rate, below the first's, so never a move's destination).
+    Up to 2x slower, its first reply comes before the first's second, and it is timed
+    by a train of its own (the last spacings: its own rate)."""
+    slow = 55e6
+    n = probe_bytes(1605632, slow)
+    light = slow / 5
+    plan, end = windowed({0: slow, 1: light}, n)
+    assert plan.sent == {0: 6, 1: 1} and plan.cut == {1}
+    assert end == pytest.approx((6 * n - slow * PROBE_S) / slow, rel=1e-9)  # the first's train, its burst off
+    assert end < 0.2 * (6 * n - light * PROBE_S) / light  # the whole train the light server took
+    rates = probed_rates(plan.seconds(0.0, 3), n, 0.0, {0: slow}, 0)
+    assert light < rates[1] < slow
+    for k in (1.25, 1.5, 1.9):
+        plan, _ = windowed({0: slow, 1: slow / k}, n)
+        assert not plan.cut and len(plan.times[1]) >= 3
+        assert probed_rates(plan.seconds(0.0, 3), n, 0.0, {0: slow}, 0)[1] == pytest.approx(slow / k, rel=1e-9)
+    one = ProbeTrain([0, 1], 6, 3)  # with no reply at all, a server is not rated
+    one.start()
+    one.replied(1, 0.04)
+    assert one.seconds(0.0, 3)[1] == 0.04 and math.isnan(one.seconds(0.0, 3)[0])
 
 
 def test_the_slow_server_and_the_fastest_looking_light_one_are_probed_once_an_episode():
