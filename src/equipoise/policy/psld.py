@@ -27,7 +27,7 @@ times with its next plan request). New trials:
 * a light server's probed rate in its extrapolation's place: ``probe_targets`` names,
   once an episode, the slowest server and the light one a plan would load; the runtime
   probes them (``measure.probed_rates``), and the probe holds while the slowest server's
-  measured rate stands (no relief meanwhile: the probe answered it);
+  measured rate stands (no relief meanwhile: the probe answered it), as a ratio to it;
 * explore (probability ``epsilon``, drawn before exploiting): add a server
   (probability 1/2 while fewer than ``max_servers`` run), else move a random block of
   the slowest server to a random other server; not with fewer than ``horizon``
@@ -290,9 +290,16 @@ class Psld:
         if slowest != self._probed_for or any(not 1 / 1.5 <= throughput.get(r, v) / v <= 1.5
                                               for r, v in self._probe_basis.items() if v > 0):
             self.probed, self._probe_basis = {}, {}
-        for i, r in enumerate(live):  # a light server's probed rate, not its extrapolation
+        # A light server's probed rate, not its extrapolation, as a ratio to the slowest
+        # server's: the probe timed both side by side, and the slowest server's measured
+        # rate moves from interval to interval by more than the ratio is sure of (one
+        # case: 491-775 MB/s at one placement; a light server probed at 601 beside 594
+        # looked 19% faster once it read 505, and a layer was swapped and swapped back).
+        drift = throughput.get(slowest, 0.0) / self._probe_basis.get(slowest, 0.0) \
+            if self._probe_basis.get(slowest, 0.0) > 0 and throughput.get(slowest, 0.0) > 0 else 1.0
+        for i, r in enumerate(live):
             if r in self.probed and r not in self.loaded and r != slowest and 2 * loads[i] < loads[index[slowest]]:
-                speeds[i] = self.probed[r]
+                speeds[i] = self.probed[r] * drift
         if slowest != self.held_for:
             self.failures, self.hold, self.held_for = 0, 0, None
         if slowest != self.relieved:  # another server is the slowest: a new episode

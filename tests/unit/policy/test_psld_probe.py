@@ -193,3 +193,20 @@ def test_a_light_servers_own_measured_rate_moving_does_not_drop_the_probe():
     noisy = {**RATES, 1: 130e6}
     assert c.decide(LIVE, LIVE, noisy, ITERATION_S, share=SHARE, upper=optimistic) == []
     assert c.probed == {1: 290e6}
+
+
+def test_a_probed_rate_stands_as_a_ratio_to_the_slowest_servers_measured_rate():
+    """Server 1 probed 3% faster than server 0 (310 beside 300 MB/s): no move pays. At the
+    next decision server 0 reads 250 MB/s (its measured rate moves by that much from one
+    interval to the next at one placement, within the 1.5x that drops the probe): server
+    1 stands at 3% faster still, 258 MB/s, not 310, and the layer stays."""
+    c = Psld(SIZES, epsilon=0.0)
+    c.probe_targets(LIVE, LIVE, RATES, SHARE, UPPER)
+    assert c.decide(LIVE, LIVE, RATES, ITERATION_S, share=SHARE, upper=UPPER, probed={1: 310e6}) == []
+    noisy = {**RATES, 0: 250e6}
+    assert c.decide(LIVE, LIVE, noisy, ITERATION_S, share=SHARE, upper=UPPER) == []
+    assert c.probed == {1: 310e6}
+    # faster by what a move pays for, it takes the layer at any reading of server 0's
+    c = Psld(SIZES, epsilon=0.0)
+    c.probe_targets(LIVE, LIVE, RATES, SHARE, UPPER)
+    assert MoveBlock(0, 0, 1) in c.decide(LIVE, LIVE, noisy, ITERATION_S, share=SHARE, upper=UPPER, probed={1: 1.2e9})
