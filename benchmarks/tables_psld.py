@@ -19,6 +19,9 @@ def preset(name: str) -> str:
     return placements + f"\n\nPSLD's ratios, per round then median (min–max): {ratios}."
 
 
+AA = "greedy again × greedy"  # the sweep's A/A ratio (results written before it had none)
+
+
 def unseen_rows(d: dict[str, Any]) -> list[list[str]]:
     rows = []
     for c in d["cases"]:
@@ -26,7 +29,8 @@ def unseen_rows(d: dict[str, Any]) -> list[list[str]]:
         rows.append([str(c["case"]), c["shape"], str(c["servers"]), num(c["bandwidth"]), num(c["factor"]),
                      f"{c['slow']} ({c['where']})", c["protocol"],
                      c["scenario"] + (f" → {c['switch_to']}" if c["switch_to"] is not None else ""),
-                     rng(r["psld speed-up × greedy"]), rng(r["psld × oracle"]), rng(r["psld settled × oracle"]),
+                     rng(r["psld speed-up × greedy"])] + ([rng(r[AA])] if AA in r else []) +
+                    [rng(r["psld × oracle"]), rng(r["psld settled × oracle"]),
                      rng(summ([r["moves"] for r in c["runs"]["psld"]]), count)])
     return rows
 
@@ -35,12 +39,19 @@ def unseen() -> str:
     d = load("bench_psld_unseen")
     o = d["overall"]
     g, t = o["psld speed-up × greedy, per case"], o["psld × oracle (whole run), per case"]
+    aa = AA in d["cases"][0]["ratios"]
     head = ["case", "blocks", "servers", "link MB/s", "slowdown", "slow server", "protocol", "scenario",
-            "psld speed-up × greedy", "psld × oracle (s/iteration)", "settled × oracle", "moves"]
+            "psld speed-up × greedy"] + (["greedy again × greedy (A/A)"] if aa else []) + [
+            "psld × oracle (s/iteration)", "settled × oracle", "moves"]
+    floor = ""
+    if aa:
+        below = o["cases psld below the A/A floor"]
+        floor = (f" Greedy run again against greedy (per-case medians): {rng(o[AA + ', per case'])}; PSLD below "
+                 f"the lowest of them in {', '.join(f'case {c}' for c in below) if below else 'no case'}.")
     return one_file("bench_psld_unseen", head, unseen_rows(d)) + (
         f"\n\nPSLD ≥ 1.0× greedy in **{o['cases psld ≥ 1.0× greedy']} of {g['n']}** cases; speed-up over greedy "
         f"{rng(g)}; whole run at {num(t['median'])}× the oracle's seconds per iteration (median; "
-        f"{num(1 / t['median'])}× its speed); worst case {o['worst case']}.")
+        f"{num(1 / t['median'])}× its speed); worst case {o['worst case']}.{floor}")
 
 
 def unseen_aa() -> str:

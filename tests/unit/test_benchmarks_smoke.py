@@ -312,17 +312,17 @@ def test_the_unseen_sweep_draws_every_kind_of_case_nobody_tuned_on():
     what the sweep promises (every block-size shape, the slow server at every position,
     2-8 servers, links of 50-1,000 MB/s, slowdowns of 2-6x, static and moving, BSP and
     SSP); each case's slow server and switch target are ranks of its own servers."""
-    from benchmarks import bench_psld
+    from benchmarks import bench_psld, psld_sweep
 
     base = bench_psld.PRESETS["unseen"]
-    cases = bench_psld.random_cases(base.seed, 20)
-    assert cases == bench_psld.random_cases(base.seed, 20)
-    assert {c["shape"] for c in cases} == {s for _, _, s in bench_psld.SHAPES}
-    assert {c["where"] for c in cases} == set(bench_psld.WHERE)
+    cases = psld_sweep.random_cases(base.seed, 20)
+    assert cases == psld_sweep.random_cases(base.seed, 20)
+    assert {c["shape"] for c in cases} == {s for _, _, s in psld_sweep.SHAPES}
+    assert {c["where"] for c in cases} == set(psld_sweep.WHERE)
     assert {c["scenario"] for c in cases} == {"static", "dynamic"} and {c["protocol"] for c in cases} == {"bsp", "ssp"}
     assert all(2 <= c["servers"] <= 8 and 50 <= c["bandwidth"] <= 1000 and 2 <= c["factor"] <= 6 for c in cases)
     for case in cases:
-        spec, slow = bench_psld.case_spec(base, case)
+        spec, slow = psld_sweep.case_spec(base, case)
         assert 0 <= slow < spec.servers and 0 <= spec.switch_to < spec.servers and spec.switch_to != slow
 
 
