@@ -86,7 +86,8 @@ class ServerPool:
         `measured` rate handles in PROBE_S (``probe_bytes``), sent `train` times to each,
         `window` at most in flight, none more to the others once the first's are in
         (``ProbeTrain``: a server still answering is slower than the first); a server's
-        rate is those bytes over the median of its last `timed` replies' spacings (``train_spacing``, ``probed_rates``, scaled by the first's rate).
+        rate is those bytes over the median of its last `timed` replies' spacings
+        (``train_spacing``, ``probed_rates``, scaled by the first's rate).
 
         A spacing is what a server takes per probe; the probes before the timed ones cross
         whatever burst an idle link lets through (the emulated link's bucket holds 5 ms of

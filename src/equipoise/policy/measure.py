@@ -12,8 +12,8 @@ import math
 import statistics
 from collections.abc import Collection, Mapping, Sequence
 
-__all__ = ["PROBE_BYTES", "PROBE_TRAIN", "ProbeTrain", "SMALL_EXCHANGE_BYTES", "block_traffic", "fixed_cost", "hold_cost",
-           "interval_noise", "probe_bytes",
+__all__ = ["PROBE_BYTES", "PROBE_TRAIN", "ProbeTrain", "SMALL_EXCHANGE_BYTES", "block_traffic", "fixed_cost",
+           "hold_cost", "interval_noise", "probe_bytes",
            "probed_rates", "train_spacing", "server_rates", "server_share"]
 
 
@@ -62,8 +62,9 @@ def interval_noise(durations: Sequence[float]) -> float:
 def hold_cost(durations: Mapping[int, float], held: Collection[int]) -> dict[int, float]:
     """What the coordinator's holds cost the workers, per held iteration: for each
     iteration i in ``held`` (the coordinator held the workers at its start: a snapshot;
-    a measurement, with PSLD's decision and any probe) whose duration ``durations[i]`` is known, its excess over the median of the
-    interval's iterations not held; nothing without such iterations to compare with.
+    a measurement, with PSLD's decision and any probe) whose duration ``durations[i]``
+    is known, its excess over the median of the interval's iterations not held; nothing
+    without such iterations to compare with.
 
     Not a hold's wall time: at a barrier the workers are still pulling the next
     iteration's weights, and a hold that waits behind those pulls costs them nothing (a

@@ -9,7 +9,8 @@ import math
 import pytest
 
 from equipoise.clock import VirtualClock
-from equipoise.policy.measure import PROBE_BYTES, PROBE_S, PROBE_TRAIN, ProbeTrain, probe_bytes, probed_rates, train_spacing
+from equipoise.policy.measure import (PROBE_BYTES, PROBE_S, PROBE_TRAIN, ProbeTrain, probe_bytes, probed_rates,
+                                      train_spacing)
 from equipoise.policy.psld import MoveBlock, Psld
 from equipoise.wire.bandwidth import TokenBucket
 
