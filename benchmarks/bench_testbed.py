@@ -109,15 +109,15 @@ PIPELINED = {"backward_push": True, "forward_pull": True, "block_size": 32768, "
 
 def psld_slow(spec: Spec) -> int:
     """The server rank greedy gives its largest block (bench_psld's "greedy" case)."""
-    from benchmarks.bench_psld import Spec as PsldSpec
-    from benchmarks.bench_psld import server_loads
+    from benchmarks.psld_job import Spec as PsldSpec
+    from benchmarks.psld_job import server_loads
 
     return server_loads(PsldSpec(model=spec.model, dataset=spec.dataset, servers=4), "greedy")[1]
 
 
 def psld_on_testbed(tb, spec: Spec, policy: str, slow: int, address: str, tmp: Path) -> dict:
     """One run of `policy`; server rank r on host 1 + r (resource h<r>), workers on host 0."""
-    from benchmarks.bench_psld import Spec as PsldSpec
+    from benchmarks.psld_job import Spec as PsldSpec
 
     base = PsldSpec()
     out = tmp / f"psld-{policy}-{time.monotonic_ns()}"

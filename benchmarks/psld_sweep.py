@@ -10,7 +10,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_psld import NAME, PRESETS, Spec, job, run_one, server_loads
+from benchmarks.psld_job import NAME, PRESETS, Spec, job, run_one, server_loads
 from benchmarks.common import fmt, fmt_range, interleave, load_average, markdown_table, summary, write_results
 
 UNSEEN_CASES = 20

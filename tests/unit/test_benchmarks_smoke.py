@@ -150,15 +150,15 @@ def test_rudra_study_summarises_rounds_against_hardsync_and_plots(tmp_path):
 
 
 def test_psld_settling_is_counted_from_the_switch():
-    from benchmarks import bench_psld
+    from benchmarks import psld_job
 
-    spec = bench_psld.Spec(scenario="dynamic", iterations=60, switch=20, interval=5, settled=20)
+    spec = psld_job.Spec(scenario="dynamic", iterations=60, switch=20, interval=5, settled=20)
     times = {5: 0.05, 10: 0.05, 15: 0.05, 20: 0.05, 25: 0.2, 30: 0.12, 35: 0.052, 40: 0.05, 45: 0.05,
              50: 0.05, 55: 0.05, 60: 0.05}
     records = [{"iteration": i, "iteration_s": t} for i, t in times.items()]
-    assert bench_psld.settle_after(records, spec) == 15  # the interval ending at 35 is back within 1.1×
+    assert psld_job.settle_after(records, spec) == 15  # the interval ending at 35 is back within 1.1×
     slow = [{"iteration": i, "iteration_s": 0.2 if 20 < i < 45 else 0.05} for i in times]
-    assert bench_psld.settle_after(slow, spec) == 25
+    assert psld_job.settle_after(slow, spec) == 25
 
 
 def test_results_name_the_command_relative_to_the_checkout(monkeypatch):
@@ -243,12 +243,12 @@ def test_summary_is_median_min_max_of_the_finite_values():
 
 
 def test_psld_slow_servers_come_from_the_placement_rules():
-    from benchmarks import bench_psld
+    from benchmarks import psld_job
 
     # cnn on 28×28: MXNet keeps the 401,408-element layer whole on server (index·9973) mod 4 = 0,
     # BytePS's djb2 hash of its name picks server 1; greedy's first (largest) block goes to server 0
-    spec = bench_psld.Spec(cases=("greedy", "mxnet", "byteps", 2))
-    assert bench_psld.slow_servers(spec) == {0: ["greedy's largest block", "mxnet's most bytes"],
+    spec = psld_job.Spec(cases=("greedy", "mxnet", "byteps", 2))
+    assert psld_job.slow_servers(spec) == {0: ["greedy's largest block", "mxnet's most bytes"],
                                              1: ["byteps's most bytes"], 2: ["server 2"]}
 
 
@@ -312,9 +312,9 @@ def test_the_unseen_sweep_draws_every_kind_of_case_nobody_tuned_on():
     what the sweep promises (every block-size shape, the slow server at every position,
     2-8 servers, links of 50-1,000 MB/s, slowdowns of 2-6x, static and moving, BSP and
     SSP); each case's slow server and switch target are ranks of its own servers."""
-    from benchmarks import bench_psld, psld_sweep
+    from benchmarks import psld_job, psld_sweep
 
-    base = bench_psld.PRESETS["unseen"]
+    base = psld_job.PRESETS["unseen"]
     cases = psld_sweep.random_cases(base.seed, 20)
     assert cases == psld_sweep.random_cases(base.seed, 20)
     assert {c["shape"] for c in cases} == {s for _, _, s in psld_sweep.SHAPES}
