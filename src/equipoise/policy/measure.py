@@ -8,9 +8,10 @@ the simulator (sim/state.py) call the same ones; ``policy.psld.Psld`` decides on
 
 from __future__ import annotations
 
+import heapq
 import math
 import statistics
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 __all__ = ["PROBE_BYTES", "PROBE_TRAIN", "ProbeTrain", "SMALL_EXCHANGE_BYTES", "block_traffic", "fixed_cost",
            "hold_cost", "interval_noise", "probe_bytes",
@@ -187,6 +188,21 @@ class ProbeTrain:
     def pending(self) -> list[int]:
         """The servers with a probe still unanswered."""
         return [r for r in self.ranks if len(self.times[r]) < self.sent[r]]
+
+    def run(self, handle: Callable[[int, float], float]) -> float:
+        """Drive the train on modelled servers (the simulator, tests): ``handle(rank,
+        sent)`` is when the reply to a probe sent to ``rank`` at time ``sent`` is read
+        (a server handling its probes one at a time keeps that order itself). When the
+        last reply was read; the replies' times are in ``times``."""
+        due: list[tuple[float, int]] = []
+        for r in self.start():
+            heapq.heappush(due, (handle(r, 0.0), r))
+        end = 0.0
+        while due:
+            end, r = heapq.heappop(due)
+            for again in self.replied(r, end):
+                heapq.heappush(due, (handle(again, end), again))
+        return end
 
     def seconds(self, start: float, timed: int) -> dict[int, float]:
         """Each server's seconds per probe: ``train_spacing`` of its replies, or, with one

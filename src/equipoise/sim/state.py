@@ -4,7 +4,6 @@ servers' blocks, costs and measurements."""
 
 from __future__ import annotations
 
-import heapq
 from collections import Counter
 
 import numpy as np
@@ -154,19 +153,13 @@ class Servers:
         size = probe_bytes(max((int(b) for b, o in zip(self.sizes, self.owner) if o == ranks[0]), default=0),
                            measured.get(ranks[0], 0.0))
         each = {r: size * self._per_byte(r, *self.at) for r in ranks}
-        plan, free, due = ProbeTrain(ranks, PROBE_TRAIN[0], PROBE_TRAIN[2]), dict.fromkeys(ranks, 0.0), []
+        plan, free = ProbeTrain(ranks, PROBE_TRAIN[0], PROBE_TRAIN[2]), dict.fromkeys(ranks, 0.0)
 
-        def send(r: int, now: float) -> None:  # a server handles its probes one at a time
-            free[r] = max(free[r], now) + each[r]
-            heapq.heappush(due, (free[r], r))
+        def handle(r: int, sent: float) -> float:  # a server handles its probes one at a time
+            free[r] = max(free[r], sent) + each[r]
+            return free[r]
 
-        for r in plan.start():
-            send(r, 0.0)
-        end = 0.0
-        while due:
-            end, r = heapq.heappop(due)
-            for again in plan.replied(r, end):
-                send(again, end)
+        end = plan.run(handle)
         return (probed_rates(plan.seconds(0.0, PROBE_TRAIN[1]), size, 0.0, measured, ranks[0]),
                 end + 2 * self.cost.latency)
 

@@ -3,7 +3,6 @@ and ``probed_rates``): which servers are probed and when, what a probe's times s
 a move made or not on them. The numbers are the single-block case under SSP on 919 MB/s
 links as measured: the CNN's first layer (block 0) alone on the 4x-slower server 0."""
 
-import heapq
 import math
 
 import pytest
@@ -85,22 +84,15 @@ def windowed(rates: dict[int, float], nbytes: int) -> tuple[ProbeTrain, float]:
     last reply came."""
     clocks = {r: _At() for r in rates}
     buckets = {r: TokenBucket(v, clock=clocks[r]) for r, v in rates.items()}
-    free, due = dict.fromkeys(rates, 0.0), []
+    free = dict.fromkeys(rates, 0.0)
 
-    def send(r: int, now: float) -> None:
-        clocks[r].t = max(free[r], now)
+    def handle(r: int, sent: float) -> float:
+        clocks[r].t = max(free[r], sent)
         free[r] = clocks[r].t + buckets[r].delay(nbytes)
-        heapq.heappush(due, (free[r], r))
+        return free[r]
 
     plan = ProbeTrain(list(rates), PROBE_TRAIN[0], PROBE_TRAIN[2])
-    for r in plan.start():
-        send(r, 0.0)
-    end = 0.0
-    while due:
-        end, r = heapq.heappop(due)
-        for again in plan.replied(r, end):
-            send(again, end)
-    return plan, end
+    return plan, plan.run(handle)
 
 
 def test_a_windowed_train_times_a_light_server_as_fast_or_faster_as_a_whole_train_does():
