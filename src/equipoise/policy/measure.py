@@ -163,7 +163,6 @@ class ProbeTrain:
         self.sent = {r: 0 for r in self.ranks}
         self.times: dict[int, list[float]] = {r: [] for r in self.ranks}
         self.cut: set[int] = set()
-        self.closed = False
 
     def start(self) -> list[int]:
         """The probes to send first (a rank once for each)."""
@@ -175,11 +174,9 @@ class ProbeTrain:
         """Server ``rank`` answered a probe at time ``at``: the probes to send now."""
         first = self.ranks[0]
         self.times[rank].append(float(at))
-        if rank == first and len(self.times[rank]) >= self.train:
-            self.closed = True
         if rank != first and len(self.times[rank]) == 1 and len(self.times[first]) >= 2:
             self.cut.add(rank)
-        if self.closed or rank in self.cut:
+        if len(self.times[first]) >= self.train or rank in self.cut:  # the first's train is in, or cut
             return []
         more = min(self.window - (self.sent[rank] - len(self.times[rank])), self.train - self.sent[rank])
         self.sent[rank] += max(0, more)

@@ -295,8 +295,8 @@ class Psld:
         # rate moves from interval to interval by more than the ratio is sure of (one
         # case: 491-775 MB/s at one placement; a light server probed at 601 beside 594
         # looked 19% faster once it read 505, and a layer was swapped and swapped back).
-        drift = throughput.get(slowest, 0.0) / self._probe_basis.get(slowest, 0.0) \
-            if self._probe_basis.get(slowest, 0.0) > 0 and throughput.get(slowest, 0.0) > 0 else 1.0
+        basis, now_rate = self._probe_basis.get(slowest, 0.0), throughput.get(slowest, 0.0)
+        drift = now_rate / basis if basis > 0 and now_rate > 0 else 1.0
         for i, r in enumerate(live):
             if r in self.probed and r not in self.loaded and r != slowest and 2 * loads[i] < loads[index[slowest]]:
                 speeds[i] = self.probed[r] * drift
