@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from ..policy.measure import block_traffic, fixed_cost, hold_cost, interval_noise, server_rates, server_share
+from ..policy.measure import (block_traffic, fixed_cost, hold_cost, interval_noise, server_rates, server_reach,
+                              server_share)
 from ..wire import Message
 
 
@@ -19,6 +20,7 @@ class Interval:
     upper: dict[int, float]  # with the whole fixed cost off, at most 0.9 of the time
     traffic: dict[int, float]  # bytes each block's exchanges carried (``block_traffic``)
     share: float  # the part of the interval's wall time its slowest server took (``server_share``)
+    reach: float  # the part its slowest server's bytes took (``server_reach``)
     noise: float  # the relative standard error of the interval's mean iteration time
     judged_s: float | None  # the mean iteration time PSLD judges: wall time less the holds' cost (None: the first)
     record: dict  # the "servers" record's fields, but its type, time and elapsed
@@ -58,7 +60,8 @@ def measure_interval(pool, barrier_at: dict[int, float], t: int, interval: int, 
     nbytes = {r: m.fields["bytes"] for r, m in stats.items()}
     fixed_s = fixed_cost(nbytes, seconds, 2 * interval, workers, pool.round_trip_s)
     throughput = server_rates(nbytes, seconds, fixed_s)
-    share = server_share(seconds, interval, wall_s)  # PSLD weighs a cut by it
+    share = server_share(seconds, interval, wall_s)  # PSLD weighs a cut by these two
+    reach = server_reach(seconds, fixed_s, interval, wall_s)
     traffic = block_traffic(m.fields.get("block_bytes") for m in stats.values())
     ranks = sorted(stats)
     record = {
@@ -67,7 +70,7 @@ def measure_interval(pool, barrier_at: dict[int, float], t: int, interval: int, 
         "exchange_s": [exchange[r] for r in ranks],
         "busy_share": [stats[r].fields["busy_s"] / (interval * wall_s) if wall_s else None for r in ranks],
         "throughput_mbps": [throughput.get(r, 0.0) / 1e6 for r in ranks], "fixed_s": fixed_s,
-        "share": share, "noise": noise, "block_bytes": sorted(traffic.items()),
+        "share": share, "reach": reach, "noise": noise, "block_bytes": sorted(traffic.items()),
         "iteration_s": wall_s, "hold_s": hold_s, "table_version": pool.version}
-    return Interval(throughput, server_rates(nbytes, seconds, fixed_s, most=0.9), traffic, share, noise,
+    return Interval(throughput, server_rates(nbytes, seconds, fixed_s, most=0.9), traffic, share, reach, noise,
                     judged_s, record)

@@ -92,7 +92,7 @@ class ServerManager:
         self._hellos: dict[int, str] = {}  # of those, registered: rank -> address
         self._planned: dict[int, int] = {}  # scenario additions started early: rank -> join iteration
         self._rates, self._upper, self._traffic = {}, {}, {}  # bytes/s per server, upper; bytes per block
-        self.share = 1.0  # the part of the last interval's wall time its slowest server took
+        self.share = self.reach = 1.0  # the part of the last interval's wall time its slowest server took (its bytes)
         self.noise = 0.0  # the relative standard error of the last interval's mean iteration time
         self.backup_of: dict[int, int] = {}  # replication = 1: primary rank -> backup rank
         self._exchange_s: dict[int, float] = {}  # workers' exchange seconds with each server since `_measure`
@@ -355,7 +355,7 @@ class ServerManager:
                 if probed:
                     self._event("servers_probed", t, servers=probe, mbps={r: v / 1e6 for r, v in probed.items()})
                 actions = self.psld.decide(self.pool.table, self.pool.serving(), throughput, iteration_s,
-                                           set(self._added), share=self.share, noise=self.noise, upper=self._upper,
+                                           set(self._added), share=self.share, reach=self.reach, noise=self.noise, upper=self._upper,
                                            traffic=self._traffic, left=self.total and self.total - t or None,
                                            probed=probed)
         return actions
@@ -446,7 +446,8 @@ class ServerManager:
         m = measure_interval(self.pool, self._barrier_at, t, self.settings.psld_interval, self._exchange_s,
                              self.workers, self._held)
         self._exchange_s = {}
-        self.share, self.noise, self._rates, self._upper, self._traffic = m.share, m.noise, m.throughput, m.upper, m.traffic
+        self.share, self.reach, self.noise = m.share, m.reach, m.noise
+        self._rates, self._upper, self._traffic = m.throughput, m.upper, m.traffic
         self._record({"type": "servers", "iteration": t, "time": time.time(), "elapsed": self._elapsed(), **m.record})
         return m.throughput, m.judged_s
 

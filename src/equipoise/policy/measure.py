@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 
 __all__ = ["PROBE_BYTES", "PROBE_TRAIN", "ProbeTrain", "SMALL_EXCHANGE_BYTES", "block_traffic", "fixed_cost",
            "hold_cost", "interval_noise", "probe_bytes",
-           "probed_rates", "train_spacing", "server_rates", "server_share"]
+           "probed_rates", "train_spacing", "server_rates", "server_reach", "server_share"]
 
 
 # An exchange carrying at most this many bytes is timed as its fixed cost: 16 KB take
@@ -101,6 +101,27 @@ def server_share(seconds: Mapping[int, float], interval: int, iteration_s: float
         return 0.0
     movable = times[-1] - (statistics.median(times[:-1]) if len(times) > 1 else 0.0)
     return min(1.0, max(0.0, movable) / (interval * iteration_s))
+
+
+def server_reach(seconds: Mapping[int, float], fixed_s: float, interval: int, iteration_s: float | None) -> float:
+    """The part of an interval's wall time that its slowest server's bytes took: its time
+    (``seconds``) less the fixed cost as ``server_rates`` takes it off (``fixed_s``, at most
+    half), over ``interval`` iterations of ``iteration_s``; 1 when the wall time is unknown.
+
+    PSLD's rates are bytes over exactly this time, so a plan cutting the slowest server's
+    predicted time by a part c cuts the interval by c times this — as far as the others'
+    times let it (``server_share``, the cap). Weighed as c times the share alone, a cut of
+    12% of a server taking 82% of the iteration, 24% beyond the others, counted 2.9% (under
+    a 3% bar) and the dynamic preset settled 1.18x the oracle in some runs and 1.04x in
+    others."""
+    if not iteration_s:
+        return 1.0
+    times = [float(s) for s in seconds.values() if math.isfinite(s)]
+    if not times:
+        return 0.0
+    slowest = max(times)
+    fixed = max(0.0, float(fixed_s)) if math.isfinite(fixed_s) else 0.0
+    return min(1.0, max(0.0, slowest - min(fixed, slowest / 2)) / (interval * iteration_s))
 
 
 def server_rates(nbytes: Mapping[int, float], seconds: Mapping[int, float],

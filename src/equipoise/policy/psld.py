@@ -16,7 +16,8 @@ it mix in the old placement's last exchanges (a worker reports an iteration's ex
 times with its next plan request). New trials:
 
 * exploit: the descending-best-fit moves (``exploit_moves``) that cut the predicted
-  maximum server time max_j L_j / r_j, if they cut it by more than ``threshold`` and
+  maximum server time max_j L_j / r_j, if the cut, as a part of the iteration (of the
+  slowest server's time, at most its time beyond the others'), exceeds ``threshold`` and
   are not a plan undone within the last ``tabu_decisions`` decisions; of them, only the
   prefix whose gain over ``horizon`` iterations (or the job's iterations left, if fewer)
   repays its predicted pause (``_paying``);
@@ -48,31 +49,28 @@ time is mostly the exchanges' fixed cost), so without this an undone trial is re
 soon as its destination looks fast again when nearly empty. An undone plan is tabu in
 any order of its moves.
 
+An unprobed light server (under half the slowest server's bytes) is rated no faster than
+the fastest other server measured under load: its few bytes pass in its link's burst.
 After a trial was kept, a plan that returns one of its blocks to the server it left,
-where that server would hold over twice the bytes it was measured with, is predicted
-with that server at half its rate. Light now, it looks fast by the same extrapolation
-(``server_rates`` takes off at most half of a server's time, so half is what its time
-says without that), and a trial kept by the host's noise (two equal servers swapping
-the largest block) was otherwise reversed at the next decision, the reversal kept or
-undone by noise in turn. A slowdown that moved to the block's new server still sends it
-back where the old server is faster even at half its rate (a slowdown of more than about
-twice), and a server measured with half the bytes or more is rated as measured.
+where that server would hold over twice the bytes it was measured with, is predicted with
+that server at half its measured rate (``server_rates`` takes off at most half of a
+server's time: half is what its time says without that); a trial kept by the host's
+noise (two equal servers swapping the largest block) was otherwise reversed at the next
+decision, the reversal kept or undone by noise in turn.
 
 The noise a gain must exceed is the larger of two estimates: the standard error of the
 interval means compared (from the spread of their iterations, ``interval_noise``), and
 the spread of the differences between consecutive interval means while the placement
 stood still (1.4826 × their median absolute value, once three are known). The first
-misses noise that holds for seconds (a neighbour's burst, the host's scheduler): on one
-machine under two busy workers consecutive means of one placement differed by 10-20%
-while the iterations within each said 2-4%.
+misses noise that holds for seconds: under two busy workers consecutive means of one
+placement differed by 10-20% while the iterations within each said 2-4%.
 
 Adding a server is not judged by itself: the new server holds nothing until a later
 exploit moves blocks onto it (a server never measured is assumed as fast as the best
 measured one), and that move is the trial. A server PSLD added that is empty again
 after its trial was undone is removed. Randomness comes from ``random.Random(seed)``.
 
-The actions are typed in ``policy.actions``, which also reads a user's request (one
-line of run_dir/control.jsonl) as one of them (``parse_control``).
+The actions are typed in ``policy.actions`` (a user's request too: ``parse_control``).
 """
 
 from __future__ import annotations
@@ -129,6 +127,7 @@ class Psld:
         self.threshold = threshold
         self.horizon = horizon            # iterations a migration's pause is amortised over
         self._horizon = horizon           # this decision's: ``horizon``, capped by the iterations left
+        self._reach = 1.0                 # this decision's ``reach``
         self.tabu_decisions = tabu_decisions
         self.z = z
         # Back-off: after `failures` trials in a row undone while relieving the same
@@ -158,7 +157,7 @@ class Psld:
 
     def decide(self, table: Sequence[int], live: Sequence[int],
                throughput: Mapping[int, float], iteration_s: float,
-               added: Set[int] = frozenset(), share: float = 1.0,
+               added: Set[int] = frozenset(), share: float = 1.0, reach: float | None = None,
                noise: float = 0.0, upper: Mapping[int, float] | None = None,
                traffic: Mapping[int, float] | None = None, left: int | None = None,
                probed: Mapping[int, float] | None = None) -> list[ServerAction]:
@@ -166,10 +165,11 @@ class Psld:
         ``live`` the ranks running, ``throughput`` their measured bytes/s (missing for a
         server that handled nothing), ``iteration_s`` the mean iteration time since the
         last decision, ``added`` the servers PSLD started, ``share`` the part of the
-        iteration time the slowest server took (1: all of it): a cut of the predicted
-        server time is worth a trial only if that much of it, times ``share``, exceeds
-        ``threshold`` of the iteration time (where the workers' compute decides, moves
-        only cost pauses). ``noise`` is the relative standard error of ``iteration_s``
+        iteration time the slowest server took beyond the others (1: all of it), ``reach``
+        the part its bytes took (``server_reach``; None: ``share``): a cut of the predicted
+        server time is worth a trial only if that much of ``reach``, at most ``share``,
+        exceeds ``threshold`` of the iteration time (where the workers' compute decides,
+        moves only cost pauses). ``noise`` is the relative standard error of ``iteration_s``
         (``interval_noise``; 0: exact): a cut or a gain must exceed ``z`` standard errors
         of the difference it is judged by, as well as ``threshold``. ``upper`` is each
         server's rate with the whole fixed cost taken off (``server_rates``, ``most``
@@ -192,6 +192,8 @@ class Psld:
         if probed:
             self.probed = {int(r): float(v) for r, v in probed.items() if math.isfinite(v) and v > 0}
             self._probe_basis = {r: throughput[r] for r in (self._probed_for,) if r in throughput}
+        share = min(1.0, share) if math.isfinite(share) and share > 0 else 1.0
+        self._reach = share if reach is None or not math.isfinite(reach) or reach < 0 else min(1.0, reach)
         actions = self._decide(table, live, throughput, iteration_s, added, share, noise, upper or {})
         self._previous = (tuple(table), iteration_s)
         self._quiet = 0 if actions or self.trial is not None else self._quiet + 1
@@ -297,9 +299,15 @@ class Psld:
         # looked 19% faster once it read 505, and a layer was swapped and swapped back).
         basis, now_rate = self._probe_basis.get(slowest, 0.0), throughput.get(slowest, 0.0)
         drift = now_rate / basis if basis > 0 and now_rate > 0 else 1.0
+        # An unprobed light server no faster than the others under load (the dynamic preset's
+        # server 0 read 136-168 MB/s on a 50 MB/s link beside loaded ones at 64: plans hung on it)
+        light = [r != slowest and 2 * loads[i] < loads[index[slowest]] for i, r in enumerate(live)]
+        cap, capped = max((v for i, v in enumerate(speeds) if not light[i] and live[i] != slowest), default=math.inf), {}
         for i, r in enumerate(live):
-            if r in self.probed and r not in self.loaded and r != slowest and 2 * loads[i] < loads[index[slowest]]:
+            if light[i] and r in self.probed and r not in self.loaded:
                 speeds[i] = self.probed[r] * drift
+            elif light[i] and speeds[i] > cap:
+                capped[i], speeds[i] = speeds[i], cap
         if slowest != self.held_for:
             self.failures, self.hold, self.held_for = 0, 0, None
         if slowest != self.relieved:  # another server is the slowest: a new episode
@@ -314,10 +322,9 @@ class Psld:
         # a kept trial's blocks going back to a server that would hold over twice what it was measured with
         back = {m.dst for m in moves if (m.block, live[m.dst]) in self.left and after[m.dst] > 2 * loads[m.dst]}
         if back:  # rated at its time's own word (the fixed cost left in: half, at most), planned anew
-            speeds = [v / 2 if i in back else v for i, v in enumerate(speeds)]
+            speeds = [min(capped.get(i, v) / 2, v) if i in back else v for i, v in enumerate(speeds)]
             moves, new_owner = exploit_moves(self.sizes, owner, speeds)
             after = server_loads(self.sizes, new_owner, len(live))
-        share = min(1.0, share) if math.isfinite(share) and share > 0 else 1.0
         # what its judgment could confirm
         bar = max(self.threshold, self.z * math.sqrt(2) * noise, self.z * self.steady_noise())
         plan, raw = self._paying(moves, live, speeds, loads, share, iteration_s, bar)
@@ -365,7 +372,7 @@ class Psld:
                 iteration_s: float, bar: float, pause_speeds: list[float] | None = None) -> tuple[list[MoveBlock], float]:
         """The prefix of ``moves`` (descending best fit's order) that pays best, and its
         raw predicted pause. A prefix pays if its predicted gain — the cut of the predicted
-        server time, as a part of the iteration (times ``share``), less ``bar`` — over
+        server time, as a part of the iteration (of ``reach``, at most ``share``), less ``bar`` — over
         ``horizon`` iterations of ``iteration_s`` exceeds its predicted pause: what the
         trial's judgment will ask of it. ([], 0) if none does.
 
@@ -386,7 +393,7 @@ class Psld:
             place[m.dst] += self.sizes[m.block]
             raw += PAUSE_COPIES * self.nbytes[m.block] * (1 / link[m.src] + 1 / fastest)
             costs.append(raw)
-            part = (now - predicted_time(place, speeds)) / now * share - bar
+            part = min((now - predicted_time(place, speeds)) / now * self._reach, share) - bar
             net = part * iteration_s * self._horizon - raw * self.pause_scale
             if part > 0 and net > best_net:
                 best, best_net = len(costs), net

@@ -232,7 +232,7 @@ class Simulation:
                 probe = psld.probe_targets(srv.owner.tolist(), sorted(srv.live), thr, srv.share, srv.upper)
                 probed, self.probe_s = srv.probe(probe, thr) if probe else (None, 0.0)
                 actions = psld.decide(srv.owner.tolist(), sorted(srv.live), thr, iteration_s, psld_added,
-                                      share=srv.share, upper=srv.upper, left=self.iterations - t, probed=probed)
+                                      share=srv.share, reach=srv.reach, upper=srv.upper, left=self.iterations - t, probed=probed)
         pause = 0.0
         for action in actions:
             refused = self._refusal(action)

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..config import Config
 from ..policy.placement import placement_blocks
-from ..policy.measure import PROBE_TRAIN, ProbeTrain, fixed_cost, probe_bytes, probed_rates, server_rates, server_share
+from ..policy.measure import PROBE_TRAIN, ProbeTrain, fixed_cost, probe_bytes, probed_rates, server_rates, server_reach, server_share
 from ..policy.sync import ServerSync
 from ..scenario import Scenario
 from .cost import CostModel, state_copies
@@ -106,7 +106,7 @@ class Servers:
         self.busy: Counter[int] = Counter()
         self.bytes: Counter[int] = Counter()
         self.exchanges: Counter[int] = Counter()  # one worker's pushes and pulls with each server
-        self.share = 1.0  # the part of the last interval's wall time its slowest server took
+        self.share = self.reach = 1.0  # the part of the last interval's wall time its slowest server took (its bytes)
         self.upper: dict[int, float] = {}  # rates with the whole fixed cost off (policy.psld)
         self.version = 0  # the block table's
         self.update(0.0, 0)
@@ -176,6 +176,7 @@ class Servers:
                              2 * self.cost.latency)
         thr = server_rates(nbytes, seconds, fixed_s)
         self.share = server_share(seconds, self.cfg.psld_interval, iteration_s)
+        self.reach = server_reach(seconds, fixed_s, self.cfg.psld_interval, iteration_s)
         self.upper = server_rates(nbytes, seconds, fixed_s, most=0.9)
         rec = {"type": "servers", "iteration": t, "elapsed": elapsed, "servers": ranks,
                "load_bytes": [int(loads[r]) for r in ranks], "blocks": [int(blocks[r]) for r in ranks],
