@@ -147,7 +147,7 @@ def evaluation(cfg: Config) -> None:
 def batching(cfg: Config) -> None:
     _choice("batch_policy", cfg.batch_policy, BATCH_POLICIES)
     _choice("predictor", cfg.predictor, PREDICTORS)
-    _at_least("min_batch", cfg.min_batch, 1)
+    _at_least("min_batch", cfg.min_batch, 0)
     _at_least("max_batch", cfg.max_batch, 0)
     if not 0.0 <= cfg.hysteresis < 1.0:
         raise ConfigError(f"hysteresis = {cfg.hysteresis!r} must be in [0, 1)")
@@ -155,9 +155,12 @@ def batching(cfg: Config) -> None:
         if len(cfg.batch_split) != cfg.workers:
             raise ConfigError(f"batch_split = {list(cfg.batch_split)} has {len(cfg.batch_split)} entries "
                               f"but workers = {cfg.workers}")
-        if any(x < 1 for x in cfg.batch_split) or sum(cfg.batch_split) != cfg.global_batch:
-            raise ConfigError(f"batch_split = {list(cfg.batch_split)} must be positive and sum to "
+        if any(x < 0 for x in cfg.batch_split) or sum(cfg.batch_split) != cfg.global_batch:
+            raise ConfigError(f"batch_split = {list(cfg.batch_split)} must be ≥ 0 and sum to "
                               f"global_batch = {cfg.global_batch}")
+        if 0 in cfg.batch_split and not cfg.has_barrier:
+            raise ConfigError(f"batch_split = {list(cfg.batch_split)} gives a worker no samples, which only "
+                              f"a barrier's update can leave out (protocol = {cfg.protocol!r})")
     if cfg.min_batch * cfg.workers > cfg.global_batch:
         raise ConfigError(f"min_batch = {cfg.min_batch} × workers = {cfg.workers} is more than "
                           f"global_batch = {cfg.global_batch}")

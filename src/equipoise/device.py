@@ -45,6 +45,17 @@ def worker_precision(cfg, rank: int) -> str:
     return cfg.precisions[rank] if cfg.precisions and rank < len(cfg.precisions) else cfg.precision
 
 
+def worker_setup(cfg, rank: int) -> tuple[torch.device, str]:
+    """Worker `rank`'s device (made current, if a GPU) and precision; DeviceError naming
+    what it cannot have."""
+    who = f"worker {rank}"
+    device, precision = resolve(worker_device(cfg, rank), who), worker_precision(cfg, rank)
+    check_precision(precision, device, who)
+    if device.type == "cuda":  # streams, events and pinned memory of this GPU, not cuda:0
+        torch.cuda.set_device(device)
+    return device, precision
+
+
 def resolve(spec: str, who: str, *, cuda=torch.cuda) -> torch.device:
     """The torch device for `spec` ("cpu", "cuda", "cuda:N", "auto": a GPU if there is
     one) on this machine; DeviceError naming `who` if it has no such device. Under Ray

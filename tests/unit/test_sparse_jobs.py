@@ -121,6 +121,20 @@ def test_four_workers_under_bsp_train_the_tables_as_one_process_does(tmp_path, d
     assert_near_oracle(cfg, tmp_path, data)
 
 
+@pytest.mark.parametrize("protocol", ["bsp", "lbbsp"])
+def test_a_worker_given_no_samples_changes_no_update(tmp_path, data, protocol):
+    """A split that gives worker 0 nothing (LB-BSP does so with min_batch 0 to a worker
+    whose fixed cost alone outlasts the others' step): it pushes zeros that weigh
+    nothing, and the tables and the dense parameters train as on one process."""
+    cfg = job(workers=4, servers=2, protocol=protocol, batch_split=[0, 30, 20, 14], momentum=0.9)
+    summary = run_threads(cfg, tmp_path, data)
+    assert summary["samples"] == cfg.iterations * cfg.global_batch
+    batches = [json.loads(line)["batch"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+               if json.loads(line).get("type") == "iteration"]
+    assert batches and all(b == [0, 30, 20, 14] for b in batches)
+    assert_near_oracle(cfg, tmp_path, data)
+
+
 @pytest.mark.slow
 def test_lbbsp_with_unequal_workers_trains_the_tables_as_one_process_does(tmp_path, data):
     cfg = job(workers=4, servers=2, protocol="lbbsp", slowdown=[1.0, 1.0, 2.0, 4.0], optimizer="adam", lr=0.02)

@@ -136,7 +136,8 @@ class BarrierCoordinator(Coordinator):
             behind = sorted(r for r, m in replies.items() if int(m.fields["at"]) == t)
             mine = [s for s in self.assign.slices if s.worker == worker]
             caps = {w: c for w in active if (c := self.planner.cap(w)) is not None}
-            new = self.assign.lose(worker, {w: planned.get(w, 1) for w in active}, behind, caps)
+            shares = {w: planned.get(w, 1) for w in active}  # one planned no samples takes none, unless all were
+            new = self.assign.lose(worker, shares if any(shares.values()) else dict.fromkeys(shares, 1), behind, caps)
             self._unreported(t, [s for s in mine if not any(s.reaches(r) for r in behind)])
             action = (f"iteration {t}: its slices re-planned as {len(new)} shares for workers "
                       f"{sorted({s.worker for s in new})} (servers {behind} had not applied it)"

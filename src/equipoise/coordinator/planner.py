@@ -39,6 +39,9 @@ class PlanSettings:
     hysteresis: float
 
 
+REMEASURE_EVERY = 20  # plans in a row a worker may get no samples before one is given it to measure
+
+
 class Planner:
     def __init__(self, cfg: PlanSettings, workers: list[int]):
         self.cfg = cfg
@@ -52,6 +55,7 @@ class Planner:
         self._last_samples: dict[int, int] = {}
         self.fixed: dict[int, float] = {}  # each worker's step cost that does not grow with its batch
         self.memory_caps: dict[int, int] = {}  # the most samples each worker's memory holds (probe, or an OOM)
+        self._idle: dict[int, int] = {}  # plans in a row that gave each worker no samples
         if cfg.protocol == "lbbsp":
             kw = {"minimum": cfg.min_batch}
             if cfg.batch_policy == "proportional":
@@ -105,8 +109,22 @@ class Planner:
 
     def sizes(self) -> dict[int, int]:
         """Batch sizes for the next iteration, given everything observed so far; none
-        above a worker's cap (`max_batch`, its memory)."""
-        sizes = self._sizes()
+        above a worker's cap (`max_batch`, its memory). A worker planned no samples
+        by LB-BSP (`min_batch` 0) for REMEASURE_EVERY plans in a row gets one sample,
+        from the largest share, so that its speed is measured again (a slowdown that
+        has passed)."""
+        sizes = self._capped(self._sizes())
+        if self.policy is None or self.cfg.batch_split:  # a split of the user's: as given
+            return sizes
+        for w, n in sizes.items():
+            self._idle[w] = self._idle.get(w, 0) + 1 if n == 0 else 0
+        for w in [w for w, k in self._idle.items() if k >= REMEASURE_EVERY and w in sizes]:
+            donor = max(sizes, key=lambda d: (sizes[d], -d))
+            if sizes[donor] > 1:
+                sizes[donor], sizes[w], self._idle[w] = sizes[donor] - 1, 1, 0
+        return sizes
+
+    def _capped(self, sizes: dict[int, int]) -> dict[int, int]:
         caps = {w: self.cap(w) for w in sizes}
         if all(c is None or sizes[w] <= c for w, c in caps.items()):
             return sizes
@@ -138,13 +156,15 @@ class Planner:
     def observe(self, reports: Mapping[int, dict]) -> None:
         """Feed one iteration's worker reports to every predictor."""
         for w, r in reports.items():
-            if r["samples"] <= 0 or w not in self.workers:
+            if w not in self.workers:
+                continue
+            # The per-iteration constant cost of LB-BSP's c_i + x_i/v_i = T: communication (+ F, below).
+            self.comm[w] = 0.7 * self.comm.get(w, float(r["comm_s"])) + 0.3 * float(r["comm_s"])
+            if r["samples"] <= 0:  # planned none (min_batch = 0): no step to learn its speed from
                 continue
             compute = max(float(r["compute_s"]), 1e-9)
             self._last_compute[w] = compute
             self._last_samples[w] = int(r["samples"])
-            # The per-iteration constant cost of LB-BSP's c_i + x_i/v_i = T: communication (+ F, below).
-            self.comm[w] = 0.7 * self.comm.get(w, float(r["comm_s"])) + 0.3 * float(r["comm_s"])
             for preds in self.predictors.values():
                 preds[w].observe(measured_speed(r["samples"], compute, self.fixed.get(w, 0.0)), r.get("cpu", 0.0), r.get("mem", 0.0))
 

@@ -137,9 +137,11 @@ def allocate(total: int, speeds: Sequence[float], *, minimum: int = 1,
 
 def iteration_time(sizes: Sequence[int], speeds: Sequence[float],
                    const_costs: Sequence[float] | None = None) -> float:
-    """Predicted BSP iteration time max_i c_i + x_i/v_i (the barrier waits for the last)."""
+    """Predicted BSP iteration time max_i c_i + x_i/v_i (the barrier waits for the last)
+    over the workers given samples: one given none (``minimum`` 0) takes no step, and its
+    exchange is the one every worker makes (0 if none is given any)."""
     costs = const_costs or [0.0] * len(sizes)
-    return max(c + x / v for x, v, c in zip(sizes, speeds, costs))
+    return max((c + x / v for x, v, c in zip(sizes, speeds, costs) if x > 0), default=0.0)
 
 
 class _BatchPolicy:

@@ -136,7 +136,7 @@ class ParameterStore:
             extra = sorted(set(push.tensors) - set(self.blocks))[:5]
             raise PushError(f"push from worker {push.worker} has wrong blocks "
                             f"(missing {missing}, unexpected {extra})")
-        if push.samples < 1:
+        if push.samples < (0 if self.policy.barrier() else 1):  # none: planned no samples at a barrier (LB-BSP)
             raise PushError(f"push from worker {push.worker} has samples = {push.samples}")
         if push.count is not None and not (math.isfinite(push.count) and push.count >= 0):
             raise PushError(f"push from worker {push.worker} has count = {push.count} (a finite number ≥ 0)")

@@ -110,4 +110,12 @@ def plan_table(client, barrier: bool, rank: int, plan: Message, versions: dict[i
     return {r: int(plan.fields["version"]) for r in client.active}
 
 
-__all__ = ["CoordinatorLink", "Reset", "WorkerError", "oom_report", "plan_table"]
+def exchange_times(since: float, pull_held: float, plan: Message) -> dict:
+    """Split an exchange begun at `since` into waiting (a server or the coordinator held
+    the request for the barrier) and communication (the rest)."""
+    total = time.perf_counter() - since
+    wait = min(total, max(pull_held, float(plan.fields.get("held_s", 0.0))))
+    return {"wait_s": wait, "comm_s": total - wait}
+
+
+__all__ = ["CoordinatorLink", "Reset", "WorkerError", "exchange_times", "oom_report", "plan_table"]

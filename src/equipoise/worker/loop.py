@@ -30,14 +30,13 @@ from ..policy.sync import make_sync_policy
 from ..scenario import Scenario
 from ..wire import Message, Transport
 from .probes import fixed_cost, memory_cap
-from ..device import (DeviceError, DeviceLink, OutOfMemory, autocast, check_precision, resolve, set_deterministic,
-                      to_device, worker_device, worker_precision)
+from ..device import DeviceError, DeviceLink, OutOfMemory, autocast, set_deterministic, to_device, worker_setup
 from .client import PSClient, Pulled, Ticket
 from .forward_pull import ForwardPull
 from .backward_push import BackwardPush
 from ..user_code import USER_CODE
 from ..workload import SampleError, StepError, load_workload
-from .coordinator_link import CoordinatorLink, Reset, WorkerError, oom_report, plan_table
+from .coordinator_link import CoordinatorLink, Reset, WorkerError, exchange_times, oom_report, plan_table
 from ..sparse.remote import IdError, RemoteTables, with_rows
 from ..sparse.tables import untouched_tables
 from .stretch import Stretch, noise_seed
@@ -81,13 +80,9 @@ class Worker:
         torch.set_num_threads(cfg.threads)
         set_deterministic(cfg.deterministic)
         try:
-            self.device = resolve(worker_device(cfg, self.rank), f"worker {self.rank}")
-            self.precision = worker_precision(cfg, self.rank)
-            check_precision(self.precision, self.device, f"worker {self.rank}")
+            self.device, self.precision = worker_setup(cfg, self.rank)
         except DeviceError as exc:
             raise WorkerError(str(exc)) from None
-        if self.device.type == "cuda":  # streams, events and pinned memory of this GPU, not cuda:0
-            torch.cuda.set_device(self.device)
         data = load_workload(cfg, shared=self.data)
         self.loader = None
         welcome = self._request(Message("hello", {
@@ -159,7 +154,7 @@ class Worker:
             return
         self._plan_table(plan, {}, 0)
         versions, reads, held = self._take(self.client.pull(plan.fields["version"]))
-        exchange = self._exchange_times(t0, held, plan)
+        exchange = exchange_times(t0, held, plan)
         (self._overlapped if self.depth else self._sequential)(data, sampler, plan, versions, reads, exchange)
 
     def _sequential(self, data, sampler: SliceSampler, plan: Message, versions: dict[int, int],
@@ -208,13 +203,13 @@ class Worker:
                 plan = self._recover(data, sampler, plan, versions, step)
             if self.lazy is not None and not plan.fields["stop"] and "table" not in plan.fields:
                 self.lazy.arm(pull)  # the next forward writes the weights as they come
-                exchange = self._exchange_times(t3, 0.0, plan)
+                exchange = exchange_times(t3, 0.0, plan)
                 continue
             versions, reads, held = self._take(pull)
             if plan.fields["stop"]:
                 return
             versions = self._plan_table(plan, versions, 0)
-            exchange = self._exchange_times(t3, held, plan)
+            exchange = exchange_times(t3, held, plan)
 
     def _overlapped(self, data, sampler: SliceSampler, plan: Message, versions: dict[int, int],
                     reads: dict[int, int], exchange: dict) -> None:
@@ -257,7 +252,7 @@ class Worker:
                     self._recv_coord("plan")  # the answers to the requests sent ahead
                 return
             versions = self._plan_table(plan, versions, len(in_flight))
-            exchange = self._exchange_times(t3, held, plan)
+            exchange = exchange_times(t3, held, plan)
 
     def _send(self, f: dict, versions: dict[int, int], reads: dict[int, int], count: float, step: int,
               measured: dict, in_flight: int) -> tuple[object, object, dict[int, int], float]:
@@ -296,7 +291,7 @@ class Worker:
         """backward_push: stream this step's gradients to their servers as backward makes
         them final (worker/backward_push.py). Not when blocks move during the step
         (`await_table`): the push routes by a table not known yet."""
-        if self.early is None or f.get("await_table"):
+        if self.early is None or f.get("await_table") or not f["size"]:
             return
         server_of = {b.key: r for r, blocks in self.client.by_server.items() for b in blocks}
         # the push's tags ride on its fragments (eager_update: the servers combine the
@@ -331,7 +326,7 @@ class Worker:
         if plan.fields["stop"]:
             return plan, versions, {}
         versions = self._plan_table(plan, versions, 0)
-        return plan, versions, self._exchange_times(t3, held, plan)
+        return plan, versions, exchange_times(t3, held, plan)
 
     def _recover(self, data, sampler: SliceSampler, plan: Message, versions: dict[int, int],
                  step: int) -> Message:
@@ -389,6 +384,8 @@ class Worker:
         # torch.manual_seed would also queue a CUDA seeding (~0.3 ms per step here).
         torch.default_generator.manual_seed(self.cfg.seed * 1_000_003 + f["start"])
         USER_CODE.iteration = int(f["iteration"])  # what the heartbeat names a stuck call by
+        if not f["size"]:  # planned no samples (LB-BSP, min_batch = 0): a gradient of zeros that weighs nothing
+            return self._no_step()
         try:
             batch = self.loader.get(f["start"], f["size"])
         except (SampleError, StepError, TimeoutError) as exc:
@@ -414,6 +411,16 @@ class Worker:
         return loss, count, {"compute_s": t2 - t1 - waited, "cpu": cpu, "data_s": self.loader.data_s,
                              "pull_wait_s": waited, **gap}
 
+    def _no_step(self) -> tuple[float, float, dict]:
+        """No samples planned: zero gradients (no rows), pushed with a weight of zero."""
+        self.model.zero_grad(set_to_none=False)
+        if self.tables is not None:
+            self.tables.clear()
+        if self._lazy_armed():
+            self._pulled = self._finish_pull()
+        self._step_t = (t := time.perf_counter(), t)
+        return 0.0, 0.0, {"compute_s": 0.0, "cpu": 0.0, "data_s": 0.0}
+
     def _report(self, f: dict, loss: float, count: float, versions: dict[int, int], staleness: list[int],
                 measured: dict, exchange: dict) -> dict:
         """One iteration's report. `staleness` lists σ of this worker's gradients that
@@ -429,13 +436,6 @@ class Worker:
                 "wire_bytes": self.client.take_wire(), **(self.tables.take_counts() if self.tables else {}),
                 # the wire's events since the last report, in seconds from this step's forward start
                 "timeline": self.client.take_timeline(self._step_t[0] if self._step_t else 0.0)}
-
-    def _exchange_times(self, since: float, pull_held: float, plan: Message) -> dict:
-        """Split an exchange into waiting (a server or the coordinator held our request
-        for the barrier) and communication (the rest)."""
-        total = time.perf_counter() - since
-        wait = min(total, max(pull_held, float(plan.fields.get("held_s", 0.0))))
-        return {"wait_s": wait, "comm_s": total - wait}
 
     def _compute(self, data, batch, plan: dict) -> tuple[float, float]:
         self.model.zero_grad(set_to_none=False)

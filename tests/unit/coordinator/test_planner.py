@@ -1,7 +1,7 @@
 """The coordinator's plan decisions, without processes."""
 
 from equipoise.config import Config
-from equipoise.coordinator.planner import Planner
+from equipoise.coordinator.planner import REMEASURE_EVERY, Planner
 
 
 def report(samples, compute, comm=0.001):
@@ -60,3 +60,27 @@ def test_a_worker_at_a_tiny_batch_is_not_taken_for_slow_once_its_fixed_cost_is_k
         p.set_fixed_cost(w, 0.005)
     p.observe({w: report(n, 0.005 + n * 0.0005) for w, n in enumerate(sizes)})
     assert p.sizes() == {0: 16, 1: 16, 2: 16, 3: 16}
+
+
+def test_lbbsp_with_min_batch_0_leaves_out_a_worker_whose_fixed_cost_exceeds_the_step():
+    # Three workers at 1,000 samples/s; worker 2's step costs 0.5 s more whatever its batch. 90 samples over workers 0 and 1 take 45 ms: any sample on worker
+    # 2 makes the iteration 0.5 s. With min_batch 0 it gets none; with 1, one.
+    def planner(min_batch):
+        cfg = Config(protocol="lbbsp", workers=3, global_batch=90, predictor="last", hysteresis=0.0,
+                     min_batch=min_batch)
+        p = Planner(cfg, [0, 1, 2])
+        p.set_fixed_cost(2, 0.5)
+        p.observe({0: report(30, 0.03), 1: report(30, 0.03), 2: report(30, 0.5 + 0.03)})
+        return p
+
+    assert planner(1).sizes() == {0: 45, 1: 44, 2: 1}
+    p = planner(0)
+    plans = [p.sizes() for _ in range(REMEASURE_EVERY + 1)]
+    assert plans[0] == {0: 45, 1: 45, 2: 0}
+    # left out REMEASURE_EVERY plans in a row, it is given one sample to be measured again
+    assert [s[2] for s in plans] == [0] * (REMEASURE_EVERY - 1) + [1, 0]
+    assert all(sum(s.values()) == 90 for s in plans)
+    # a report of an iteration with no samples teaches no speed
+    before = p.predict(2)
+    p.observe({2: report(0, 0.0, comm=0.002)})
+    assert p.predict(2) == before

@@ -49,6 +49,7 @@ def test_a_servers_time_is_the_larger_of_its_busy_time_and_the_workers_exchanges
     assert throughput == {0: 1_000_000 / 0.01, 1: 1_000_000 / 0.49}
     assert records[0]["exchange_s"] == [0.02, 0.5] and manager._exchange_s == {}
     assert records[0]["fixed_s"] == 0.01 and records[0]["share"] == pytest.approx(0.096)  # 0.5 − 0.02 s of 5 × 1 s
+    assert records[0]["reach"] == pytest.approx(0.098)  # its bytes: 0.5 − 0.01 s of 5 × 1 s
     manager.observe_exchange({0: 0.001, 1: 0.001})  # faster than their busy time: busy decides
     # (less at most half of it)
     assert manager._measure(5)[0] == {0: 1_000_000 / 0.005, 1: 1_000_000 / 0.005}

@@ -229,3 +229,24 @@ def test_a_worker_claiming_another_rank_is_refused_and_named(server, caplog):
     # its own rank passes the check (and is then handled as usual)
     own = Message("pull", {"worker": 1, "min_version": 0}, origin="worker", origin_rank=1)
     assert all(m.type != "error" or "credentials" not in m.fields.get("message", "") for m in reply(server, b"w1", own))
+
+
+@pytest.mark.parametrize("protocol", ["bsp", "asp"])
+def test_a_push_of_no_samples_weighs_nothing_at_a_barrier_and_is_refused_without_one(protocol):
+    # Two workers; worker 1 planned no samples (LB-BSP, min_batch 0) pushes zeros.
+    s = Server(0, InMemoryTransport(), "nowhere")
+    s.sent = []
+    s.listener.send = lambda peer, msg: s.sent.append((peer, msg)) or (lambda: True)
+    s.handle(b"coord", init(protocol=protocol, workers=2))
+    assert s.sent.pop()[1].type == "ready"
+    try:
+        (r,) = reply(s, b"w1", Message("push", {"worker": 1, "version": 0, "samples": 0}, {"g0": torch.zeros(2)}))
+        if protocol == "asp":  # no barrier's update to leave it out of: a bad message, refused
+            assert r.type == "error" and "samples = 0" in r.fields["message"]
+            assert s.store.values[0].tolist() == [0.0, 0.0]
+            return
+        s.handle(b"w0", Message("push", {"worker": 0, "version": 0, "samples": 4}, {"g0": torch.ones(2)}))
+        # lr 1: the update is worker 0's gradient alone, weighted 4 / 4
+        assert s.store.values[0].tolist() == [-1.0, -1.0] and s.store.samples == 4
+    finally:
+        s.listener.close()
