@@ -45,9 +45,11 @@ class Assignments:
         self._parts = itertools.count(1)
 
     def begin(self, iteration: int, plans: dict[int, tuple[int, int]]) -> None:
-        """Iteration `iteration` was handed out: worker → (start, size)."""
+        """Iteration `iteration` was handed out: worker → (start, size). A slice of no
+        samples (LB-BSP's `min_batch` 0) is kept: its worker still pushes (zeros), and
+        the servers' count of pushes after a loss includes it."""
         self.iteration = iteration
-        self.slices = [Slice(w, 0, start, size) for w, (start, size) in sorted(plans.items()) if size > 0]
+        self.slices = [Slice(w, 0, start, size) for w, (start, size) in sorted(plans.items())]
         self.queue = {}
 
     def lose(self, worker: int, shares: dict[int, float], behind: list[int],

@@ -101,7 +101,8 @@ class BarrierCoordinator(Coordinator):
         active = sorted(set(self.workers) - self.stopped)
         planned = {s.worker: s.size for s in self.assign.slices if s.part == 0}
         caps = {w: c for w in active if (c := self.planner.cap(w)) is not None}
-        shares = {w: float(min(planned.get(w, size), caps.get(w, size))) or 1.0 for w in active}
+        shares = {w: 0.0 if planned.get(w) == 0 else float(min(planned.get(w, size), caps.get(w, size))) or 1.0
+                  for w in active}  # a worker planned no samples takes no share (the worker itself was planned some)
         holding = tuple(r for r in self.servers.live() if r in self.servers.table)
         new = self.assign.resplit(worker, start, shares, caps, holding)
         self.servers.expect(holding, t, self.assign.expected)

@@ -34,6 +34,21 @@ def test_a_lost_worker_slices_go_to_the_survivors_for_the_servers_behind():
     assert all(s.worker == 2 for s in a.slices)
 
 
+def test_a_worker_planned_no_samples_is_counted_as_a_push_and_takes_no_lost_share():
+    """LB-BSP with min_batch 0: worker 2 pushes zeros every iteration. When worker 1 is
+    lost, the servers behind wait for worker 0's own push, worker 0's share of the lost
+    slice, and worker 2's push; worker 2 computes nothing of the lost slice."""
+    a = Assignments()
+    a.begin(3, {0: (192, 40), 1: (232, 24), 2: (256, 0)})
+    assert a.expected(0) == 3
+    planned = {s.worker: s.size for s in a.slices if s.part == 0}
+    new = a.lose(1, {w: planned[w] for w in (0, 2)}, behind=[0])
+    assert [(s.worker, s.start, s.size) for s in new] == [(0, 232, 24)]
+    assert a.expected(0) == 3  # 0's slice, 0's share, 2's push of zeros
+    # the worker planned none lost in turn: nothing to hand out, one push fewer
+    assert a.lose(2, {0: 40}, behind=[0]) == [] and a.expected(0) == 2
+
+
 def test_server_sync_drops_a_lost_push_and_waits_for_what_it_is_told():
     sync = ServerSync(BSP(), 3)
     sync.accept(0, 0, 16)
