@@ -119,9 +119,7 @@ def server_reach(seconds: Mapping[int, float], fixed_s: float, interval: int, it
     times = [float(s) for s in seconds.values() if math.isfinite(s)]
     if not times:
         return 0.0
-    slowest = max(times)
-    fixed = max(0.0, float(fixed_s)) if math.isfinite(fixed_s) else 0.0
-    return min(1.0, max(0.0, slowest - min(fixed, slowest / 2)) / (interval * iteration_s))
+    return min(1.0, max(0.0, byte_time(max(times), fixed_s)) / (interval * iteration_s))
 
 
 def server_rates(nbytes: Mapping[int, float], seconds: Mapping[int, float],
@@ -139,8 +137,14 @@ def server_rates(nbytes: Mapping[int, float], seconds: Mapping[int, float],
     making a server look more than twice as fast as its time says. Servers that handled
     nothing, or took no time, get no rate."""
     timed = {r: float(s) for r, s in seconds.items() if s > 0 and nbytes.get(r, 0) > 0}
+    return {r: nbytes[r] / byte_time(s, fixed_s, most) for r, s in timed.items()}
+
+
+def byte_time(seconds: float, fixed_s: float, most: float = 0.5) -> float:
+    """A server's time less the fixed cost ``fixed_s`` (none if not finite), but never
+    less than ``1 - most`` of it: what ``server_rates`` divides its bytes by."""
     fixed = max(0.0, float(fixed_s)) if math.isfinite(fixed_s) else 0.0
-    return {r: nbytes[r] / (s - min(fixed, s * most)) for r, s in timed.items()}
+    return seconds - min(fixed, seconds * most)
 
 
 # A probe's bytes (``probe_bytes``): what the slowest server handles in PROBE_S, within

@@ -23,14 +23,20 @@ def init(**extra):
                             "samples": 0, "protocol": "bsp", "workers": 1, **extra}, {"b0": torch.zeros(2)})
 
 
-@pytest.fixture
-def server():
-    """A BSP server with one block of two zeros; `server.sent` records its replies."""
+def started(**extra) -> Server:
+    """A server of one block of two zeros (`init(**extra)`); `server.sent` records its replies."""
     s = Server(0, InMemoryTransport(), "nowhere")
     s.sent = []
     s.listener.send = lambda peer, msg: s.sent.append((peer, msg)) or (lambda: True)
-    s.handle(b"coord", init())
+    s.handle(b"coord", init(**extra))
     assert s.sent.pop()[1].type == "ready"
+    return s
+
+
+@pytest.fixture
+def server():
+    """A BSP server with one block of two zeros; `server.sent` records its replies."""
+    s = started()
     yield s
     s.listener.close()
 
@@ -234,11 +240,7 @@ def test_a_worker_claiming_another_rank_is_refused_and_named(server, caplog):
 @pytest.mark.parametrize("protocol", ["bsp", "asp"])
 def test_a_push_of_no_samples_weighs_nothing_at_a_barrier_and_is_refused_without_one(protocol):
     # Two workers; worker 1 planned no samples (LB-BSP, min_batch 0) pushes zeros.
-    s = Server(0, InMemoryTransport(), "nowhere")
-    s.sent = []
-    s.listener.send = lambda peer, msg: s.sent.append((peer, msg)) or (lambda: True)
-    s.handle(b"coord", init(protocol=protocol, workers=2))
-    assert s.sent.pop()[1].type == "ready"
+    s = started(protocol=protocol, workers=2)
     try:
         (r,) = reply(s, b"w1", Message("push", {"worker": 1, "version": 0, "samples": 0}, {"g0": torch.zeros(2)}))
         if protocol == "asp":  # no barrier's update to leave it out of: a bad message, refused
