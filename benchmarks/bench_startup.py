@@ -19,6 +19,12 @@ seconds from the kill to the coordinator's failure event (detection), to the
 replacement's registration (``worker_joined``) and to the first iteration it took part
 in, cold against warm.
 
+Preset ``ray-replace`` (bench_startup_ray-replace.json): the ``replace`` job under the
+Ray launcher (a local Ray instance the harness starts once, 8 CPUs), worker 1's actor
+process killed once iteration 10 is recorded and the standby on its node is ready
+(nodes.json lists it; launch/ray_standby.py): the same three times, the replacement in a
+fresh actor (cold: ``EQUIPOISE_WARM=0``, no standbys) against the standby (warm).
+
 Preset ``plain`` (bench_startup_plain.json): time to result against a plain PyTorch loop.
 The default job from the command line (warm children, as shipped) against
 benchmarks/plain_loop.py, the same model, batch, epoch and evaluation points in one
@@ -140,6 +146,63 @@ def run_replace(warm: bool, tmp: Path) -> dict[str, Any]:
             "first_step_s": first["time"] - killed, "first_step_iteration": first["iteration"]}
 
 
+def run_ray_replace(warm: bool, tmp: Path) -> dict[str, Any]:
+    """One job of REPLACE under the Ray launcher; worker 1's actor killed at iteration 10
+    (warm: once the standby on its node is ready); the replacement's times."""
+    import signal
+    import threading
+
+    import equipoise
+
+    out = tmp / f"ray-replace-{'warm' if warm else 'cold'}-{time.monotonic_ns()}"
+    os.environ["EQUIPOISE_WARM"] = "1" if warm else "0"
+    result: dict[str, Any] = {}
+    job = threading.Thread(target=lambda: result.update(equipoise.train({**REPLACE, "launcher": "ray"}, out=out)))
+    job.start()
+    killed = None
+    try:
+        deadline = time.monotonic() + 300
+        while killed is None and time.monotonic() < deadline and job.is_alive():
+            metrics, nodes = out / "metrics.jsonl", out / "nodes.json"
+            done = metrics.exists() and nodes.exists() and sum(
+                json.loads(line).get("type") == "iteration" for line in metrics.read_text().splitlines()
+                if line.endswith("}")) >= 10
+            where = json.loads(nodes.read_text()) if done else {}
+            if done and (not warm or f"standby@{where['worker1']['node']}" in where):
+                os.kill(where["worker1"]["pid"], signal.SIGKILL)
+                killed = time.time()
+            time.sleep(0.01)
+    finally:
+        job.join(timeout=600)
+        os.environ.pop("EQUIPOISE_WARM", None)
+    if killed is None or result.get("status") != "completed":
+        raise RuntimeError(f"the ray-replace job did not run as planned: killed={killed}, {result.get('status')}")
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    failure = next(r for r in records if r.get("event") == "failure")
+    joined = next(r for r in records if r.get("event") == "worker_joined")
+    first = next(r for r in records if r.get("type") == "iteration" and joined["worker"] in r["workers"])
+    return {"detected_s": failure["time"] - killed, "joined_s": joined["time"] - killed,
+            "first_step_s": first["time"] - killed, "first_step_iteration": first["iteration"],
+            "replacement_warm": result["nodes"][f"worker{joined['worker']}"].get("warm")}
+
+
+def bench_ray_replace(reps: int) -> dict[str, Any]:
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-startup-") as name:
+            tmp = Path(name)
+            runs = interleave({"cold": lambda: run_ray_replace(False, tmp),
+                               "warm": lambda: run_ray_replace(True, tmp)}, reps)
+    finally:
+        ray.shutdown()
+    return {"preset": "ray-replace", "settings": {**REPLACE, "launcher": "ray"}, "ray_cpus": 8, "reps": reps,
+            "loadavg_at_start": load_average(), "runs": runs,
+            **{k: {s: summary([r[k] for r in v]) for s, v in runs.items()} for k in REPLACE_FIGURES}}
+
+
 def run_plain(*args: str) -> dict[str, Any]:
     """benchmarks/plain_loop.py as a command; its figures and the command's wall seconds."""
     t0 = time.perf_counter()
@@ -225,6 +288,8 @@ def bench(preset: str, reps: int) -> dict[str, Any]:
         return bench_wait(reps)
     if preset == "plain":
         return bench_plain(reps)
+    if preset == "ray-replace":
+        return bench_ray_replace(reps)
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as name:
         tmp = Path(name)
         if preset == "replace":
@@ -243,7 +308,7 @@ def bench(preset: str, reps: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("preset", choices=sorted(PRESETS) + ["replace", "plain", "single", "wait"])
+    parser.add_argument("preset", choices=sorted(PRESETS) + ["replace", "ray-replace", "plain", "single", "wait"])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--results", default=None)
     args = parser.parse_args()
@@ -259,7 +324,7 @@ def main() -> None:
             print(f"{key}: equipoise {fmt_range(result[key]['equipoise'])}, plain {fmt_range(result[key]['plain'])}")
         print(f"wall equipoise / plain: {fmt_range(result['wall_equipoise_over_plain'])}")
     else:
-        for key in REPLACE_FIGURES if args.preset == "replace" else ("startup_s", "wall_s_command", "wall_over_train"):
+        for key in REPLACE_FIGURES if "replace" in args.preset else ("startup_s", "wall_s_command", "wall_over_train"):
             print(f"{key}: cold {fmt_range(result[key]['cold'])}, warm {fmt_range(result[key]['warm'])}")
     print(f"wrote {write_results(f'bench_startup_{args.preset}', result, args.results)}")
 

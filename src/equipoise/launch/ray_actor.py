@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 from pathlib import Path
 
 from ..config import Config
@@ -28,7 +29,12 @@ class _Role:
         except ValueError:
             self.factor = 1.0
         self.where = {"node": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(),
-                      "hostname": socket.gethostname(), "pid": os.getpid(), "slowdown": self.factor}
+                      "hostname": socket.gethostname(), "pid": os.getpid(), "slowdown": self.factor,
+                      "warm": "torch" in sys.modules}
+        self._log_to(name)
+
+    def _log_to(self, name: str) -> None:
+        self.name = name
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"equipoise-{os.getpid()}-{name}.log"
         fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.dup2(fd, 1)  # everything the role prints, Python or C, lands in its log
@@ -38,6 +44,27 @@ class _Role:
                             format=f"%(asctime)s {name} %(levelname)s %(message)s")
 
     def locate(self) -> dict:
+        return self.where
+
+    def warm(self) -> dict:
+        """A standby's start (launch/ray_standby.py): import what a role needs, so that a
+        role handed to this process later starts without paying it."""
+        import torch  # noqa: F401
+        import torch.optim  # noqa: F401
+
+        from ..server import core  # noqa: F401  (what launch/warm.py's template imports)
+        from ..wire import zmq_transport  # noqa: F401
+        from ..worker import loop  # noqa: F401
+        from . import proc  # noqa: F401
+
+        return self.where
+
+    def adopt(self, name: str) -> dict:
+        """This standby becomes role `name`: its log is named for it from now on."""
+        old = self.log_path
+        self.where["warm"] = "torch" in sys.modules
+        self._log_to(name)
+        old.unlink(missing_ok=True)
         return self.where
 
     def check_specs(self, specs: dict) -> str | None:

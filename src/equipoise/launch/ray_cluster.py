@@ -18,7 +18,8 @@ launcher, and run the same main (`launch.proc.host`).
 * Failures: an actor that dies (its node lost, its process killed) or stops answering its
   heartbeat (then killed) is *lost*, as under the local launcher, and the coordinator's
   recovery applies; a replacement starts in the placement-group bundle the lost one held
-  (Ray re-places a lost node's bundles on the nodes left) or anywhere the resources fit.
+  (Ray re-places a lost node's bundles on the nodes left) or anywhere the resources fit;
+  in a warm standby on the bundle's node where one is ready (launch/ray_standby.py).
 * Emulating an unequal cluster: a node labelled ``equipoise-slowdown = F`` (``ray start
   --labels='{"equipoise-slowdown": "2"}'``) stretches every worker placed on it by F.
 """
@@ -28,7 +29,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
-import math
 import os
 import socket
 import threading
@@ -44,6 +44,8 @@ from ..coordinator.pacings import make_coordinator
 from ..coordinator.rpc import JobError, LaunchedPeers
 from .local import Heartbeats, job_keys, process_keys
 from .ray_actor import actor_class, actor_options
+from .ray_fit import infeasible
+from .ray_standby import Standbys, may_replace
 
 LOG_PUMP_S = 1.0  # how often actor logs are copied to the driver
 CHECK_S = 0.1  # how often actors are polled for an end (check() is called far more often)
@@ -82,6 +84,8 @@ class RayPeers(LaunchedPeers):
         self.locating: dict[str, object] = {}  # name -> ObjectRef of locate(), until read
         self.bundle: dict[str, int] = {}  # name -> its placement group bundle
         self.free: dict[str, list[int]] = {"server": [], "worker": []}  # bundles of lost actors
+        self.bundle_node: dict[int, str] = {}  # a lost actor's bundle -> the node it held it on
+        self.standby = Standbys(ray, may_replace(cfg))
         self.offsets: dict[str, int] = {}
         self.node_data: dict[str, object] = {}  # node -> ObjectRef ("path")
         self.tolerated: set[str] = set()
@@ -101,6 +105,8 @@ class RayPeers(LaunchedPeers):
                 self._share()
             for role, rank in names:
                 self._start(role, rank)
+            for node in sorted({w["node"] for w in self.where.values()}):
+                self.standby.keep(node)
             self.write_nodes()
         except BaseException:
             self.stop(grace=0.0)  # no actor and no placement group outlives a failed start
@@ -198,7 +204,8 @@ class RayPeers(LaunchedPeers):
 
     # -- Peers ------------------------------------------------------------------------
     def spawn(self, role: str, rank: int) -> None:
-        """Start `role` `rank` (again, if it was lost: in the bundle a lost one held)."""
+        """Start `role` `rank` (again, if it was lost: in the bundle a lost one held, in
+        the standby on that bundle's node if one is ready)."""
         name = f"{role}{rank}"
         if name in self.reported:
             self.reported.discard(name)
@@ -207,10 +214,16 @@ class RayPeers(LaunchedPeers):
             old = self.logs / f"{name}.log"
             if old.exists():
                 old.replace(self.logs / f"{name}.lost.log")
-        free = self.free[role]
-        if free:
-            self.placing.add(name)
-        self._create(role, rank, free.pop(0) if free else None)
+        bundle = self.free[role].pop(0) if self.free[role] else None
+        actor = None if bundle is None else self.standby.take(self.bundle_node[bundle])
+        if actor is not None:  # it runs on the bundle's reservation, which it now holds
+            self.actors[name], self.bundle[name], self.offsets[name] = actor, bundle, 0
+            self.locating[name] = actor.adopt.remote(name)
+            (self.logs / f"{name}.log").touch()
+        else:
+            if bundle is not None:
+                self.placing.add(name)
+            self._create(role, rank, bundle)
         self._start(role, rank)
 
     def _never_started(self, name: str) -> bool:
@@ -249,6 +262,8 @@ class RayPeers(LaunchedPeers):
         if now - self.checked < CHECK_S:
             return
         self.checked = now
+        if self.standby.poll():
+            self.write_nodes()
         pending = {ref: name for name, ref in self.runs.items()}
         ended, _ = self.ray.wait(list(pending), num_returns=len(pending), timeout=0) if pending else ([], [])
         for ref in ended:
@@ -284,6 +299,7 @@ class RayPeers(LaunchedPeers):
             raise JobError(f"{name} (node {self.where.get(name, {}).get('ip', '?')}) {reason}")
         self.ray.kill(self.actors[name], no_restart=True)
         if name in self.bundle:
+            self.bundle_node[self.bundle[name]] = self.where.get(name, {}).get("node", "")
             self.free[role].append(self.bundle.pop(name))
         log.warning("%s lost: %s", name, reason)
         self._report(role, int(name[len(role):]), reason, now)
@@ -310,7 +326,7 @@ class RayPeers(LaunchedPeers):
         """RUN_DIR/nodes.json: where each process runs (rewritten at the end with any
         replacements), so that an operator can tell which machine holds what."""
         tmp = self.logs.parent / "nodes.json.tmp"
-        tmp.write_text(json.dumps(self.nodes(), indent=1, sort_keys=True) + "\n")
+        tmp.write_text(json.dumps({**self.nodes(), **self.standby.nodes()}, indent=1, sort_keys=True) + "\n")
         tmp.replace(self.logs.parent / "nodes.json")
 
     def nodes(self) -> dict[str, dict]:
@@ -342,45 +358,8 @@ class RayPeers(LaunchedPeers):
                 self.ray.kill(actor, no_restart=True)
             except Exception:
                 pass  # already gone
+        self.standby.stop()
         remove_placement_group(self.pg)
-
-
-def infeasible(bundles: list[dict], strategy: str, nodes: list[dict]) -> str | None:
-    """Why no placement of `bundles` (one per actor) under `strategy` can ever fit the
-    cluster of `nodes` (each node's total resources), or None if one may: a total over
-    the cluster, a bundle no node holds, STRICT_PACK's sum on no node, STRICT_SPREAD's
-    bundles on fewer nodes than actors. (Whether free resources suffice now is Ray's to
-    wait for.)"""
-    totals: dict[str, float] = {}
-    for n in nodes:
-        for k, v in n.items():
-            totals[k] = totals.get(k, 0.0) + float(v)
-    asked: dict[str, float] = {}
-    for b in bundles:
-        for k, v in b.items():
-            asked[k] = asked.get(k, 0.0) + float(v)
-    eps = 1e-9
-    for k, v in sorted(asked.items()):
-        if v > totals.get(k, 0.0) + eps:
-            hint = ""
-            if totals.get(k, 0.0) > 0:
-                share = math.floor(100 * totals[k] / len(bundles)) / 100
-                hint = (f" (at most {share:g} {k} per actor fits: worker_resources = {{{k} = {share:g}}} and "
-                        f"server_resources = {{{k} = {share:g}}})")
-            return (f"it asks for {v:g} {k} in all ({len(bundles)} actors) and the cluster has "
-                    f"{totals.get(k, 0.0):g} {k} on {len(nodes)} node(s){hint}")
-
-    def fits(bundle: dict, node: dict) -> bool:
-        return all(node.get(k, 0.0) + eps >= v for k, v in bundle.items())
-
-    for b in bundles:
-        if not any(fits(b, n) for n in nodes):
-            return f"no node holds one actor's {b} (nodes: {nodes})"
-    if strategy == "STRICT_PACK" and not any(fits(asked, n) for n in nodes):
-        return f"STRICT_PACK puts every actor on one node, and no node holds {asked}"
-    if strategy == "STRICT_SPREAD" and len(bundles) > len(nodes):
-        return f"STRICT_SPREAD puts every actor on a node of its own: {len(bundles)} actors, {len(nodes)} nodes"
-    return None
 
 
 def _connect(cfg: Config) -> bool:

@@ -1,0 +1,101 @@
+"""Warm standbys for the Ray launcher (ray_cluster.py): a lost role's replacement takes a
+process that has already imported torch and equipoise, as the local launcher's children
+come from its template (launch/warm.py).
+
+Ray gives every actor a process of its own and ends it with the actor, so a replacement
+is a fresh process that imports torch (about 1.6 s of CPU) before it can register. A
+job that asks for replacements (`may_replace`) keeps one standby actor on each node its
+roles run on: an actor of no resources (it reserves nothing: the role it becomes runs on the
+reservation of the placement-group bundle it is given, which the lost role held) whose
+first call imports what a role needs. A role started on a node with a standby ready
+adopts it (its log is renamed for the role) and a new standby starts warming there.
+Where no standby is ready on the node the role must run on (still importing, or the node
+lost: its bundle is then re-placed by Ray elsewhere), the role starts in a fresh actor as
+before. ``EQUIPOISE_WARM=0`` turns standbys off, as it turns the template off.
+
+Measured (bench_startup.py ``ray-replace``): a killed worker's replacement from the kill
+to its first iteration, cold against warm."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from ..config import Config
+from .ray_actor import actor_class
+
+log = logging.getLogger("equipoise.ray")
+
+
+def may_replace(cfg: Config) -> bool:
+    """Whether `cfg` asks for replacements: lost workers replaced (`worker_restarts`), or
+    servers kept in lockstep for fail-over (`replication`). (A server replaced by a
+    rollback to a snapshot, a server added or a worker joining starts in a fresh actor:
+    standbys for every job would cost each node an idle process holding torch.)"""
+    return cfg.worker_restarts > 0 or cfg.replication > 0
+
+
+class Standbys:
+    """One warm actor per node, once asked for (`keep`); `take` hands one over."""
+
+    def __init__(self, ray, enabled: bool):
+        self.ray = ray
+        self.enabled = enabled and os.environ.get("EQUIPOISE_WARM", "1") != "0"
+        self.warming: dict[str, tuple[object, object]] = {}  # node -> (actor, ref of its warm())
+        self.ready: dict[str, tuple[object, dict]] = {}  # node -> (actor, where)
+
+    def keep(self, node: str) -> None:
+        """Start a standby on `node` unless one is there or warming."""
+        if not self.enabled or node in self.ready or node in self.warming:
+            return
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        actor = actor_class().options(
+            num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote("standby")
+        self.warming[node] = (actor, actor.warm.remote())
+
+    def poll(self) -> bool:
+        """Move the standbys that finished warming to `ready`; True if any did."""
+        if not self.warming:
+            return False
+        refs = {ref: node for node, (_, ref) in self.warming.items()}
+        done, _ = self.ray.wait(list(refs), num_returns=len(refs), timeout=0)
+        for ref in done:
+            node = refs[ref]
+            actor, _ = self.warming.pop(node)
+            try:
+                self.ready[node] = (actor, self.ray.get(ref, timeout=1))
+            except Exception as exc:  # its node lost, or the import failed: none there for now
+                log.warning("the standby on node %s did not start: %s", node[:12], str(exc).splitlines()[0][:160])
+                self._kill(actor)
+        return bool(done)
+
+    def take(self, node: str) -> object | None:
+        """The ready standby on `node` (None if there is none, or the node is not alive);
+        a new one starts warming there."""
+        self.poll()
+        got = self.ready.pop(node, None)
+        if got is None:
+            return None
+        alive = {n["NodeID"] for n in self.ray.nodes() if n.get("Alive")}
+        if node not in alive:
+            self._kill(got[0])
+            return None
+        self.keep(node)
+        return got[0]
+
+    def nodes(self) -> dict[str, dict]:
+        """The ready standbys, as nodes.json lists them ("standby@" and the node's id)."""
+        return {f"standby@{node}": where for node, (_, where) in self.ready.items()}
+
+    def stop(self) -> None:
+        for actor, _ in [*self.warming.values(), *self.ready.values()]:
+            self._kill(actor)
+        self.warming.clear()
+        self.ready.clear()
+
+    def _kill(self, actor) -> None:
+        try:
+            self.ray.kill(actor, no_restart=True)
+        except Exception:
+            pass  # already gone
