@@ -161,10 +161,16 @@ SUMMARY = [
     ("bench_sparse_psld", "PSLD on a DLRM-style job's shards, Zipf ids, one of 4 servers 4× slower, vs the hash "
      "placement", "≥ 1.5×", R("psld_speed_up_x_hash", ge=1.5)),
     ("bench_sparse_psld", "the same, settled vs the oracle (s/iteration)", "≤ 1.1×", R("psld_settled_x_oracle", le=1.1)),
+    ("bench_sparse_psld-500-h400", "the same job over 500 iterations (`psld_horizon = 400`), vs the hash placement",
+     "≥ 1.5×", R("psld_speed_up_x_hash", ge=1.5)),
+    ("bench_sparse_psld-500-h400", "the same, settled vs the oracle (s/iteration)", "≤ 1.1×",
+     R("psld_settled_x_oracle", le=1.1)),
     ("bench_sparse_torchrec", "DLRM-style on 4 processes, equipoise vs TorchRec on CPU, samples/s", "≥ 1.0× (goal)",
      R("equipoise_x_torchrec", ge=1.0)),
     ("bench_startup_replace", "a killed worker's replacement, loss to its first step, warm (cold in the file)",
      "reported", R("first_step_s", "warm", f=secs)),
+    ("bench_startup_ray-replace", "the same under the Ray launcher: a warm standby against a fresh actor (cold in "
+     "the file)", "reported", R("first_step_s", "warm", f=secs)),
     ("bench_startup_default", "the default job from the command line: command to first iteration, warm children "
      "(cold in the file)", "≤ 3 s", R("startup_s", "warm", le=3, f=secs)),
     ("bench_startup_default", "the same: wall time over training time", "≤ 1.15×", R("wall_over_train", "warm", le=1.15)),
