@@ -13,7 +13,7 @@ import math
 import statistics
 from collections.abc import Callable, Collection, Mapping, Sequence
 
-__all__ = ["PROBE_BYTES", "PROBE_TRAIN", "PlacementRates", "ProbeTrain", "SMALL_EXCHANGE_BYTES", "block_traffic", "fixed_cost",
+__all__ = ["PROBE_BYTES", "PROBE_TRAIN", "ProbeTrain", "SMALL_EXCHANGE_BYTES", "block_traffic", "fixed_cost",
            "hold_cost", "interval_noise", "probe_bytes",
            "probed_rates", "train_spacing", "server_rates", "server_reach", "server_share"]
 
@@ -271,35 +271,3 @@ def block_traffic(reports) -> dict[int, float]:
                     and isinstance(pair[1], (int, float)) and not isinstance(pair[1], bool) and pair[1] >= 0):
                 out[pair[0]] = out.get(pair[0], 0.0) + float(pair[1])
     return out
-
-
-class PlacementRates:
-    """Each server's rate at the placement in force (PSLD's ``known``): the mean of its
-    last ``window`` intervals there. A light server's rate is an extrapolation that moves
-    a lot from interval to interval: on the sparse-table job (4 servers, one 4x slower,
-    10 MB/s links) the three fast ones read 20-40 MB/s at one placement, and the plan of
-    shards moved off the slow one, made on a single interval, settled 1.04-1.18x the best
-    static placement's time. A new placement, or a rate more than 1.5x from its server's
-    mean there (a slowdown that moved, not noise), starts the mean afresh."""
-
-    def __init__(self, window: int = 4) -> None:
-        self.window = window
-        self._table: tuple[int, ...] = ()
-        self._seen: dict[int, list[float]] = {}
-
-    def add(self, table: Sequence[int], rates: Mapping[int, float]) -> dict[int, float]:
-        """One interval's measured ``rates`` (0: none) at ``table``; each server's mean."""
-        if tuple(table) != self._table:
-            self._table, self._seen = tuple(table), {}
-        for r, rate in rates.items():
-            if rate > 0:
-                seen = self._seen.setdefault(r, [])
-                if seen and not 1 / 1.5 <= rate * len(seen) / sum(seen) <= 1.5:
-                    seen.clear()
-                seen.append(rate)
-                del seen[:-self.window]
-        return {r: sum(v) / len(v) for r, v in self._seen.items()}
-
-    def intervals(self, servers: Sequence[int]) -> int:
-        """The fewest intervals any of ``servers`` was measured in at this placement."""
-        return min((len(self._seen.get(r, ())) for r in servers), default=0)

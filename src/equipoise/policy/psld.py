@@ -9,10 +9,11 @@ seconds, its effective throughput r_j -- and the mean iteration time, and asks
 it if the measured iteration time improved by more than ``threshold`` after charging the
 migration's pause amortised over ``horizon`` iterations, else undo it), or starts a new
 trial. A trial is judged on the interval after the one its moves were made in, which
-measures neither placement (its mean holds the pause, charged on its own; its rates mix
-in the old placement's last exchanges). A server's rate is its mean over the intervals
-measured at the placement in force (``measure.PlacementRates``), and a plan whose pause
-outlasts an interval waits until they are two. New trials:
+measures neither placement: its mean holds the moves' pause (which the trial is charged
+for on its own, amortised over ``horizon`` iterations: counted in that mean as well, it
+would weigh ``horizon / interval`` times as much), and the servers' rates measured over
+it mix in the old placement's last exchanges (a worker reports an iteration's exchange
+times with its next plan request). New trials:
 
 * exploit: the descending-best-fit moves (``exploit_moves``) that cut the predicted
   maximum server time max_j L_j / r_j, if the cut, as a part of the iteration (of the
@@ -31,13 +32,16 @@ outlasts an interval waits until they are two. New trials:
 * explore (probability ``epsilon``, drawn before exploiting): add a server
   (probability 1/2 while fewer than ``max_servers`` run), else move a random block of
   the slowest server to a random other server; not with fewer than ``horizon``
-  iterations left in the job. When exploiting finds nothing worth a trial the placement
-  stays as it is.
+  iterations left in the job. When exploiting finds nothing worth a
+  trial the placement stays as it is: a settled placement is not disturbed every other
+  interval by a random move (and its undo), only now and then.
 
 Trials that keep failing back off: after k trials in a row undone while relieving the
-same server, none is started for 2^k decisions (at most ``max_hold``): where no
-placement beats the one in force, that bounds the trials' cost to a shrinking share of
-the run. A kept trial, or another server becoming the slowest, ends the back-off.
+same server, none is started for 2^k decisions (at most ``max_hold``). Where no
+placement beats the one in force (the workers' compute decides, or the host's noise
+hides the difference), each trial costs its moves' pauses and an interval at a worse
+placement; backing off bounds that cost to a shrinking share of the run. A kept trial,
+or another server becoming the slowest (a slowdown that moved), ends the back-off.
 
 The destinations of an undone trial are rated, for ``memory`` decisions, as they
 measured under the trial's load: a lightly loaded server's rate is an extrapolation (its
@@ -78,7 +82,7 @@ from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 
 from .actions import AddServer, MoveBlock, RemoveServer, ServerAction, parse_control
-from .measure import PlacementRates, block_traffic, fixed_cost, interval_noise, server_rates, server_share
+from .measure import block_traffic, fixed_cost, interval_noise, server_rates, server_share
 from .placement import exploit_moves, predicted_time, server_loads
 
 __all__ = ["MoveBlock", "AddServer", "RemoveServer", "ServerAction", "Psld", "block_traffic", "fixed_cost",
@@ -114,7 +118,7 @@ class Psld:
     def __init__(self, sizes: Sequence[int], epsilon: float = 0.1, max_servers: int = 0,
                  threshold: float = 0.03, horizon: int = 50, tabu_decisions: int = 6,
                  memory: int = 20, seed: int = 0, z: float = NOISE_Z, max_hold: int = 8,
-                 measured: Set[int] = frozenset(), interval: int = 1) -> None:
+                 measured: Set[int] = frozenset()) -> None:
         self.sizes = list(sizes)  # what each block weighs in a plan (``_weigh``)
         self.nbytes = list(sizes)
         self.measured = frozenset(k for k in measured if 0 <= k < len(self.sizes))  # weighed by traffic
@@ -135,8 +139,7 @@ class Psld:
         self.trial: _Trial | None = None  # started, not yet judged
         self.log: list[dict] = []         # one record per judged trial
         self.undone: set[int] = set()     # destinations of undone moves
-        self.known: dict[int, float] = {}  # each server's bytes/s: its mean at this placement (``here``)
-        self.here, self.interval = PlacementRates(), interval  # iterations between decisions
+        self.known: dict[int, float] = {}  # last measured bytes/s of each server
         # the rate of each destination of an undone trial, measured under its load:
         # (bytes/s, bytes held, decisions left); trusted over a lighter load's extrapolation
         self.loaded: dict[int, tuple[float, int, int]] = {}
@@ -325,8 +328,6 @@ class Psld:
         # what its judgment could confirm
         bar = max(self.threshold, self.z * math.sqrt(2) * noise, self.z * self.steady_noise())
         plan, raw = self._paying(moves, live, speeds, loads, share, iteration_s, bar)
-        if plan and raw * self.pause_scale > iteration_s * self.interval and self.here.intervals(live) < 2:
-            return []  # a pause longer than an interval is planned on two intervals' rates at least
         if plan and frozenset(plan) not in self.tabu:
             self._start(plan, iteration_s, noise, slowest)
         elif slowest != self.relieved and upper and not self.failures and not self.probed:
@@ -474,11 +475,10 @@ class Psld:
             if s in held:
                 held[s] += self.sizes[k]
         self.loaded = {r: (v, b, n - 1) for r, (v, b, n) in self.loaded.items() if n > 1 and r in held}
-        means = self.here.add(table, {r: throughput.get(r, 0) for r in live})
         for r in live:
             rate = throughput.get(r, 0)
             if rate > 0:
-                self.known[r] = means[r]
+                self.known[r] = rate
                 if held[r] > 0 and (r in loaded or (r in self.loaded and 2 * held[r] >= self.loaded[r][1])):
                     self.loaded[r] = (rate, held[r], self.memory)
 
