@@ -271,6 +271,10 @@ def test_a_killed_worker_actor_is_replaced_in_its_bundle_by_a_warm_standby(clust
     assert _gone(summary)
     final = json.loads((run_dir / "nodes.json").read_text())
     assert all_gone([w["pid"] for n, w in {**nodes, **final}.items() if n.startswith("standby@")])
+    pids = {w["pid"] for w in [*nodes.values(), *final.values(), *summary["nodes"].values()]}
+    left = [p.name for p in Path(os.environ.get("TMPDIR", "/tmp")).glob("equipoise-*.log")
+            if p.name.split("-")[1].isdigit() and int(p.name.split("-")[1]) in pids]
+    assert left == []  # no actor's log on its node: the killed one's and the standbys' included
 
 
 def test_a_job_starting_its_own_ray_ignores_a_stale_state_file(tmp_path):

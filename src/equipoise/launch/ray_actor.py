@@ -15,6 +15,11 @@ SLOWDOWN_LABEL = "equipoise-slowdown"  # a node label: every worker placed there
 TAIL_BYTES = 1 << 20  # most log bytes handed to the driver per call
 
 
+def log_path(pid: int, name: str) -> Path:
+    """Where the actor of process `pid` running `name` writes its log, on its node."""
+    return Path(os.environ.get("TMPDIR", "/tmp")) / f"equipoise-{pid}-{name}.log"
+
+
 class _Role:
     """The body of every server and worker actor (`ray.remote` is applied in `actor_class`)."""
 
@@ -35,7 +40,7 @@ class _Role:
 
     def _log_to(self, name: str) -> None:
         self.name = name
-        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"equipoise-{os.getpid()}-{name}.log"
+        self.log_path = log_path(os.getpid(), name)
         fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.dup2(fd, 1)  # everything the role prints, Python or C, lands in its log
         os.dup2(fd, 2)

@@ -43,7 +43,7 @@ from ..protocol.checkpoint import Checkpoint
 from ..coordinator.pacings import make_coordinator
 from ..coordinator.rpc import JobError, LaunchedPeers
 from .local import Heartbeats, job_keys, process_keys
-from .ray_actor import actor_class, actor_options
+from .ray_actor import actor_class, actor_options, log_path
 from .ray_fit import infeasible
 from .ray_standby import Standbys, may_replace
 
@@ -263,7 +263,7 @@ class RayPeers(LaunchedPeers):
             return
         self.checked = now
         if self.standby.poll():
-            self.write_nodes()
+            self.write_nodes(wait=False)
         pending = {ref: name for name, ref in self.runs.items()}
         ended, _ = self.ray.wait(list(pending), num_returns=len(pending), timeout=0) if pending else ([], [])
         for ref in ended:
@@ -298,6 +298,8 @@ class RayPeers(LaunchedPeers):
         if role not in self.tolerated:
             raise JobError(f"{name} (node {self.where.get(name, {}).get('ip', '?')}) {reason}")
         self.ray.kill(self.actors[name], no_restart=True)
+        if self.where.get(name, {}).get("hostname") == socket.gethostname():  # its log, which it cannot remove
+            log_path(self.where[name]["pid"], name).unlink(missing_ok=True)
         if name in self.bundle:
             self.bundle_node[self.bundle[name]] = self.where.get(name, {}).get("node", "")
             self.free[role].append(self.bundle.pop(name))
@@ -322,11 +324,13 @@ class RayPeers(LaunchedPeers):
                     fh.write(chunk)
                 self.offsets[name] += len(chunk)
 
-    def write_nodes(self) -> None:
+    def write_nodes(self, wait: bool = True) -> None:
         """RUN_DIR/nodes.json: where each process runs (rewritten at the end with any
-        replacements), so that an operator can tell which machine holds what."""
+        replacements, and when a standby is ready: then without waiting for an actor
+        still starting), so that an operator can tell which machine holds what."""
         tmp = self.logs.parent / "nodes.json.tmp"
-        tmp.write_text(json.dumps({**self.nodes(), **self.standby.nodes()}, indent=1, sort_keys=True) + "\n")
+        where = self.nodes() if wait else dict(self.where)
+        tmp.write_text(json.dumps({**where, **self.standby.nodes()}, indent=1, sort_keys=True) + "\n")
         tmp.replace(self.logs.parent / "nodes.json")
 
     def nodes(self) -> dict[str, dict]:

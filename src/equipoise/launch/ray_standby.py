@@ -89,7 +89,10 @@ class Standbys:
         return {f"standby@{node}": where for node, (_, where) in self.ready.items()}
 
     def stop(self) -> None:
-        for actor, _ in [*self.warming.values(), *self.ready.values()]:
+        actors = [actor for actor, _ in [*self.warming.values(), *self.ready.values()]]
+        if actors:  # their logs off their nodes first (a standby has written none of a role's)
+            self.ray.wait([a.discard.remote() for a in actors], num_returns=len(actors), timeout=5)
+        for actor in actors:
             self._kill(actor)
         self.warming.clear()
         self.ready.clear()
