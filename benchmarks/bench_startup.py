@@ -22,7 +22,7 @@ in, cold against warm.
 Preset ``ray-replace`` (bench_startup_ray-replace.json): the ``replace`` job under the
 Ray launcher (a local Ray instance the harness starts once, 8 CPUs), worker 1's actor
 process killed once iteration 10 is recorded and the standby on its node is ready
-(nodes.json lists it; launch/ray_standby.py): the same three times, the replacement in a
+(standbys.json lists it; launch/ray_standby.py): the same three times, the replacement in a
 fresh actor (cold: ``EQUIPOISE_WARM=0``, no standbys) against the standby (warm).
 
 Preset ``plain`` (bench_startup_plain.json): time to result against a plain PyTorch loop.
@@ -163,12 +163,12 @@ def run_ray_replace(warm: bool, tmp: Path) -> dict[str, Any]:
     try:
         deadline = time.monotonic() + 300
         while killed is None and time.monotonic() < deadline and job.is_alive():
-            metrics, nodes = out / "metrics.jsonl", out / "nodes.json"
+            metrics, nodes, standbys = out / "metrics.jsonl", out / "nodes.json", out / "standbys.json"
             done = metrics.exists() and nodes.exists() and sum(
                 json.loads(line).get("type") == "iteration" for line in metrics.read_text().splitlines()
                 if line.endswith("}")) >= 10
             where = json.loads(nodes.read_text()) if done else {}
-            if done and (not warm or f"standby@{where['worker1']['node']}" in where):
+            if done and (not warm or (standbys.exists() and where["worker1"]["node"] in json.loads(standbys.read_text()))):
                 os.kill(where["worker1"]["pid"], signal.SIGKILL)
                 killed = time.time()
             time.sleep(0.01)

@@ -230,7 +230,7 @@ def test_a_node_lost_mid_run_with_replication(cluster, tmp_path):
         cluster.remove_node(victim, allow_graceful=False)
         # A machine takes its place, as an autoscaler would start one (for later tests).
         cluster.add_node(num_cpus=2, resources={"srv": 1})
-        return sorted(name for name, where in nodes.items() if where["node"] == doomed and "@" not in name)
+        return sorted(name for name, where in nodes.items() if where["node"] == doomed)
 
     summary, on_it = _train_and_meanwhile(cfg, run_dir, remove_node_of_server1)
     assert on_it == ["server1"]
@@ -243,35 +243,39 @@ def test_a_node_lost_mid_run_with_replication(cluster, tmp_path):
 
 def test_a_killed_worker_actor_is_replaced_in_its_bundle_by_a_warm_standby(cluster, tmp_path):
     """A worker's process killed mid-run (as the kernel's OOM killer would) with
-    worker_restarts = 1, once the standby on its node is ready (nodes.json lists it): the
+    worker_restarts = 1, once the standby on its node is ready (standbys.json lists it): the
     survivors take its slice, the replacement runs in that standby (torch imported
     before the role was handed to it: `warm`; its pid), on the same node, holding the
     placement-group bundle the lost one held, and joins at a barrier under the next rank;
     the weights equal the reference on the run's own splits within test_recovery's 1e-5.
     After the job no actor is left, standbys included."""
-    cfg = {**BASE, "launcher": "ray", "iterations": 60, "slowdown": [20.0, 20.0, 20.0], "worker_restarts": 1,
+    cfg = {**BASE, "launcher": "ray", "iterations": 100, "slowdown": [20.0, 20.0, 20.0], "worker_restarts": 1,
            "server_resources": {"CPU": 1, "srv": 1}, "worker_resources": {"wrk": 1}}
     run_dir = tmp_path / "run"
 
-    def kill_worker1(nodes: dict) -> dict:
-        standby = f"standby@{nodes['worker1']['node']}"
-        wait_for(lambda: standby in json.loads((run_dir / "nodes.json").read_text()), 60, "the standby")
-        nodes = json.loads((run_dir / "nodes.json").read_text())
-        os.kill(nodes["worker1"]["pid"], signal.SIGKILL)
-        return nodes
+    def standbys() -> dict:
+        path = run_dir / "standbys.json"
+        return json.loads(path.read_text()) if path.exists() else {}
 
-    summary, nodes = _train_and_meanwhile(cfg, run_dir, kill_worker1)
+    def kill_worker1(nodes: dict) -> tuple[dict, dict]:
+        wait_for(lambda: nodes["worker1"]["node"] in standbys(), 60, "the standby on worker 1's node")
+        ready = standbys()
+        assert len(records(run_dir, "iteration")) < cfg["iterations"] - 10, "the job ended before the standby was ready"
+        os.kill(nodes["worker1"]["pid"], signal.SIGKILL)
+        return nodes, ready
+
+    summary, (nodes, ready) = _train_and_meanwhile(cfg, run_dir, kill_worker1)
     assert [f"{r['role']}{r['rank']}" for r in summary["recovered"]] == ["worker1"]
-    standby = nodes[f"standby@{nodes['worker1']['node']}"]
+    standby = ready[nodes["worker1"]["node"]]
     assert summary["nodes"]["worker3"]["node"] == nodes["worker1"]["node"]  # the same bundle, the same node
     assert summary["nodes"]["worker3"]["pid"] == standby["pid"] and summary["nodes"]["worker3"]["warm"]
     assert not summary["nodes"]["worker1"]["warm"]  # a role started in a fresh actor imports torch itself
     assert "worker_joined" in {r.get("event") for r in records(run_dir, "event")}
     assert_near_reference(cfg, run_dir)
     assert _gone(summary)
-    final = json.loads((run_dir / "nodes.json").read_text())
-    assert all_gone([w["pid"] for n, w in {**nodes, **final}.items() if n.startswith("standby@")])
-    pids = {w["pid"] for w in [*nodes.values(), *final.values(), *summary["nodes"].values()]}
+    seen = [*ready.values(), *standbys().values()]  # every standby known to have been ready
+    assert all_gone([w["pid"] for w in seen])
+    pids = {w["pid"] for w in [*nodes.values(), *seen, *summary["nodes"].values()]}
     left = [p.name for p in Path(os.environ.get("TMPDIR", "/tmp")).glob("equipoise-*.log")
             if p.name.split("-")[1].isdigit() and int(p.name.split("-")[1]) in pids]
     assert left == []  # no actor's log on its node: the killed one's and the standbys' included

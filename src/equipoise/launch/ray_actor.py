@@ -62,6 +62,7 @@ class _Role:
         from ..worker import loop  # noqa: F401
         from . import proc  # noqa: F401
 
+        self.where["warm"] = True
         return self.where
 
     def adopt(self, name: str) -> dict:
@@ -90,8 +91,11 @@ class _Role:
         c = Config.from_dict(cfg)
         return [ray.put(load_dataset(c.dataset, c.data_dir or None, seed=c.seed).to_arrays())]
 
-    def run(self, role: str, rank: int, coordinator: str, job: dict, data: dict | None) -> str | None:
-        """The role's main; None when it ended well, else its one-line error."""
+    def run(self, role: str, rank: int, coordinator: str, job: dict, data: dict | None,
+            adopted: dict | None = None) -> str | None:
+        """The role's main; None when it ended well, else its one-line error. `adopted`
+        (a standby's: what `adopt` returned, which Ray resolves first) orders the two
+        on this threaded actor: the role starts once its log is its own."""
         from ..data import Dataset
         from .proc import host
 
@@ -106,7 +110,9 @@ class _Role:
             return line
         return None
 
-    def tail(self, offset: int) -> bytes:
+    def tail(self, offset: int, name: str | None = None) -> bytes:
+        if name is not None and name != self.name:  # a standby not yet adopted: no line of the role's
+            return b""
         with self.log_path.open("rb") as fh:
             fh.seek(offset)
             return fh.read(TAIL_BYTES)

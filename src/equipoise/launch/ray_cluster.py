@@ -85,6 +85,7 @@ class RayPeers(LaunchedPeers):
         self.bundle: dict[str, int] = {}  # name -> its placement group bundle
         self.free: dict[str, list[int]] = {"server": [], "worker": []}  # bundles of lost actors
         self.bundle_node: dict[int, str] = {}  # a lost actor's bundle -> the node it held it on
+        self.adopted: set[str] = set()  # roles running in a standby (launch/ray_standby.py)
         self.standby = Standbys(ray, may_replace(cfg))
         self.offsets: dict[str, int] = {}
         self.node_data: dict[str, object] = {}  # node -> ObjectRef ("path")
@@ -200,7 +201,8 @@ class RayPeers(LaunchedPeers):
         data = None
         if role == "worker" and self.cfg.dataset in DATASETS:  # a replacement under "path" loads its own copy
             data = self.data if self.cfg.ray_data == "ship" else self.node_data.get(self.where.get(name, {}).get("node"))
-        self.runs[name] = self.actors[name].run.remote(role, rank, self.coordinator, job, data)
+        adopted = self.locating.get(name) if name in self.adopted else None  # run after the adoption
+        self.runs[name] = self.actors[name].run.remote(role, rank, self.coordinator, job, data, adopted)
 
     # -- Peers ------------------------------------------------------------------------
     def spawn(self, role: str, rank: int) -> None:
@@ -215,10 +217,12 @@ class RayPeers(LaunchedPeers):
             if old.exists():
                 old.replace(self.logs / f"{name}.lost.log")
         bundle = self.free[role].pop(0) if self.free[role] else None
-        actor = None if bundle is None else self.standby.take(self.bundle_node[bundle])
-        if actor is not None:  # it runs on the bundle's reservation, which it now holds
-            self.actors[name], self.bundle[name], self.offsets[name] = actor, bundle, 0
-            self.locating[name] = actor.adopt.remote(name)
+        got = None if bundle is None or self.bundles[bundle].get("GPU") else self.standby.take(self.bundle_node[bundle])
+        if got is not None:  # it runs on the bundle's reservation, which it now holds
+            self.actors[name], self.bundle[name], self.offsets[name], self.where[name] = got[0], bundle, 0, got[1]
+            self.locating[name] = got[0].adopt.remote(name)
+            self.adopted.add(name)
+            self.placing.add(name)
             (self.logs / f"{name}.log").touch()
         else:
             if bundle is not None:
@@ -244,7 +248,12 @@ class RayPeers(LaunchedPeers):
         placement group, wherever its resources fit."""
         self.placing.discard(name)
         self.locating.pop(name, None)
-        self.bundle.pop(name, None)
+        bundle = self.bundle.pop(name, None)
+        if name in self.adopted:  # the standby died first: a fresh actor on the bundle it held
+            self.adopted.discard(name)
+            log.warning("%s: the standby it was given died before it started; starting a fresh actor", name)
+            self._create(role, int(name[len(role):]), bundle)
+            return self._start(role, int(name[len(role):]))
         log.warning("%s could not start in its placement-group bundle; starting it outside the group", name)
         self._create(role, int(name[len(role):]), None)
         self._start(role, int(name[len(role):]))
@@ -262,7 +271,8 @@ class RayPeers(LaunchedPeers):
         if now - self.checked < CHECK_S:
             return
         self.checked = now
-        if self.standby.poll():
+        self.standby.poll()
+        if self.standby.changed:
             self.write_nodes(wait=False)
         pending = {ref: name for name, ref in self.runs.items()}
         ended, _ = self.ray.wait(list(pending), num_returns=len(pending), timeout=0) if pending else ([], [])
@@ -312,7 +322,7 @@ class RayPeers(LaunchedPeers):
             self._copy_logs(list(self.runs))
 
     def _copy_logs(self, names: list[str]) -> None:
-        refs = {name: self.actors[name].tail.remote(self.offsets[name]) for name in names}
+        refs = {name: self.actors[name].tail.remote(self.offsets[name], name) for name in names}
         ready = set(self.ray.wait(list(refs.values()), num_returns=len(refs), timeout=5)[0]) if refs else set()
         for name, ref in refs.items():
             try:
@@ -328,10 +338,12 @@ class RayPeers(LaunchedPeers):
         """RUN_DIR/nodes.json: where each process runs (rewritten at the end with any
         replacements, and when a standby is ready: then without waiting for an actor
         still starting), so that an operator can tell which machine holds what."""
-        tmp = self.logs.parent / "nodes.json.tmp"
-        where = self.nodes() if wait else dict(self.where)
-        tmp.write_text(json.dumps({**where, **self.standby.nodes()}, indent=1, sort_keys=True) + "\n")
-        tmp.replace(self.logs.parent / "nodes.json")
+        self.standby.changed = False
+        for doc, name in (((self.nodes() if wait else dict(self.where)), "nodes.json"),
+                          (self.standby.nodes(), "standbys.json")):
+            tmp = self.logs.parent / f"{name}.tmp"
+            tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+            tmp.replace(self.logs.parent / name)
 
     def nodes(self) -> dict[str, dict]:
         """Where every process of the job ran (a replacement that never started: absent)."""

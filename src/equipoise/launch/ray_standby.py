@@ -4,14 +4,16 @@ come from its template (launch/warm.py).
 
 Ray gives every actor a process of its own and ends it with the actor, so a replacement
 is a fresh process that imports torch (about 1.6 s of CPU) before it can register. A
-job that asks for replacements (`may_replace`) keeps one standby actor on each node its
+job that replaces lost workers (`may_replace`) keeps one standby actor on each node its
 roles run on: an actor of no resources (it reserves nothing: the role it becomes runs on the
 reservation of the placement-group bundle it is given, which the lost role held) whose
 first call imports what a role needs. A role started on a node with a standby ready
 adopts it (its log is renamed for the role) and a new standby starts warming there.
 Where no standby is ready on the node the role must run on (still importing, or the node
 lost: its bundle is then re-placed by Ray elsewhere), the role starts in a fresh actor as
-before. ``EQUIPOISE_WARM=0`` turns standbys off, as it turns the template off.
+before. A role whose bundle asks for a GPU never adopts one: a process given no GPU by
+Ray sees all of its node's. ``EQUIPOISE_WARM=0`` turns standbys off, as it turns the
+template off. RUN_DIR/standbys.json lists the ready ones by node.
 
 Measured (bench_startup.py ``ray-replace``): a killed worker's replacement from the kill
 to its first iteration, cold against warm."""
@@ -28,11 +30,11 @@ log = logging.getLogger("equipoise.ray")
 
 
 def may_replace(cfg: Config) -> bool:
-    """Whether `cfg` asks for replacements: lost workers replaced (`worker_restarts`), or
-    servers kept in lockstep for fail-over (`replication`). (A server replaced by a
-    rollback to a snapshot, a server added or a worker joining starts in a fresh actor:
-    standbys for every job would cost each node an idle process holding torch.)"""
-    return cfg.worker_restarts > 0 or cfg.replication > 0
+    """Whether `cfg` asks for replacements of lost workers (`worker_restarts`). Only
+    then: a standby per node for every job would cost each node an idle process
+    holding torch. (In such a job a server replaced after a rollback takes a standby
+    too; a server that fails over to its backup, `replication`, starts nothing.)"""
+    return cfg.worker_restarts > 0
 
 
 class Standbys:
@@ -43,6 +45,7 @@ class Standbys:
         self.enabled = enabled and os.environ.get("EQUIPOISE_WARM", "1") != "0"
         self.warming: dict[str, tuple[object, object]] = {}  # node -> (actor, ref of its warm())
         self.ready: dict[str, tuple[object, dict]] = {}  # node -> (actor, where)
+        self.changed = False  # a standby became ready since the launcher last wrote nodes
 
     def keep(self, node: str) -> None:
         """Start a standby on `node` unless one is there or warming."""
@@ -66,32 +69,31 @@ class Standbys:
             try:
                 self.ready[node] = (actor, self.ray.get(ref, timeout=1))
             except Exception as exc:  # its node lost, or the import failed: none there for now
-                log.warning("the standby on node %s did not start: %s", node[:12], str(exc).splitlines()[0][:160])
+                log.warning("the standby on node %s did not start: %s", node[:12],
+                            (str(exc).splitlines() or [type(exc).__name__])[0][:160])
                 self._kill(actor)
+        self.changed |= any(refs[ref] in self.ready for ref in done)
         return bool(done)
 
-    def take(self, node: str) -> object | None:
-        """The ready standby on `node` (None if there is none, or the node is not alive);
-        a new one starts warming there."""
+    def take(self, node: str) -> tuple[object, dict] | None:
+        """The ready standby on `node` and where it runs (None if there is none); a new
+        one starts warming there. One that died meanwhile (its node lost, and Ray not
+        yet aware) fails its adoption: the launcher then starts a fresh actor."""
         self.poll()
         got = self.ready.pop(node, None)
-        if got is None:
-            return None
-        alive = {n["NodeID"] for n in self.ray.nodes() if n.get("Alive")}
-        if node not in alive:
-            self._kill(got[0])
-            return None
-        self.keep(node)
-        return got[0]
+        if got is not None:
+            self.changed = True
+            self.keep(node)
+        return got
 
     def nodes(self) -> dict[str, dict]:
-        """The ready standbys, as nodes.json lists them ("standby@" and the node's id)."""
-        return {f"standby@{node}": where for node, (_, where) in self.ready.items()}
+        """The ready standbys by node id (RUN_DIR/standbys.json)."""
+        return {node: where for node, (_, where) in self.ready.items()}
 
     def stop(self) -> None:
         actors = [actor for actor, _ in [*self.warming.values(), *self.ready.values()]]
         if actors:  # their logs off their nodes first (a standby has written none of a role's)
-            self.ray.wait([a.discard.remote() for a in actors], num_returns=len(actors), timeout=5)
+            self.ray.wait([a.discard.remote() for a in actors], num_returns=len(actors), timeout=2)
         for actor in actors:
             self._kill(actor)
         self.warming.clear()
