@@ -225,6 +225,7 @@ class RayPeers(LaunchedPeers):
             self.placing.add(name)
             (self.logs / f"{name}.log").touch()
         else:
+            self.adopted.discard(name)  # (a server rank started again, now in a fresh actor)
             if bundle is not None:
                 self.placing.add(name)
             self._create(role, rank, bundle)
@@ -339,8 +340,8 @@ class RayPeers(LaunchedPeers):
         replacements, and when a standby is ready: then without waiting for an actor
         still starting), so that an operator can tell which machine holds what."""
         self.standby.changed = False
-        for doc, name in (((self.nodes() if wait else dict(self.where)), "nodes.json"),
-                          (self.standby.nodes(), "standbys.json")):
+        docs = [(self.nodes() if wait else dict(self.where), "nodes.json")]
+        for doc, name in docs + ([(self.standby.nodes(), "standbys.json")] if self.standby.enabled else []):
             tmp = self.logs.parent / f"{name}.tmp"
             tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
             tmp.replace(self.logs.parent / name)
