@@ -187,17 +187,23 @@ def run_ray_replace(warm: bool, tmp: Path) -> dict[str, Any]:
 
 
 def bench_ray_replace(reps: int) -> dict[str, Any]:
+    """The Ray instance's files in the harness's temporary folder, removed with it; the
+    token a local instance writes in ~/.ray removed unless it was there before."""
     import ray
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
-    try:
-        with tempfile.TemporaryDirectory(prefix="bench-startup-") as name:
-            tmp = Path(name)
+    token = Path.home() / ".ray" / "auth_token"
+    had_token = token.exists()
+    with tempfile.TemporaryDirectory(prefix="bsr-") as name:  # short: Ray's socket paths are made in it
+        tmp = Path(name)
+        ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False, _temp_dir=str(tmp / "ray"))
+        try:
             runs = interleave({"cold": lambda: run_ray_replace(False, tmp),
                                "warm": lambda: run_ray_replace(True, tmp)}, reps)
-    finally:
-        ray.shutdown()
+        finally:
+            ray.shutdown()
+            if not had_token:
+                token.unlink(missing_ok=True)
     return {"preset": "ray-replace", "settings": {**REPLACE, "launcher": "ray"}, "ray_cpus": 8, "reps": reps,
             "loadavg_at_start": load_average(), "runs": runs,
             **{k: {s: summary([r[k] for r in v]) for s, v in runs.items()} for k in REPLACE_FIGURES}}
