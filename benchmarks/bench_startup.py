@@ -109,17 +109,19 @@ def worker_pid(rank: int) -> int | None:
     return None
 
 
-def run_replace(warm: bool, tmp: Path) -> dict[str, Any]:
-    """One job of REPLACE; worker 1 killed at iteration 10; the replacement's times."""
+def replacement_times(cfg: dict, label: str, warm: bool, tmp: Path, victim) -> tuple[dict[str, Any], dict]:
+    """Train `cfg` in a thread of the harness, children warm or cold; once iteration 10 is
+    recorded, SIGKILL the process `victim(run_dir)` names (None: not yet). The
+    replacement's times from the kill, and the job's summary."""
     import signal
     import threading
 
     import equipoise
 
-    out = tmp / f"replace-{'warm' if warm else 'cold'}-{time.monotonic_ns()}"
+    out = tmp / f"{label}-{'warm' if warm else 'cold'}-{time.monotonic_ns()}"
     os.environ["EQUIPOISE_WARM"] = "1" if warm else "0"
     result: dict[str, Any] = {}
-    job = threading.Thread(target=lambda: result.update(equipoise.train(REPLACE, out=out)))
+    job = threading.Thread(target=lambda: result.update(equipoise.train(cfg, out=out)))
     job.start()
     killed = None
     try:
@@ -128,7 +130,7 @@ def run_replace(warm: bool, tmp: Path) -> dict[str, Any]:
             metrics = out / "metrics.jsonl"
             done = metrics.exists() and sum(json.loads(line).get("type") == "iteration"
                                             for line in metrics.read_text().splitlines() if line.endswith("}")) >= 10
-            pid = worker_pid(1) if done else None
+            pid = victim(out) if done else None
             if pid is not None:
                 os.kill(pid, signal.SIGKILL)
                 killed = time.time()
@@ -137,53 +139,33 @@ def run_replace(warm: bool, tmp: Path) -> dict[str, Any]:
         job.join(timeout=600)
         os.environ.pop("EQUIPOISE_WARM", None)
     if killed is None or result.get("status") != "completed":
-        raise RuntimeError(f"the replace job did not run as planned: killed={killed}, {result.get('status')}")
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    failure = next(r for r in records if r.get("event") == "failure")
-    joined = next(r for r in records if r.get("event") == "worker_joined")
-    first = next(r for r in records if r.get("type") == "iteration" and joined["worker"] in r["workers"])
-    return {"detected_s": failure["time"] - killed, "joined_s": joined["time"] - killed,
-            "first_step_s": first["time"] - killed, "first_step_iteration": first["iteration"]}
-
-
-def run_ray_replace(warm: bool, tmp: Path) -> dict[str, Any]:
-    """One job of REPLACE under the Ray launcher; worker 1's actor killed at iteration 10
-    (warm: once the standby on its node is ready); the replacement's times."""
-    import signal
-    import threading
-
-    import equipoise
-
-    out = tmp / f"ray-replace-{'warm' if warm else 'cold'}-{time.monotonic_ns()}"
-    os.environ["EQUIPOISE_WARM"] = "1" if warm else "0"
-    result: dict[str, Any] = {}
-    job = threading.Thread(target=lambda: result.update(equipoise.train({**REPLACE, "launcher": "ray"}, out=out)))
-    job.start()
-    killed = None
-    try:
-        deadline = time.monotonic() + 300
-        while killed is None and time.monotonic() < deadline and job.is_alive():
-            metrics, nodes, standbys = out / "metrics.jsonl", out / "nodes.json", out / "standbys.json"
-            done = metrics.exists() and nodes.exists() and sum(
-                json.loads(line).get("type") == "iteration" for line in metrics.read_text().splitlines()
-                if line.endswith("}")) >= 10
-            where = json.loads(nodes.read_text()) if done else {}
-            if done and (not warm or (standbys.exists() and where["worker1"]["node"] in json.loads(standbys.read_text()))):
-                os.kill(where["worker1"]["pid"], signal.SIGKILL)
-                killed = time.time()
-            time.sleep(0.01)
-    finally:
-        job.join(timeout=600)
-        os.environ.pop("EQUIPOISE_WARM", None)
-    if killed is None or result.get("status") != "completed":
-        raise RuntimeError(f"the ray-replace job did not run as planned: killed={killed}, {result.get('status')}")
+        raise RuntimeError(f"the {label} job did not run as planned: killed={killed}, {result.get('status')}")
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     failure = next(r for r in records if r.get("event") == "failure")
     joined = next(r for r in records if r.get("event") == "worker_joined")
     first = next(r for r in records if r.get("type") == "iteration" and joined["worker"] in r["workers"])
     return {"detected_s": failure["time"] - killed, "joined_s": joined["time"] - killed,
             "first_step_s": first["time"] - killed, "first_step_iteration": first["iteration"],
-            "replacement_warm": result["nodes"][f"worker{joined['worker']}"].get("warm")}
+            "replacement": joined["worker"]}, result
+
+
+def run_replace(warm: bool, tmp: Path) -> dict[str, Any]:
+    """One job of REPLACE; worker 1 killed at iteration 10; the replacement's times."""
+    times, _ = replacement_times(REPLACE, "replace", warm, tmp, lambda out: worker_pid(1))
+    return times
+
+
+def run_ray_replace(warm: bool, tmp: Path) -> dict[str, Any]:
+    """One job of REPLACE under the Ray launcher; worker 1's actor killed at iteration 10
+    (warm: once the standby on its node is ready); the replacement's times."""
+    def victim(out: Path) -> int | None:
+        where, standbys = json.loads((out / "nodes.json").read_text()), out / "standbys.json"
+        if warm and not (standbys.exists() and where["worker1"]["node"] in json.loads(standbys.read_text())):
+            return None
+        return where["worker1"]["pid"]
+
+    times, summary = replacement_times({**REPLACE, "launcher": "ray"}, "ray-replace", warm, tmp, victim)
+    return {**times, "replacement_warm": summary["nodes"][f"worker{times['replacement']}"].get("warm")}
 
 
 def bench_ray_replace(reps: int) -> dict[str, Any]:
