@@ -54,21 +54,15 @@ class _Role:
     def warm(self) -> dict:
         """A standby's start (launch/ray_standby.py): import what a role needs, so that a
         role handed to this process later starts without paying it."""
-        import torch  # noqa: F401
-        import torch.optim  # noqa: F401
+        from .warm import preload
 
-        from ..server import core  # noqa: F401  (what launch/warm.py's template imports)
-        from ..wire import zmq_transport  # noqa: F401
-        from ..worker import loop  # noqa: F401
-        from . import proc  # noqa: F401
-
+        preload()
         self.where["warm"] = True
         return self.where
 
     def adopt(self, name: str) -> dict:
         """This standby becomes role `name`: its log is named for it from now on."""
         old = self.log_path
-        self.where["warm"] = "torch" in sys.modules
         self._log_to(name)
         old.unlink(missing_ok=True)
         return self.where

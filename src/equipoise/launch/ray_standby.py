@@ -57,10 +57,10 @@ class Standbys:
             num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote("standby")
         self.warming[node] = (actor, actor.warm.remote())
 
-    def poll(self) -> bool:
-        """Move the standbys that finished warming to `ready`; True if any did."""
+    def poll(self) -> None:
+        """Move the standbys that finished warming to `ready` (`changed` if any did)."""
         if not self.warming:
-            return False
+            return
         refs = {ref: node for node, (_, ref) in self.warming.items()}
         done, _ = self.ray.wait(list(refs), num_returns=len(refs), timeout=0)
         for ref in done:
@@ -73,7 +73,6 @@ class Standbys:
                             (str(exc).splitlines() or [type(exc).__name__])[0][:160])
                 self._kill(actor)
         self.changed |= any(refs[ref] in self.ready for ref in done)
-        return bool(done)
 
     def take(self, node: str) -> tuple[object, dict] | None:
         """The ready standby on `node` and where it runs (None if there is none); a new

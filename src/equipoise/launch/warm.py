@@ -44,7 +44,7 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["Template", "WarmProcess", "adopt", "discard_early", "ipc_fits", "job_env", "prestart"]
+__all__ = ["Template", "WarmProcess", "adopt", "discard_early", "ipc_fits", "job_env", "preload", "prestart"]
 
 PR_SET_CHILD_SUBREAPER = 36
 TITLE_ROOM = 1024  # bytes of command line the template reserves for its children's (`_retitle`)
@@ -330,17 +330,24 @@ def _become(req: dict, told: int) -> None:
             os._exit(code)
 
 
+def preload() -> None:
+    """Import what every server and worker imports first (the template's, and a Ray
+    standby's, launch/ray_standby.py); no thread, socket or zmq context is made here."""
+    import torch  # noqa: F401
+    import torch.optim  # noqa: F401
+
+    from ..server import core  # noqa: F401
+    from ..wire import zmq_transport  # noqa: F401
+    from ..worker import loop  # noqa: F401
+    from . import proc  # noqa: F401
+
+
 def _serve() -> None:
     from .proc import _die_with_parent
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()
-    # What every child imports first; no thread, socket or zmq context is made here.
-    import torch  # noqa: F401
-    import torch.optim  # noqa: F401
-    from ..server import core  # noqa: F401
-    from ..worker import loop  # noqa: F401
-    from ..wire import zmq_transport  # noqa: F401
+    preload()
 
     # A fork copies the calling thread only. numpy's OpenBLAS starts its pool at import
     # (with more than one thread) and restarts it in a child (its pthread_atfork
