@@ -25,6 +25,7 @@ from .measurement import measure_interval
 from ..policy.psld import AddServer, MoveBlock, Psld, RemoveServer, ServerAction
 from ..scenario import BlockMove, Scenario, ServerRemove
 from ..wire import Message, PeerTimeout, Transport, names
+from .arrivals import Arrivals, JoinServer
 from .control import ControlFile
 from .pool import ServerPool
 from .rpc import JobError, Peers, Rpc
@@ -51,14 +52,6 @@ class ServerSettings:
     timeout: float
 
 
-@dataclass(frozen=True)
-class JoinServer:
-    """A server started earlier has registered at `address`: initialise it empty."""
-
-    server: int
-    address: str
-
-
 Action = ServerAction | JoinServer
 
 
@@ -81,6 +74,7 @@ class ServerManager:
         self.workers = 0  # active workers, for the init of a joining server
         self.ranks: list[int] | None = None  # their ranks, once some were lost (SSP's clocks)
         self.done_at: int | None = None  # the barrier whose server work is done
+        self._decided_at: int | None = None  # the barrier whose measurement and decision are done
         self.table_at = 0  # the iteration the last table change took effect
         self._barrier_at: dict[int, float] = {}
         self._reached: int | None = None  # the barrier stamped last (`reached`)
@@ -88,9 +82,7 @@ class ServerManager:
         self.control = ControlFile(control_path)  # the user's requests (`equipoise ctl`)
         self._straggle_sent: dict[int, dict] = {}
         self._added: set[int] = set()  # servers added while training ran
-        self._spawning: dict[int, float] = {}  # started, not yet joined: rank -> start time
-        self._hellos: dict[int, str] = {}  # of those, registered: rank -> address
-        self._planned: dict[int, int] = {}  # scenario additions started early: rank -> join iteration
+        self.arrivals = Arrivals(peers, await_hello, settings.timeout)  # servers started while training runs
         self._rates, self._upper, self._traffic = {}, {}, {}  # bytes/s per server, upper; bytes per block
         self.share = self.reach = 1.0  # the part of the last interval's wall time its slowest server took (its bytes)
         self.noise = 0.0  # the relative standard error of the last interval's mean iteration time
@@ -223,9 +215,7 @@ class ServerManager:
         """Servers the scenario adds at iteration N start with the job, so the join at
         N costs an initialisation, not a process start."""
         for rank, at in self.scenario.added_servers().items():  # ranks from `servers` on
-            self._spawning[rank] = time.monotonic()
-            self.peers.spawn("server", rank)
-            self._planned[rank] = at
+            self.arrivals.start(rank, joins_at=at)
 
     # -- plumbing for the coordinator -------------------------------------------------------
     @property
@@ -308,11 +298,7 @@ class ServerManager:
                                  "version": self.table_at})
 
     def note_hello(self, msg: Message) -> bool:
-        """Record the hello of a server started while training runs (it joins later)."""
-        if msg.type == "hello" and msg.fields.get("role") == "server" and msg.fields.get("rank") in self._spawning:
-            self._hellos[int(msg.fields["rank"])] = str(msg.fields["address"])
-            return True
-        return False
+        return self.arrivals.note_hello(msg)
 
     def close(self) -> None:
         if self.pool is not None:
@@ -320,24 +306,23 @@ class ServerManager:
 
     # -- at barriers ----------------------------------------------------------------------
     def at_barrier(self, t: int) -> list[Action]:
-        """At the barrier of iteration t (every server at version t, nothing pending or
-        in flight): update emulated server slowdowns, measure the servers every
-        `psld_interval` iterations, and return the actions due, which `carry_out`
-        performs once the plans of t are out."""
+        """As a stream passes iteration t: the actions due (``due``), then PSLD's
+        (``decision``), which `carry_out` performs while the workers run."""
+        actions = self.due(t)
+        return actions + self.decision(t, decide=not actions)
+
+    def due(self, t: int) -> list[Action]:
+        """At barrier t (every server at version t, nothing pending or in flight): update
+        emulated slowdowns; the actions of the scenario, control.jsonl and new servers."""
         if self.done_at == t:
             return []  # a barrier re-entered after workers joined
         self.done_at = t
-        interval = self.settings.psld_interval
         self.reached(t)
-        for old in [k for k in self._barrier_at if k < t - interval]:
-            del self._barrier_at[old]
+        interval = self.settings.psld_interval
+        self._barrier_at = {k: v for k, v in self._barrier_at.items() if k >= t - interval}
         self._held = {k for k in self._held if k >= t - interval}
         self._update_stragglers(t)
-        actions: list[Action] = []
-        for rank, at in sorted(self._planned.items()):
-            if at <= t:  # started with the job; joins now, waiting for it if need be
-                del self._planned[rank]
-                actions.append(JoinServer(rank, self._await_server(rank)))
+        actions: list[Action] = list(self.arrivals.joining(t))
         for ev in self.scenario.server_events:
             if ev.iteration == t and isinstance(ev, ServerRemove):
                 actions.append(RemoveServer(ev.server))
@@ -345,20 +330,32 @@ class ServerManager:
                 actions.append(MoveBlock(ev.block, None, ev.to))
         actions += self.control.actions(
             lambda line, reason: self._event("control_refused", t, line=line[:200], reason=reason))
-        actions += self._arrived_servers()
-        if t > 0 and t % interval == 0:
-            self.note_hold(t)  # measuring and deciding here hold the workers, a probe too
-            throughput, iteration_s = self._measure(t)
-            if self.psld is not None and not actions and iteration_s:
-                probe = self.psld.probe_targets(self.pool.table, self.pool.serving(), throughput, self.share, self._upper)
-                probed = self.pool.probe(probe, throughput) if probe else None
-                if probed:
-                    self._event("servers_probed", t, servers=probe, mbps={r: v / 1e6 for r, v in probed.items()})
-                actions = self.psld.decide(self.pool.table, self.pool.serving(), throughput, iteration_s,
-                                           set(self._added), share=self.share, reach=self.reach, noise=self.noise, upper=self._upper,
-                                           traffic=self._traffic, left=self.total and self.total - t or None,
-                                           probed=probed)
-        return actions
+        return actions + self.arrivals.arrived()
+
+    def measuring(self, t: int) -> bool:
+        """Whether barrier t ends an interval (`psld_interval`) not yet measured."""
+        return t > 0 and t % self.settings.psld_interval == 0 and self._decided_at != t
+
+    def decision(self, t: int, decide: bool = True) -> list[Action]:
+        """At the end of an interval (``measuring``): measure the servers and, if `decide`
+        (no other action is due), PSLD's actions, a probe first where it names one. Under a
+        barrier the coordinator asks for them once the plans of t are out (the workers
+        compute meanwhile, told to ask for the table before pushing): measuring, probing
+        and deciding hold no worker unless the moves outlast its compute."""
+        if not self.measuring(t):
+            return []
+        self._decided_at = t
+        self.note_hold(t)  # what this barrier cost the workers, if anything, is taken out of its interval
+        throughput, iteration_s = self._measure(t)
+        if self.psld is None or not decide or not iteration_s:
+            return []
+        probe = self.psld.probe_targets(self.pool.table, self.pool.serving(), throughput, self.share, self._upper)
+        probed = self.pool.probe(probe, throughput) if probe else None
+        if probed:
+            self._event("servers_probed", t, servers=probe, mbps={r: v / 1e6 for r, v in probed.items()})
+        return self.psld.decide(self.pool.table, self.pool.serving(), throughput, iteration_s,
+                                set(self._added), share=self.share, reach=self.reach, noise=self.noise, upper=self._upper,
+                                traffic=self._traffic, left=self.total and self.total - t or None, probed=probed)
 
     def _update_stragglers(self, t: int) -> None:
         """Send each server its emulated slowdown when the scenario changed it."""
@@ -393,7 +390,8 @@ class ServerManager:
                 self._event("block_moved", t, **done, table_version=pool.version)
             return done["pause_s"]
         if isinstance(action, AddServer):  # start the process now; it joins once registered
-            self._event("server_starting", t, server=self._start_server())
+            rank = max([self.pool.next_rank() - 1, *self.arrivals.spawning]) + 1
+            self._event("server_starting", t, server=self.arrivals.start(rank))
             return 0.0
         if isinstance(action, JoinServer):
             version, samples = self._progress()
@@ -435,9 +433,9 @@ class ServerManager:
             self._held = {k for k in self._held if k < t}  # after a rollback: holds of the lost timeline
 
     def note_hold(self, t: int) -> None:
-        """The coordinator held the workers at barrier t (a snapshot; a measurement, with
-        PSLD's decision and any probe): PSLD judges the interval holding the iteration
-        after it less what the hold cost them (``policy.measure.hold_cost``)."""
+        """The coordinator may have held the workers at barrier t (a snapshot; a measurement,
+        with PSLD's decision, any probe and moves): PSLD judges the interval holding the
+        iteration after it less what that cost them (``policy.measure.hold_cost``)."""
         self._held.add(t)
 
     def _measure(self, t: int) -> tuple[dict[int, float], float | None]:
@@ -450,36 +448,6 @@ class ServerManager:
         self._rates, self._upper, self._traffic = m.throughput, m.upper, m.traffic
         self._record({"type": "servers", "iteration": t, "time": time.time(), "elapsed": self._elapsed(), **m.record})
         return m.throughput, m.judged_s
-
-    # -- servers started while training runs ------------------------------------------------
-    def _start_server(self) -> int:
-        """Start the process of the next server rank; it registers with a hello later."""
-        rank = max([self.pool.next_rank() - 1, *self._spawning]) + 1
-        self._spawning[rank] = time.monotonic()
-        self.peers.spawn("server", rank)
-        return rank
-
-    def _await_server(self, rank: int) -> str:
-        if rank not in self._hellos:
-            self._await_hello(f"new server {rank} to register", lambda m: m.fields.get("role") == "server"
-                              and m.fields.get("rank") == rank)
-        del self._spawning[rank]
-        return self._hellos.pop(rank)
-
-    def _arrived_servers(self) -> list[JoinServer]:
-        """Servers started earlier that have registered since: join them now (PSLD's
-        then get blocks by its next decision). A server that never registers fails
-        the job after `timeout`."""
-        out = []
-        for rank, started in sorted(self._spawning.items()):
-            if rank in self._planned:
-                continue
-            if rank in self._hellos:
-                out.append(JoinServer(rank, self._hellos.pop(rank)))
-                del self._spawning[rank]
-            elif time.monotonic() - started > self.settings.timeout:
-                raise JobError(f"new server {rank} did not register within {self.settings.timeout:.0f} s")
-        return out
 
 
 def _as_list(action: Action) -> list:
