@@ -64,12 +64,7 @@ class BarrierCoordinator(Coordinator):
             return self._stop_all()
         if self._membership(t):
             return  # a joining worker's first plan request completes the barrier
-        actions = self.servers.due(t)
-        # The servers' measurement and PSLD's decision (``ServerManager.decision``) come
-        # after the plans: the workers compute meanwhile. Where PSLD may move blocks they
-        # ask for the table before pushing, as for any move.
-        measuring = self.servers.measuring(t)
-        moving = bool(actions) or (measuring and self.servers.psld is not None)
+        actions = self.servers.at_barrier(t)
         try:
             sizes = self.planner.sizes()
         except CapError as exc:  # the job's, not the plan request's that completed the barrier
@@ -78,15 +73,13 @@ class BarrierCoordinator(Coordinator):
                   for w, (offset, size) in self.planner.slices(sizes).items()}
         self.assign.begin(t, slices)
         for w, (start, size) in slices.items():
-            self._reply_plan(w, t, start, size, version=t, await_table=moving)
+            self._reply_plan(w, t, start, size, version=t, await_table=bool(actions))
         if self.cfg.clip_grad_norm:
             self.clip_due = t
         self.iteration += 1
-        if measuring:
-            actions += self.servers.decision(t, decide=not actions)
-        if moving:  # workers compute meanwhile; they ask for the table before pushing
+        if actions:  # workers compute meanwhile; they ask for the table before pushing
             self.servers.carry_out(t, actions)
-            if actions and self.cfg.replication:  # the ring over the servers there are now
+            if self.cfg.replication:  # the ring over the servers there are now
                 self.servers.replicate()
         self._end_iteration(t - 1)
 

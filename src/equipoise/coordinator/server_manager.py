@@ -74,7 +74,6 @@ class ServerManager:
         self.workers = 0  # active workers, for the init of a joining server
         self.ranks: list[int] | None = None  # their ranks, once some were lost (SSP's clocks)
         self.done_at: int | None = None  # the barrier whose server work is done
-        self._decided_at: int | None = None  # the barrier whose measurement and decision are done
         self.table_at = 0  # the iteration the last table change took effect
         self._barrier_at: dict[int, float] = {}
         self._reached: int | None = None  # the barrier stamped last (`reached`)
@@ -306,19 +305,15 @@ class ServerManager:
 
     # -- at barriers ----------------------------------------------------------------------
     def at_barrier(self, t: int) -> list[Action]:
-        """As a stream passes iteration t: the actions due (``due``), then PSLD's
-        (``decision``), which `carry_out` performs while the workers run."""
-        actions = self.due(t)
-        return actions + self.decision(t, decide=not actions)
-
-    def due(self, t: int) -> list[Action]:
-        """At barrier t (every server at version t, nothing pending or in flight): update
-        emulated slowdowns; the actions of the scenario, control.jsonl and new servers."""
+        """At the barrier of iteration t (every server at version t, nothing pending or
+        in flight): update emulated server slowdowns, measure the servers every
+        `psld_interval` iterations, and return the actions due, which `carry_out`
+        performs once the plans of t are out."""
         if self.done_at == t:
             return []  # a barrier re-entered after workers joined
         self.done_at = t
-        self.reached(t)
         interval = self.settings.psld_interval
+        self.reached(t)
         self._barrier_at = {k: v for k, v in self._barrier_at.items() if k >= t - interval}
         self._held = {k for k in self._held if k >= t - interval}
         self._update_stragglers(t)
@@ -330,32 +325,20 @@ class ServerManager:
                 actions.append(MoveBlock(ev.block, None, ev.to))
         actions += self.control.actions(
             lambda line, reason: self._event("control_refused", t, line=line[:200], reason=reason))
-        return actions + self.arrivals.arrived()
-
-    def measuring(self, t: int) -> bool:
-        """Whether barrier t ends an interval (`psld_interval`) not yet measured."""
-        return t > 0 and t % self.settings.psld_interval == 0 and self._decided_at != t
-
-    def decision(self, t: int, decide: bool = True) -> list[Action]:
-        """At the end of an interval (``measuring``): measure the servers and, if `decide`
-        (no other action is due), PSLD's actions, a probe first where it names one. Under a
-        barrier the coordinator asks for them once the plans of t are out (the workers
-        compute meanwhile, told to ask for the table before pushing): measuring, probing
-        and deciding hold no worker unless the moves outlast its compute."""
-        if not self.measuring(t):
-            return []
-        self._decided_at = t
-        self.note_hold(t)  # what this barrier cost the workers, if anything, is taken out of its interval
-        throughput, iteration_s = self._measure(t)
-        if self.psld is None or not decide or not iteration_s:
-            return []
-        probe = self.psld.probe_targets(self.pool.table, self.pool.serving(), throughput, self.share, self._upper)
-        probed = self.pool.probe(probe, throughput) if probe else None
-        if probed:
-            self._event("servers_probed", t, servers=probe, mbps={r: v / 1e6 for r, v in probed.items()})
-        return self.psld.decide(self.pool.table, self.pool.serving(), throughput, iteration_s,
-                                set(self._added), share=self.share, reach=self.reach, noise=self.noise, upper=self._upper,
-                                traffic=self._traffic, left=self.total and self.total - t or None, probed=probed)
+        actions += self.arrivals.arrived()
+        if t > 0 and t % interval == 0:
+            self.note_hold(t)  # measuring and deciding here hold the workers, a probe too
+            throughput, iteration_s = self._measure(t)
+            if self.psld is not None and not actions and iteration_s:
+                probe = self.psld.probe_targets(self.pool.table, self.pool.serving(), throughput, self.share, self._upper)
+                probed = self.pool.probe(probe, throughput) if probe else None
+                if probed:
+                    self._event("servers_probed", t, servers=probe, mbps={r: v / 1e6 for r, v in probed.items()})
+                actions = self.psld.decide(self.pool.table, self.pool.serving(), throughput, iteration_s,
+                                           set(self._added), share=self.share, reach=self.reach, noise=self.noise, upper=self._upper,
+                                           traffic=self._traffic, left=self.total and self.total - t or None,
+                                           probed=probed)
+        return actions
 
     def _update_stragglers(self, t: int) -> None:
         """Send each server its emulated slowdown when the scenario changed it."""
@@ -433,9 +416,9 @@ class ServerManager:
             self._held = {k for k in self._held if k < t}  # after a rollback: holds of the lost timeline
 
     def note_hold(self, t: int) -> None:
-        """The coordinator may have held the workers at barrier t (a snapshot; a measurement,
-        with PSLD's decision, any probe and moves): PSLD judges the interval holding the
-        iteration after it less what that cost them (``policy.measure.hold_cost``)."""
+        """The coordinator held the workers at barrier t (a snapshot; a measurement, with
+        PSLD's decision and any probe): PSLD judges the interval holding the iteration
+        after it less what the hold cost them (``policy.measure.hold_cost``)."""
         self._held.add(t)
 
     def _measure(self, t: int) -> tuple[dict[int, float], float | None]:

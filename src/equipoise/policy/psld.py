@@ -417,8 +417,7 @@ class Psld:
         the slow server's 266-350: whether the layer was moved within 60 iterations
         depended on the draw (no move in 3 of 5 runs, the oracle 1.2x greedy); moved, it
         ran at 817-1,556 MB/s. One server is probed, not all: each costs the time its
-        probe takes (hidden behind the workers' compute where that is longer: the
-        decision comes after the plans), and a server slower than the slowest one
+        probe takes, with the workers held, and a server slower than the slowest one
         (holding only small blocks) takes several times that."""
         if not math.isfinite(share) or share < self.threshold or len(live) < 2 or self.trial is not None:
             return []

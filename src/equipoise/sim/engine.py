@@ -146,8 +146,8 @@ class Simulation:
             # servers, due at this barrier (coordinator/server_manager.py ServerManager.at_barrier)
             srv.update(prev, t)
             pause = self._server_actions(t, prev, joining, psld, psld_added, barrier_at)
-            if self.probe_s:  # a probe runs after the plans of t, before any move: workers compute meanwhile
-                pause += self.probe_s
+            if self.probe_s:  # a probe holds the plans of t: the workers start that much later
+                start, barrier_at[t] = start + self.probe_s, barrier_at[t] + self.probe_s
             # the iteration
             sizes = self.planner.sizes()
             r = np.array(ranks)

@@ -106,8 +106,7 @@ def test_hold_cost_is_a_held_iterations_excess_over_the_median_of_the_others():
 
 def test_a_decision_barrier_and_a_snapshot_are_holds_and_old_ones_are_forgotten():
     """At each decision barrier (every `psld_interval` iterations) the measurement, the
-    decision and any probe may hold the workers: `at_barrier` marks it (what it cost them
-    is measured). A barrier between
+    decision and any probe hold the workers: `at_barrier` marks it. A barrier between
     decisions is a hold only if the coordinator marked it (a snapshot); marks older than
     the interval to be measured are dropped. The interval measured at 10 is judged less
     the 40 ms by which the iteration after the decision barrier 5 ran long."""
@@ -120,7 +119,6 @@ def test_a_decision_barrier_and_a_snapshot_are_holds_and_old_ones_are_forgotten(
     manager.scenario = SimpleNamespace(server_trace=None, server_events=[])
     manager.control = SimpleNamespace(actions=lambda refused: [])
     manager.arrivals = SimpleNamespace(joining=lambda t: [], arrived=lambda: [])
-    manager._decided_at = None
     manager.note_hold(0)
     held = {}
     for t in range(5, 11):
