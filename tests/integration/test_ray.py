@@ -220,7 +220,7 @@ def test_a_node_lost_mid_run_with_replication(cluster, tmp_path):
     the run's own splits within the 1e-5 that test_recovery argues for a recovered run.
     The stretch (slowdown 20) keeps the job running long enough for the node to go
     mid-run."""
-    cfg = {**BASE, "launcher": "ray", "replication": 1, "iterations": 80, "slowdown": [20.0, 20.0, 20.0],
+    cfg = {**BASE, "launcher": "ray", "replication": 1, "iterations": 40, "slowdown": [20.0, 20.0, 20.0],
            "server_resources": {"CPU": 1, "srv": 1}, "worker_resources": {"wrk": 1}}
     run_dir = tmp_path / "run"
 

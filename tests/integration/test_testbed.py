@@ -194,13 +194,13 @@ def cluster():
     assert leftovers(RAY_PREFIX) == []
 
 
-def drive(tb: Testbed, cfg: dict, run, action=None, at: int = 5) -> tuple[dict, object]:
-    """Train `cfg` with the driver on host 0; once `at` iterations are recorded call
-    `action(nodes.json)`. Returns (summary, what `action` returned); a failed job fails
-    the test with its last lines."""
+def drive(tb: Testbed, cfg: dict, run, action=None, at: int = 5, env: dict | None = None) -> tuple[dict, object]:
+    """Train `cfg` with the driver on host 0 (`env` added to its environment); once `at`
+    iterations are recorded call `action(nodes.json)`. Returns (summary, what `action`
+    returned); a failed job fails the test with its last lines."""
     code = (f"import equipoise, json; s = equipoise.train({cfg!r}, out={str(run)!r}); "
             "print(json.dumps({k: s[k] for k in ('recovered', 'nodes', 'iterations')}))")
-    driver = tb.popen(0, [sys.executable, "-c", code], env=tb.ray_env(), stdout=subprocess.PIPE,
+    driver = tb.popen(0, [sys.executable, "-c", code], env={**tb.ray_env(), **(env or {})}, stdout=subprocess.PIPE,
                       stderr=subprocess.PIPE, text=True)
     done = None
     try:
@@ -259,7 +259,8 @@ def test_a_killed_worker_is_replaced_in_its_bundle_on_its_host(cluster, tmp_path
     """worker1's process killed mid-run (worker_restarts = 1): the survivors take its
     slice, a replacement starts in the placement-group bundle it held, on its host, and
     joins at a barrier; the weights are within test_recovery's 1e-5 of the reference on
-    the run's own splits."""
+    the run's own splits. Without warm standbys (EQUIPOISE_WARM=0): the replacement is a
+    fresh actor in that bundle (test_ray's killed-worker test has it adopt a standby)."""
     import os
     import signal
 
@@ -274,9 +275,10 @@ def test_a_killed_worker_is_replaced_in_its_bundle_on_its_host(cluster, tmp_path
         os.kill(nodes["worker1"]["pid"], signal.SIGKILL)  # one pid space: the hosts share this kernel
         return nodes
 
-    summary, placed = drive(tb, cfg, run, kill_worker1)
+    summary, placed = drive(tb, cfg, run, kill_worker1, env={"EQUIPOISE_WARM": "0"})
     assert [f"{r['role']}{r['rank']}" for r in summary["recovered"]] == ["worker1"]
     assert summary["nodes"]["worker3"]["ip"] == placed["worker1"]["ip"]  # its bundle, its host
+    assert not summary["nodes"]["worker3"]["warm"] and not (run / "standbys.json").exists()
     assert '"event":"worker_joined"' in (run / "metrics.jsonl").read_text()
     diff, moved = oracle_diff(Config.from_dict(cfg), run)
     assert diff <= 1e-5 and moved > 1e-3
@@ -324,8 +326,8 @@ def test_a_host_holding_a_server_and_a_worker_removed_mid_run_is_recovered(clust
 
     tb, address = cluster
     run = tmp_path / "run"
-    cfg = {**RAY_JOB, "ray_address": address, "workers": 2, "iterations": 50, "replication": 1,
-           "slowdown": [150.0, 150.0], "momentum": 0.9,
+    cfg = {**RAY_JOB, "ray_address": address, "workers": 2, "iterations": 36, "replication": 1,
+           "slowdown": [50.0, 50.0], "momentum": 0.9,
            "server_resources": [{"CPU": 0.1, "h1": 1}, {"CPU": 0.1, "h2": 1}],
            "worker_resources": [{"CPU": 0.1, "h2": 1}, {"CPU": 0.1, "h3": 1}]}
     try:
