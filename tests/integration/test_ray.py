@@ -249,7 +249,10 @@ def test_a_killed_worker_actor_is_replaced_in_its_bundle_by_a_warm_standby(clust
     placement-group bundle the lost one held, and joins at a barrier under the next rank;
     the weights equal the reference on the run's own splits within test_recovery's 1e-5.
     After the job no actor is left, standbys included."""
-    cfg = {**BASE, "launcher": "ray", "iterations": 100, "slowdown": [20.0, 20.0, 20.0], "worker_restarts": 1,
+    # The standbys start warming once every role has registered, beside the running job
+    # (about 3 s here, the job at iteration ~85 of 100 at slowdown 20): at slowdown 50
+    # the kill lands near iteration 35, with room for one twice as slow.
+    cfg = {**BASE, "launcher": "ray", "iterations": 100, "slowdown": [50.0, 50.0, 50.0], "worker_restarts": 1,
            "server_resources": {"CPU": 1, "srv": 1}, "worker_resources": {"wrk": 1}}
     run_dir = tmp_path / "run"
 

@@ -56,8 +56,7 @@ class Coordinator:
     def __init__(self, cfg: Config, run_dir: Path, transport: Transport, listener: Listener, data, *,
                  peers: Peers, resume: Checkpoint | None = None,
                  on_tick: Callable[[float], None] | None = None):
-        """`peers` is the launcher (start a role, report a death); `on_tick(elapsed)`
-        is called about every 0.1 s of training (noisy neighbours)."""
+        """`peers`: the launcher; `on_tick(elapsed)`: about every 0.1 s of training."""
         data = as_workload(cfg, data)  # a launcher may hand over a built-in Dataset in memory
         self.cfg, self.run_dir, self.listener, self.data = cfg, Path(run_dir), listener, data
         self.peers, self.resume, self.on_tick = peers, resume, on_tick
@@ -123,6 +122,7 @@ class Coordinator:
                 self.listener.send(peer, self._welcome(rank))
             self._event("started", self.iteration, time=start, resumed=self.resume is not None)
             self.started_at = time.time()  # every process registered and initialised
+            self.peers.started()  # (the Ray launcher's standbys start warming now)
             self._train()
             return self._finish(start)
         finally:

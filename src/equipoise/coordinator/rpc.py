@@ -103,6 +103,10 @@ class Peers(Protocol):
     def retired(self, role: str, rank: int) -> None:
         """The process of `role` `rank` was told to stop: its exit is no failure."""
 
+    def started(self) -> None:
+        """Every process registered and was initialised: what the launcher keeps for later
+        (the Ray launcher's warm standbys) may start now without slowing the job's start."""
+
 
 class LaunchedPeers:
     """What both launchers' `Peers` share: `check` records each process lost of a
@@ -115,6 +119,9 @@ class LaunchedPeers:
 
     def check(self) -> None:
         raise NotImplementedError
+
+    def started(self) -> None:
+        pass
 
     def _report(self, role: str, rank: int, reason: str, now: float) -> None:
         self.reported.add(f"{role}{rank}")

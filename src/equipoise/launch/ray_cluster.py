@@ -19,7 +19,8 @@ launcher, and run the same main (`launch.proc.host`).
   heartbeat (then killed) is *lost*, as under the local launcher, and the coordinator's
   recovery applies; a replacement starts in the placement-group bundle the lost one held
   (Ray re-places a lost node's bundles on the nodes left) or anywhere the resources fit;
-  in a warm standby on the bundle's node where one is ready (launch/ray_standby.py).
+  in a warm standby on the bundle's node where one is ready (launch/ray_standby.py;
+  standbys start warming once the job is training, `started`).
 * Emulating an unequal cluster: a node labelled ``equipoise-slowdown = F`` (``ray start
   --labels='{"equipoise-slowdown": "2"}'``) stretches every worker placed on it by F.
 """
@@ -106,8 +107,6 @@ class RayPeers(LaunchedPeers):
                 self._share()
             for role, rank in names:
                 self._start(role, rank)
-            for node in sorted({w["node"] for w in self.where.values()}):
-                self.standby.keep(node)
             self.write_nodes()
         except BaseException:
             self.stop(grace=0.0)  # no actor and no placement group outlives a failed start
@@ -261,6 +260,13 @@ class RayPeers(LaunchedPeers):
 
     def retired(self, role: str, rank: int) -> None:
         self.stopped.add(f"{role}{rank}")
+
+    def started(self) -> None:
+        """The job is training: a standby starts warming on each node its roles run on. Not
+        before: started with the roles, the standbys' imports of torch competed with theirs
+        (three standbys beside five roles on two cores: the first iteration 3 s later)."""
+        for node in sorted({w["node"] for w in self.where.values()}):
+            self.standby.keep(node)
 
     def tolerate(self, role: str) -> None:
         self.tolerated.add(role)

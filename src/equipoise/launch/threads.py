@@ -60,6 +60,9 @@ def run_threads(cfg: Config, run_dir: Path, data, resume: Checkpoint | None = No
         def retired(self, role: str, rank: int) -> None:
             pass
 
+        def started(self) -> None:
+            pass
+
         def tolerate(self, role: str) -> None:
             pass  # a thread cannot be killed from outside: there are no losses to tolerate
 
