@@ -20,7 +20,7 @@ replacement's registration (``worker_joined``) and to the first iteration it too
 in, cold against warm.
 
 Preset ``ray-replace`` (bench_startup_ray-replace.json): the ``replace`` job under the
-Ray launcher (a local Ray instance the harness starts once, 8 CPUs), worker 1's actor
+Ray launcher over 200 iterations (a local Ray instance the harness starts once, 8 CPUs), worker 1's actor
 process killed once iteration 10 is recorded and the standby on its node is ready
 (standbys.json lists it; launch/ray_standby.py): the same three times, the replacement in a
 fresh actor (cold: ``EQUIPOISE_WARM=0``, no standbys) against the standby (warm).
@@ -164,7 +164,10 @@ def run_ray_replace(warm: bool, tmp: Path) -> dict[str, Any]:
             return None
         return where["worker1"]["pid"]
 
-    times, summary = replacement_times({**REPLACE, "launcher": "ray"}, "ray-replace", warm, tmp, victim)
+    # 200 iterations: the standbys start warming once every role has registered, beside
+    # the running job (60 ended before the one on worker 1's node was ready)
+    times, summary = replacement_times({**REPLACE, "launcher": "ray", "iterations": 200}, "ray-replace", warm, tmp,
+                                       victim)
     return {**times, "replacement_warm": summary["nodes"][f"worker{times['replacement']}"].get("warm")}
 
 
