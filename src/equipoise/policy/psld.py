@@ -192,7 +192,7 @@ class Psld:
         if probed:
             self.probed = {int(r): float(v) for r, v in probed.items() if math.isfinite(v) and v > 0}
             self._probe_basis = {r: throughput[r] for r in (self._probed_for,) if r in throughput}
-        share = min(1.0, share) if math.isfinite(share) and share > 0 else 1.0
+        share = min(1.0, share) if math.isfinite(share) and share >= 0 else 1.0  # 0: nothing stands out
         self._reach = share if reach is None or not math.isfinite(reach) or reach < 0 else min(1.0, reach)
         actions = self._decide(table, live, throughput, iteration_s, added, share, noise, upper or {})
         self._previous = (tuple(table), iteration_s)

@@ -44,6 +44,15 @@ def test_a_cut_counts_as_that_part_of_the_servers_time_not_of_its_excess():
     assert Psld(SIZES, epsilon=0.0).decide(TABLE, LIVE, EQUAL, 1.0, share=0.2) == []
 
 
+def test_a_share_of_zero_is_nothing_to_cut():
+    # The slowest server takes no longer than the others' median (``server_share`` of equal
+    # times is 0): whatever the rates predict, no trial. (A share of 0 was read as 1: all
+    # of the iteration movable.) Unknown is not zero: a share that is not a number counts whole.
+    assert server_share({0: 0.3, 1: 0.3, 2: 0.3}, 5, 0.1) == 0.0
+    assert Psld(SIZES, epsilon=0.0).decide(TABLE, LIVE, EQUAL, 1.0, share=0.0, reach=0.8) == []
+    assert len(Psld(SIZES, epsilon=0.0).decide(TABLE, LIVE, EQUAL, 1.0, share=math.nan, reach=0.8)) == 1
+
+
 def test_a_cut_counts_no_more_than_the_slowest_servers_time_beyond_the_others():
     # Every server's exchanges take about as long (share 2%): the 8% the cut is worth on the
     # slowest server's time alone is capped at 2%, under the bar. No move.
