@@ -50,6 +50,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -91,6 +92,9 @@ def run_cli(args: list[str], warm: bool, tmp: Path) -> dict[str, Any]:
 REPLACE = dict(dataset="digits", model="mlp", global_batch=64, workers=4, servers=2, iterations=60, eval_every=0,
                checkpoint_every=0, progress=False, timeout=60.0, heartbeat_s=1.0, slowdown=[20.0] * 4,
                worker_restarts=1, seed=5)
+# Under Ray over 200 iterations: the standbys start warming once every role has
+# registered, beside the running job (60 ended before the one on worker 1's node was ready).
+RAY_REPLACE = {**REPLACE, "launcher": "ray", "iterations": 200}
 REPLACE_FIGURES = ("detected_s", "joined_s", "first_step_s")
 
 
@@ -164,10 +168,7 @@ def run_ray_replace(warm: bool, tmp: Path) -> dict[str, Any]:
             return None
         return where["worker1"]["pid"]
 
-    # 200 iterations: the standbys start warming once every role has registered, beside
-    # the running job (60 ended before the one on worker 1's node was ready)
-    times, summary = replacement_times({**REPLACE, "launcher": "ray", "iterations": 200}, "ray-replace", warm, tmp,
-                                       victim)
+    times, summary = replacement_times(RAY_REPLACE, "ray-replace", warm, tmp, victim)
     return {**times, "replacement_warm": summary["nodes"][f"worker{times['replacement']}"].get("warm")}
 
 
@@ -178,7 +179,7 @@ def bench_ray_replace(reps: int) -> dict[str, Any]:
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     token = Path.home() / ".ray" / "auth_token"
-    had_token = token.exists()
+    had_token, had_folder = token.exists(), token.parent.exists()
     with tempfile.TemporaryDirectory(prefix="bsr-") as name:  # short: Ray's socket paths are made in it
         tmp = Path(name)
         ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False, _temp_dir=str(tmp / "ray"))
@@ -189,7 +190,9 @@ def bench_ray_replace(reps: int) -> dict[str, Any]:
             ray.shutdown()
             if not had_token:
                 token.unlink(missing_ok=True)
-    return {"preset": "ray-replace", "settings": {**REPLACE, "launcher": "ray"}, "ray_cpus": 8, "reps": reps,
+            if not had_folder:
+                shutil.rmtree(token.parent, ignore_errors=True)
+    return {"preset": "ray-replace", "settings": RAY_REPLACE, "ray_cpus": 8, "reps": reps,
             "loadavg_at_start": load_average(), "runs": runs,
             **{k: {s: summary([r[k] for r in v]) for s, v in runs.items()} for k in REPLACE_FIGURES}}
 

@@ -140,8 +140,10 @@ USER_TOKEN = Path.home() / ".ray" / "auth_token"  # a local ray.init() writes on
 
 @contextlib.contextmanager
 def user_token(content: str | None):
-    """~/.ray/auth_token holding `content` (None: absent) for the block, then as it was."""
+    """~/.ray/auth_token holding `content` (None: absent) for the block, then as it was
+    (~/.ray too: removed again if the block made it)."""
     before = USER_TOKEN.read_bytes() if USER_TOKEN.exists() else None
+    made = not USER_TOKEN.parent.exists()
     if content is None:
         USER_TOKEN.unlink(missing_ok=True)
     else:
@@ -154,6 +156,11 @@ def user_token(content: str | None):
             USER_TOKEN.unlink(missing_ok=True)
         else:
             USER_TOKEN.write_bytes(before)
+        if made:
+            try:
+                USER_TOKEN.parent.rmdir()
+            except OSError:  # something else wrote there meanwhile: not ours to remove
+                pass
 
 
 @needs_ray
