@@ -288,7 +288,8 @@ def test_a_job_starting_its_own_ray_ignores_a_stale_state_file(tmp_path):
     """Ray's ray_current_cluster file naming a head that is gone (a crashed head, an
     earlier test's testbed) does not capture a job that starts its own instance: it runs,
     and its summary names the instance it started. Run in a child, away from this
-    module's cluster; the state file is put back as it was."""
+    module's cluster (one worker and one server: the job's shape is not the point); the
+    state file is put back as it was."""
     import subprocess
     import sys
 
@@ -298,7 +299,8 @@ def test_a_job_starting_its_own_ray_ignores_a_stale_state_file(tmp_path):
     state.parent.mkdir(parents=True, exist_ok=True)
     state.write_text("10.255.255.1:6379")  # nobody there
     script = ("import equipoise, json, sys\n"
-              f"s = equipoise.train({{**{BASE!r}, 'launcher': 'ray', 'iterations': 4}}, out=sys.argv[1])\n"
+              f"s = equipoise.train({{**{BASE!r}, 'launcher': 'ray', 'iterations': 4, 'workers': 1, 'servers': 1}}, "
+              "out=sys.argv[1])\n"
               "print(json.dumps(s['launcher']))\n")
     try:
         # RAY_AUTH_MODE disabled: a local instance would otherwise write ~/.ray/auth_token,
