@@ -41,6 +41,11 @@ class Arrivals:
             self.planned[rank] = joins_at
         return rank
 
+    def start_next(self, free: int) -> int:
+        """Start the next server: rank `free` (the pool's next), or one above every server
+        started earlier and not yet joined. Its rank."""
+        return self.start(max([free - 1, *self.spawning]) + 1)
+
     def note_hello(self, msg: Message) -> bool:
         """Record the hello of a server started while training runs (it joins later)."""
         if msg.type == "hello" and msg.fields.get("role") == "server" and msg.fields.get("rank") in self.spawning:

@@ -317,7 +317,7 @@ class ServerManager:
         self._barrier_at = {k: v for k, v in self._barrier_at.items() if k >= t - interval}
         self._held = {k for k in self._held if k >= t - interval}
         self._update_stragglers(t)
-        actions: list[Action] = list(self.arrivals.joining(t))
+        actions: list[Action] = self.arrivals.joining(t)
         for ev in self.scenario.server_events:
             if ev.iteration == t and isinstance(ev, ServerRemove):
                 actions.append(RemoveServer(ev.server))
@@ -373,8 +373,7 @@ class ServerManager:
                 self._event("block_moved", t, **done, table_version=pool.version)
             return done["pause_s"]
         if isinstance(action, AddServer):  # start the process now; it joins once registered
-            rank = max([self.pool.next_rank() - 1, *self.arrivals.spawning]) + 1
-            self._event("server_starting", t, server=self.arrivals.start(rank))
+            self._event("server_starting", t, server=self.arrivals.start_next(self.pool.next_rank()))
             return 0.0
         if isinstance(action, JoinServer):
             version, samples = self._progress()
