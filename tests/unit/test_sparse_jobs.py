@@ -251,3 +251,25 @@ def test_shards_moved_without_a_barrier_lose_no_gradient(tmp_path, protocol):
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     moved = [r for r in map(json.loads, lines) if r.get("event") == "block_moved"]
     assert sorted(b for r in moved for b in r["blocks"]) == [9, 9, 10]
+
+
+@pytest.mark.parametrize("protocol", ["bsp", "lbbsp"])
+def test_under_a_barrier_the_next_steps_rows_are_asked_for_beside_the_pull(tmp_path, protocol):
+    """With `sparse_ids`, a worker asks for its next slice's rows as soon as it has sent
+    its exchange (worker/rows.py RowsAhead): where its slice is the one it expected (the
+    split as in the iteration before), the step finds them asked for before its forward
+    began, every "rows" event of the timeline sent at a negative time (the timeline's
+    times are from the step's forward start). Where LB-BSP changed the split the rows
+    are fetched by the step. The job still ends where one process does (the rows are of
+    the version the pull brings)."""
+    cfg = dlrm_job(workers=2, servers=2, protocol=protocol, iterations=8,
+                   **({"slowdown": [1.0, 4.0]} if protocol == "lbbsp" else {}))  # LB-BSP: the split changes
+    data = load_workload(cfg)
+    run_threads(cfg, tmp_path, data)
+    its = [r for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())
+           if r.get("type") == "iteration"]
+    same = [r for r, before in zip(its[1:], its) if r["batch"] == before["batch"]]
+    assert len(same) == cfg.iterations - 1 if protocol == "bsp" else 1 <= len(same) < cfg.iterations - 1
+    rows = [[e for e in timeline if e[0] == "rows"] for r in same for timeline in r["timeline"]]
+    assert all(rows) and all(e[2] < 0 for events in rows for e in events), rows
+    assert_near_oracle(cfg, tmp_path, data)

@@ -207,6 +207,11 @@ class RemoteTables:
         """The rows of a step's batch for every table `ids` names (by module; the user's
         `sparse_ids(batch)`), in one request per server for all tables; a table's forward
         then looks up these rows without asking (ids it did not foresee are fetched then)."""
+        asked, wanted = self.wanted(ids)
+        self.put_ready(asked, fetch(self.version, wanted) if wanted else {})
+
+    def wanted(self, ids: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[int, torch.Tensor]]:
+        """For `ids` (by module), each table's distinct ids and the rows to ask for, by block."""
         by_module = {m.table.module: m for m in self.modules}
         unknown = sorted(set(ids) - set(by_module))
         if unknown:
@@ -215,10 +220,13 @@ class RemoteTables:
         for name, t in ids.items():
             uniq, rows = by_module[name].wanted(t)
             asked[name] = uniq
-            for key, r in rows.items():  # two tables never share a block
-                wanted[key] = r
-        self.counts[0] += sum(len(r) for r in wanted.values())
-        got = fetch(self.version, wanted) if wanted else {}
+            wanted.update(rows)  # two tables never share a block
+        return asked, wanted
+
+    def put_ready(self, asked: dict[str, torch.Tensor], got: dict[int, torch.Tensor]) -> None:
+        """The rows `got` (by block) of the ids `asked` (by module), ready for the forward."""
+        self.counts[0] += sum(len(r) for r in got.values())
+        by_module = {m.table.module: m for m in self.modules}
         for name, uniq in asked.items():
             m = by_module[name]
             m.ready = (uniq, m._fetch(uniq, got))

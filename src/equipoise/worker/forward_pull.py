@@ -121,6 +121,11 @@ class ForwardPull:
         """Forget an armed pull without reading it (the job was rolled back)."""
         self.ticket = None
 
+    def rest(self) -> tuple[dict[int, int], dict[int, int], float]:
+        """`finish`: the versions, reads and held seconds of the pull the forward began on."""
+        pulled = self.finish()
+        return pulled.versions, pulled.reads, pulled.held_s
+
     def take_wait(self) -> float:
         got, self.wait_s = self.wait_s, 0.0
         return got

@@ -31,7 +31,7 @@ from ..scenario import Scenario
 from ..wire import Message, Transport
 from .probes import fixed_cost, memory_cap
 from ..device import DeviceError, DeviceLink, OutOfMemory, autocast, set_deterministic, to_device, worker_setup
-from .client import PSClient, Pulled, Ticket
+from .client import ClientError, PSClient, Pulled, Ticket
 from .forward_pull import ForwardPull
 from .backward_push import BackwardPush
 from ..user_code import USER_CODE
@@ -39,6 +39,7 @@ from ..workload import SampleError, StepError, load_workload
 from .coordinator_link import CoordinatorLink, Reset, WorkerError, exchange_times, oom_report, plan_table
 from ..sparse.remote import IdError, RemoteTables, with_rows
 from ..sparse.tables import untouched_tables
+from .rows import RowsAhead, slice_seed
 from .stretch import Stretch, noise_seed
 
 
@@ -110,6 +111,9 @@ class Worker:
             sampler = SliceSampler(len(data), cfg.global_batch, cfg.seed)
             self.loader = Loader(data, sampler, cfg.loader_workers, timeout=cfg.timeout)
             self.end = cfg.total_iterations(len(data)) * cfg.global_batch  # the stream's last position
+            self.ahead = RowsAhead(self.tables, self.client, ClientError, data, self.loader, cfg, self.end,
+                                   early=self.barrier and not self.depth and self.lazy is None  # worker/rows.py
+                                   ) if self.tables is not None and data.sparse_ids_fn is not None else None
             # what this worker measures of itself before its first step (worker/probes.py)
             self.memory_cap = memory_cap(cfg, self.rank, self.model, self.loader, data, self.device, self.precision)
             self.fixed_s = fixed_cost(cfg, self.model, self.loader, data, self.device, self.precision)
@@ -180,7 +184,7 @@ class Worker:
             except OutOfMemory as oom:
                 self._disarm()  # the fragments sent are abandoned: the server drops them
                 if self._lazy_armed():
-                    versions, reads, _ = self._finish_pull()
+                    versions, reads, _ = self.lazy.rest()
                 if not self.barrier:
                     raise WorkerError.unsplittable(oom) from None
                 plan, versions, exchange = self._out_of_memory(oom, data, sampler, f, versions, step)
@@ -285,6 +289,8 @@ class Worker:
             push = self.client.push(pushes, versions, f["size"], count=count, reads=reads, step=step, sent=sent,
                                     rows=rows)
             pull = self._pull(pull_version, part_kb)
+        if self.ahead is not None and not in_flight:  # the next step's rows, beside the pull
+            self.ahead.ask_next(f, pull_version)
         return push, pull, versions, t3
 
     def _arm(self, f: dict) -> None:
@@ -358,11 +364,6 @@ class Worker:
     def _lazy_armed(self) -> bool:
         return self.lazy is not None and self.lazy.armed
 
-    def _finish_pull(self) -> tuple[dict[int, int], dict[int, int], float]:
-        """forward_pull: the rest of the pull the step's forward began on."""
-        pulled = self.lazy.finish()
-        return pulled.versions, pulled.reads, pulled.held_s
-
     def _take(self, pull) -> tuple[dict[int, int], dict[int, int], float]:
         """Wait for a pull and write its weights into the model; returns each server's
         version and stamp of them, and the longest time a server held the pull back."""
@@ -382,12 +383,12 @@ class Worker:
         # Seeded by the slice before its samples are read: dropout-like randomness (and a
         # dataset's own) is the same on any split or resume. The CPU generator alone:
         # torch.manual_seed would also queue a CUDA seeding (~0.3 ms per step here).
-        torch.default_generator.manual_seed(self.cfg.seed * 1_000_003 + f["start"])
+        torch.default_generator.manual_seed(slice_seed(self.cfg.seed, f["start"]))
         USER_CODE.iteration = int(f["iteration"])  # what the heartbeat names a stuck call by
         if not f["size"]:  # planned no samples (LB-BSP, min_batch = 0): a gradient of zeros that weighs nothing
             return self._no_step()
         try:
-            batch = self.loader.get(f["start"], f["size"])
+            batch = (self.ahead or self.loader).get(f["start"], f["size"])  # read ahead with the rows, or now
         except (SampleError, StepError, TimeoutError) as exc:
             raise WorkerError(f"worker {self.rank}: iteration {f['iteration']}: {exc}") from None
         ahead = f["start"] + self.cfg.global_batch
@@ -400,7 +401,7 @@ class Worker:
         finally:
             self.stretch.finish()
         if self._lazy_armed():  # the rest of the weights, before the time is read
-            self._pulled = self._finish_pull()
+            self._pulled = self.lazy.rest()
         t2 = time.perf_counter()
         cpu = min(1.0, max(0.0, (time.process_time() - cpu0) / max(t2 - t1, 1e-9)))
         waited = self.lazy.take_wait() if self.lazy is not None else 0.0
@@ -417,7 +418,7 @@ class Worker:
         if self.tables is not None:
             self.tables.clear()
         if self._lazy_armed():
-            self._pulled = self._finish_pull()
+            self._pulled = self.lazy.rest()
         self._step_t = (t := time.perf_counter(), t)
         return 0.0, 0.0, {"compute_s": 0.0, "cpu": 0.0, "data_s": 0.0}
 
@@ -427,8 +428,7 @@ class Worker:
         servers applied since the last report (one per server and gradient)."""
         staleness, self._pending_staleness = self._pending_staleness + staleness, []
         waited = measured.pop("pull_wait_s", 0.0)  # forward_pull: the forward's wait is communication
-        if waited:
-            exchange = {**exchange, "comm_s": exchange.get("comm_s", 0.0) + waited}
+        exchange = {**exchange, "comm_s": exchange.get("comm_s", 0.0) + waited} if waited else exchange
         return {"iteration": f["iteration"], "start": f["start"], "samples": f["size"], "loss": loss, "count": count,
                 "version": min(versions.values()), "staleness": staleness, **measured, **self.link.take_times(),
                 "mem": self.proc.memory_info().rss / self._mem_total, **exchange,
@@ -458,8 +458,8 @@ class Worker:
             batch = to_device(batch, self.device, non_blocking=True)
             self.link.h2d_s += time.perf_counter() - t0
         try:
-            if self.tables is not None and data.sparse_ids_fn is not None:  # every table's rows in one request
-                self.tables.prefetch(data.sparse_ids(batch), self.client.rows)
+            if self.ahead is not None:  # every table's rows in one request, or asked for ahead
+                self.ahead.rows(batch, plan)
             with autocast(self.device, self.precision):
                 step = data.loss_of(self.model, batch, plan["size"])
         except (StepError, IdError) as exc:  # IdError: an id outside its sparse table
