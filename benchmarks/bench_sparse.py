@@ -157,12 +157,14 @@ def bench_movielens(seeds: tuple[int, ...] = (0, 1, 2)) -> dict[str, Any]:
 
 class PeakRss:
     """The largest resident set of each child process of this one (the job's workers,
-    servers) and of this process (the coordinator), sampled every `every` seconds."""
+    servers) and of this process (the coordinator), sampled every `every` seconds, and
+    their CPU seconds so far at each sample (`cpu_between`)."""
 
     def __init__(self, every: float = 0.2):
         import threading
 
         self.every, self.peak, self._stop = every, {}, threading.Event()
+        self.cpu: list[tuple[float, dict[str, float]]] = []  # (time.time(), CPU seconds by role)
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self) -> "PeakRss":
@@ -178,6 +180,7 @@ class PeakRss:
 
         me = psutil.Process()
         while not self._stop.is_set():
+            now, cpu = time.time(), {}
             for proc in [me] + me.children(recursive=True):
                 try:
                     cmd = proc.cmdline()
@@ -185,9 +188,22 @@ class PeakRss:
                             f"{cmd[-3]} {cmd[-2]}" if "equipoise.launch.proc" in cmd else None)
                     if role:
                         self.peak[role] = max(self.peak.get(role, 0), proc.memory_info().rss)
+                        times = proc.cpu_times()
+                        cpu[role] = times.user + times.system
                 except (psutil.Error, IndexError):
                     pass
+            self.cpu.append((now, cpu))
             self._stop.wait(self.every)
+
+    def cpu_between(self, t0: float, t1: float) -> dict[str, float]:
+        """CPU seconds each role used between times `t0` and `t1` (time.time()), from the
+        samples taken nearest outside that window (so at most `every` more at each end)."""
+        before = [c for t, c in self.cpu if t <= t0]
+        after = [c for t, c in self.cpu if t >= t1]
+        if not before or not after:
+            return {}
+        a, b = before[-1], after[0]
+        return {role: b[role] - a[role] for role in b if role in a}
 
     def of(self, role: str) -> list[float]:
         """Peak RSS in MB of every process whose role starts with `role`, by rank."""
@@ -201,8 +217,9 @@ DLRM_SETTINGS = dict(protocol="bsp", workers=4, servers=4, global_batch=512, opt
 
 
 def run_dlrm(rows: int, tables: int, dim: int, sparse: bool, iterations: int, tmp: Path,
-             **extra: Any) -> dict[str, Any]:
-    """One DLRM-style job (examples/workloads/dlrm.py); its figures and peak RSS per role."""
+             cpu_warmup: int = 0, **extra: Any) -> dict[str, Any]:
+    """One DLRM-style job (examples/workloads/dlrm.py); its figures and peak RSS per role
+    (and with `cpu_warmup`, `steady_cpu` after that many iterations)."""
     import equipoise
 
     cfg = {**DLRM_SETTINGS, **DLRM, **extra, "iterations": iterations,
@@ -221,7 +238,8 @@ def run_dlrm(rows: int, tables: int, dim: int, sparse: bool, iterations: int, tm
             "wire_bytes_per_iteration": s["wire_bytes_per_iteration"],
             "table_bytes": sum(t["bytes"] for t in s.get("sparse_tables", {}).values()),
             "shards": sum(t["shards"] for t in s.get("sparse_tables", {}).values()),
-            "rss_mb": {"workers": rss.of("worker"), "servers": rss.of("server"), "coordinator": rss.of("coordinator")}}
+            "rss_mb": {"workers": rss.of("worker"), "servers": rss.of("server"), "coordinator": rss.of("coordinator")},
+            **({"cpu_ms_per_iteration": steady_cpu(rss, run_dir / "metrics.jsonl", cpu_warmup)} if cpu_warmup else {})}
 
 
 def bench_memory(reps: int = 3) -> dict[str, Any]:
@@ -378,6 +396,25 @@ def run_torchrec(python: str, iterations: int, warmup: int, tmp: Path) -> dict[s
             "steady_samples_per_s": batch * (iterations - warmup) / (ends[-1] - ends[warmup - 1])}
 
 
+def steady_cpu(rss: PeakRss, metrics: Path, warmup: int) -> dict[str, float]:
+    """CPU milliseconds per iteration of the job's workers, servers and coordinator (all
+    of each kind together; the coordinator's process also runs this harness's sampling)
+    over the iterations after `warmup` but the last 5 (the processes must still run at
+    the window's end), and `cores`: their sum over the window's seconds per iteration (2
+    where both cores of this machine were busy)."""
+    import json
+
+    recs = sorted((r for r in map(json.loads, metrics.read_text().splitlines()) if r.get("type") == "iteration"),
+                  key=lambda r: r["iteration"])
+    t0, t1 = recs[warmup - 1]["time"], recs[-6]["time"]
+    used = rss.cpu_between(t0, t1)
+    n = len(recs) - 5 - warmup
+    out = {kind: 1e3 * sum(v for role, v in used.items() if role.startswith(kind)) / n
+           for kind in ("worker", "server", "coordinator")}
+    out["cores"] = sum(out.values()) / 1e3 * n / (t1 - t0)
+    return out
+
+
 def bench_torchrec(python: str, reps: int = 3, iterations: int = 90, warmup: int = 20) -> dict[str, Any]:
     """The DLRM-style example as shipped (8 tables of 10⁵ rows × 16, Adagrad 0.05, global
     batch 512, 4 workers and 4 servers) against the same model, data and global batch
@@ -385,7 +422,7 @@ def bench_torchrec(python: str, reps: int = 3, iterations: int = 90, warmup: int
     from benchmarks.bench_lbbsp import steady_window
 
     def ours(tmp: Path) -> dict[str, Any]:
-        r = run_dlrm(100_000, 8, 16, True, iterations, tmp, optimizer="adagrad")
+        r = run_dlrm(100_000, 8, 16, True, iterations, tmp, optimizer="adagrad", cpu_warmup=warmup)
         w = steady_window(Path(r.pop("run_dir"), "metrics.jsonl"), warmup)
         return {**r, "steady_samples_per_s": w["samples_per_s"], "split": w["split"],
                 "final_train_loss": w["final_train_loss"]}

@@ -17,6 +17,7 @@ REPORT_KEYS = ("iteration", "samples", "loss", "compute_s", "wait_s", "comm_s")
 
 
 TIMELINE_KINDS = ("fragment", "push", "pull", "part", "early", "applied", "plan", "rows")  # a report's wire events (worker/client.py)
+_INT = frozenset({int})  # a timeline event's blocks: ints only (bool is not one)
 
 
 def check_report(worker: int, report: dict) -> list | None:
@@ -38,7 +39,7 @@ def check_report(worker: int, report: dict) -> list | None:
             isinstance(e, list) and len(e) == 5 and e[0] in TIMELINE_KINDS and type(e[1]) is int
             and type(e[2]) in (int, float) and math.isfinite(e[2])
             and (e[3] is None or (type(e[3]) in (int, float) and math.isfinite(e[3])))
-            and isinstance(e[4], list) and all(type(k) is int for k in e[4]) for e in timeline):
+            and isinstance(e[4], list) and _INT.issuperset(map(type, e[4])) for e in timeline):
         raise ValueError(f"report of worker {worker}: timeline must list [kind, server, sent, arrived, blocks]")
     for key in ("wire_bytes", "rows"):  # optional: bytes sent and received; a table's rows pulled and pushed
         pair = report.get(key, [0, 0])

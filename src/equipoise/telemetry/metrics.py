@@ -18,11 +18,16 @@ class MetricsWriter:
         self._fh = self.path.open("a", encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:
-        record = json_safe(record)
-        self._fh.write(json.dumps(record, separators=(",", ":")) + "\n")
+        try:  # most records hold no NaN or infinity: encoded at once, not walked in Python first
+            line = json.dumps(record, separators=(",", ":"), allow_nan=False)
+        except ValueError:
+            line = json.dumps(json_safe(record), separators=(",", ":"))
+        self._fh.write(line + "\n")
         self._fh.flush()
-        for tap in self.taps:
-            tap(record)
+        if self.taps:
+            record = json_safe(record)
+            for tap in self.taps:
+                tap(record)
 
     def close(self) -> None:
         self._fh.close()

@@ -98,19 +98,25 @@ def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
 
 
+_SCALARS = frozenset({type(None), bool, int, float, str, bytes})
+
+
 def _check_plain(obj: Any) -> str | None:
-    """Return None if ``obj`` is plain wire data, else the reason (iterative walk)."""
+    """Return None if ``obj`` is plain wire data, else the reason (iterative walk; a
+    list or dict of scalars alone, the usual case, is passed by its set of types)."""
     stack = [obj]
     while stack:
         item = stack.pop()
         if item is None or isinstance(item, (bool, int, float, str, bytes)):
             continue
         if type(item) in (list, tuple):  # exact: msgpack.ExtType is a tuple subclass
-            stack.extend(item)
+            if not _SCALARS.issuperset(map(type, item)):
+                stack.extend(item)
         elif type(item) is dict:
             if not all(isinstance(k, str) for k in item):
                 return "field dicts must have str keys"
-            stack.extend(item.values())
+            if not _SCALARS.issuperset(map(type, item.values())):
+                stack.extend(item.values())
         else:
             return f"field value of type {type(item).__name__} is not plain wire data"
     return None
