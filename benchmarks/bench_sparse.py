@@ -39,10 +39,12 @@ interleaved: samples/s on the steady window after 20 iterations and LB-BSP's spe
 also over the whole run.
 
 Preset ``torchrec`` (bench_sparse_torchrec.json): the DLRM-style example as shipped (8
-tables of 10⁵ rows × 16, Adagrad, global batch 512, 4 workers, 4 servers) against the
-same model, data and global batch under TorchRec on 4 processes (benchmarks/torchrec_dlrm.py,
-run by the Python of a venv of TorchRec's own), interleaved: samples/s on the steady
-window after 20 iterations, and where each one's iteration goes. The venv:
+tables of 10⁵ rows × 16, Adagrad, global batch 512, 4 workers, 4 servers), the same job
+on 4 processes (2 workers, 1 server and the coordinator) and the same model, data and
+global batch under TorchRec on 4 processes (benchmarks/torchrec_dlrm.py, run by the
+Python of a venv of TorchRec's own), interleaved: samples/s on the steady window after
+20 iterations, where each one's iteration goes, and each one's CPU milliseconds per
+iteration over that window (equipoise's by role). The venv:
 
     python -m venv V && V/bin/pip install torch==2.13.0 fbgemm-gpu-cpu==1.8.0 tensordict \
         torchmetrics==1.0.3 tqdm pyre-extensions
@@ -417,19 +419,23 @@ def steady_cpu(rss: PeakRss, metrics: Path, warmup: int) -> dict[str, float]:
 
 def bench_torchrec(python: str, reps: int = 3, iterations: int = 90, warmup: int = 20) -> dict[str, Any]:
     """The DLRM-style example as shipped (8 tables of 10⁵ rows × 16, Adagrad 0.05, global
-    batch 512, 4 workers and 4 servers) against the same model, data and global batch
-    under TorchRec on 4 processes, interleaved: samples/s after `warmup` iterations."""
+    batch 512, 4 workers and 4 servers), the same job on 4 processes (2 workers, 1
+    server, the coordinator) and the same model, data and global batch under TorchRec on
+    4 processes, interleaved: samples/s after `warmup` iterations, and CPU milliseconds
+    per iteration over that window."""
     from benchmarks.bench_lbbsp import steady_window
 
-    def ours(tmp: Path) -> dict[str, Any]:
-        r = run_dlrm(100_000, 8, 16, True, iterations, tmp, optimizer="adagrad", cpu_warmup=warmup)
+    def ours(tmp: Path, **shape: int) -> dict[str, Any]:
+        r = run_dlrm(100_000, 8, 16, True, iterations, tmp, optimizer="adagrad", cpu_warmup=warmup, **shape)
         w = steady_window(Path(r.pop("run_dir"), "metrics.jsonl"), warmup)
         return {**r, "steady_samples_per_s": w["samples_per_s"], "split": w["split"],
                 "final_train_loss": w["final_train_loss"]}
 
     with tempfile.TemporaryDirectory(prefix="bench-sparse-") as name:
         tmp = Path(name)
+        # and on 4 processes as TorchRec: 2 workers, 1 server and the coordinator
         runs = interleave({"equipoise": lambda: ours(tmp),
+                           "equipoise-4p": lambda: ours(tmp, workers=2, servers=1),
                            "torchrec": lambda: run_torchrec(python, iterations, warmup, tmp)}, reps)
     return {"settings": {**DLRM_SETTINGS, "optimizer": "adagrad", "rows": 100_000, "tables": 8, "dim": 16,
                          "iterations": iterations, "warmup": warmup},
@@ -438,6 +444,8 @@ def bench_torchrec(python: str, reps: int = 3, iterations: int = 90, warmup: int
             "samples_per_s": {k: summary([r["steady_samples_per_s"] for r in v]) for k, v in runs.items()},
             "equipoise_x_torchrec": summary([a["steady_samples_per_s"] / b["steady_samples_per_s"]
                                              for a, b in zip(runs["equipoise"], runs["torchrec"])]),
+            "equipoise_4p_x_torchrec": summary([a["steady_samples_per_s"] / b["steady_samples_per_s"]
+                                                for a, b in zip(runs["equipoise-4p"], runs["torchrec"])]),
             "whole_run_equipoise_x_torchrec": summary([a["samples_per_s"] / b["samples_per_s"]
                                                        for a, b in zip(runs["equipoise"], runs["torchrec"])])}
 

@@ -444,19 +444,33 @@ def sparse_tables() -> dict[str, str]:
         for k in g["samples_per_s"]])
     t = load("bench_sparse_torchrec")
     phases = {k: summ([r["phases_s"][k] for r in t["runs"]["torchrec"]])["median"] for k in t["runs"]["torchrec"][0]["phases_s"]}
-    split = {k: summ([r["split"][k] for r in t["runs"]["equipoise"]])["median"] for k in ("compute", "imbalance", "rest")}
+
+    def ours(name: str, what: str) -> list[str]:
+        runs = t["runs"][name]
+        split = {k: summ([r["split"][k] for r in runs])["median"] for k in ("compute", "imbalance", "rest")}
+        cpu = {k: summ([r["cpu_ms_per_iteration"][k] for r in runs])["median"]
+               for k in ("worker", "server", "coordinator", "cores")}
+        return [what, rng(t["samples_per_s"][name]), rng(summ([r["samples_per_s"] for r in runs])),
+                f"workers' compute {pct(split['compute'])}, the slowest's extra {pct(split['imbalance'])}, "
+                f"the barrier's exchange {pct(split['rest'])}",
+                f"{num(sum(cpu[k] for k in ('worker', 'server', 'coordinator')))} (workers {num(cpu['worker'])}, "
+                f"servers {num(cpu['server'])}, coordinator {num(cpu['coordinator'])}); {num(cpu['cores'])} cores"]
+
+    tr = t["runs"]["torchrec"]
+    cores = summ([r["cpu_ms_per_iteration"] / 1e3 * r["steady_samples_per_s"] / t["settings"]["global_batch"]
+                  for r in tr])["median"]
     out["torchrec"] = one_file("bench_sparse_torchrec", [
         "DLRM-style, 8 tables of 10⁵ rows × 16, global batch 512", "samples/s (steady)", "whole run",
-        "where an iteration goes (medians)"], [
-        ["equipoise BSP, 4 workers, 4 servers", rng(t["samples_per_s"]["equipoise"]),
-         rng(summ([r["samples_per_s"] for r in t["runs"]["equipoise"]])),
-         f"workers' compute {pct(split['compute'])}, the slowest's extra {pct(split['imbalance'])}, "
-         f"the barrier's exchange {pct(split['rest'])}"],
+        "where an iteration goes (medians)", "CPU ms per iteration (medians)"], [
+        ours("equipoise", "equipoise BSP, 4 workers, 4 servers (9 processes)"),
+        ours("equipoise-4p", "equipoise BSP, 2 workers, 1 server (4 processes)"),
         [f"TorchRec {t['versions']['torchrec']} (fbgemm-gpu-cpu {t['versions']['fbgemm_gpu']}), 4 processes",
-         rng(t["samples_per_s"]["torchrec"]), rng(summ([r["samples_per_s"] for r in t["runs"]["torchrec"]])),
-         ", ".join(f"{k.replace('_', ' ')} {num(v * 1e3)} ms" for k, v in phases.items())],
-        ["equipoise ÷ TorchRec, per round", X(t["equipoise_x_torchrec"]),
-         rng(t["whole_run_equipoise_x_torchrec"], lambda x: num(x) + "×"), ""]])
+         rng(t["samples_per_s"]["torchrec"]), rng(summ([r["samples_per_s"] for r in tr])),
+         ", ".join(f"{k.replace('_', ' ')} {num(v * 1e3)} ms" for k, v in phases.items()),
+         f"{num(summ([r['cpu_ms_per_iteration'] for r in tr])['median'])}; {num(cores)} cores"],
+        ["equipoise ÷ TorchRec, per round (9 processes)", X(t["equipoise_x_torchrec"]),
+         rng(t["whole_run_equipoise_x_torchrec"], lambda x: num(x) + "×"), "", ""],
+        ["equipoise ÷ TorchRec, per round (4 processes)", X(t["equipoise_4p_x_torchrec"]), "", "", ""]])
     return out
 
 

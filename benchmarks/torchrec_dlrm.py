@@ -97,8 +97,11 @@ def _run(rank: int, args: argparse.Namespace, port: int) -> None:
     ends, losses = [], []
     dist.barrier()
     start = time.perf_counter()
+    cpu0 = time.process_time()
     for it in range(args.iterations):
         t0 = time.perf_counter()
+        if it == args.warmup:  # this process's CPU seconds (its threads too) over the steady window
+            cpu0 = time.process_time()
         first = (it * args.global_batch + rank * local) % ex.TRAIN
         dense, ids, click = data.get_batch(torch.arange(first, first + local))
         kjt = KeyedJaggedTensor.from_lengths_sync(keys=keys, values=ids.t().reshape(-1),
@@ -116,12 +119,15 @@ def _run(rank: int, args: argparse.Namespace, port: int) -> None:
                 phases[k] += b - a
         ends.append(t4 - start)
         losses.append(float(loss.detach()))
+    cpu = torch.tensor([time.process_time() - cpu0], dtype=torch.float64)
+    dist.all_reduce(cpu)  # the processes' sum
     dist.barrier()
     if rank == 0:
         n = max(1, args.iterations - args.warmup)
         sharding = {name: str(p.sharding_type) for mod in plan.plan.values() for name, p in mod.items()}
         Path(args.out).write_text(json.dumps({
             "ends_s": ends, "phases_s": {k: v / n for k, v in phases.items()}, "sharding": sharding,
+            "cpu_ms_per_iteration": 1e3 * float(cpu) / n,
             "final_train_loss": sum(losses[-10:]) / len(losses[-10:]),
             "torch": torch.__version__, "torchrec": __import__("torchrec").__version__,
             "fbgemm_gpu": __import__("fbgemm_gpu").__version__}))
