@@ -134,3 +134,21 @@ def test_bsp_clipped_while_blocks_move_equals_the_reference(tmp_path, digits):
     ref = train_reference(cfg, data=digits).state_dict()
     got = final_values(tmp_path)
     assert all(torch.allclose(got[k], ref[k], atol=1e-5) for k in ref)
+
+
+@pytest.mark.parametrize("protocol", ["bsp", "asp"])
+def test_an_iterations_record_is_timed_by_its_last_report_not_by_when_it_is_written(tmp_path, digits, protocol):
+    """Under a barrier the coordinator writes iteration t's record after the snapshot of
+    t + 1 (at the end: the final checkpoint and model), but the record is timed by the
+    last report of t to arrive: the last iteration's record is of a time before the
+    final checkpoint began (its event is written once it is saved), and the records'
+    times rise with the iterations."""
+    cfg = job(protocol=protocol, checkpoint_every=4)
+    run_threads(cfg, tmp_path, digits)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    its = sorted((r for r in records if r.get("type") == "iteration"), key=lambda r: r["iteration"])
+    final = [r for r in records if r.get("event") == "checkpoint" and r["iteration"] == cfg.iterations]
+    assert len(its) == cfg.iterations and len(final) == 1
+    assert its[-1]["time"] < final[0]["time"]
+    if protocol == "bsp":  # without a barrier an iteration's last report may come before an earlier one's
+        assert all(a["elapsed"] <= b["elapsed"] for a, b in zip(its, its[1:]))

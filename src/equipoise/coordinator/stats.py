@@ -112,7 +112,7 @@ class RunStats:
         return 0.0 if self.t_start is None else time.perf_counter() - self.t_start
 
     def add(self, report: dict) -> None:
-        self.t_last = time.perf_counter()
+        self.t_last = report["received_at"] = time.perf_counter()  # its iteration ends with its last report
         self.last_at = time.time()  # the last report, on the wall clock (training's end for eval_s)
         self.samples += int(report["samples"])
         for k in self.busy:
@@ -128,10 +128,14 @@ class RunStats:
         return {"first_iteration": self.began_at or trained, "trained": trained, "evaluated": evaluated}
 
     def iteration_record(self, t: int, reports: list[dict]) -> dict:
-        """One metrics.jsonl record for iteration t from its workers' reports."""
+        """One metrics.jsonl record for iteration t from its workers' reports, timed by
+        the last of them to arrive: the record may be written later (the coordinator
+        digests an iteration's reports after the next plans are out, and after a
+        snapshot taken at that barrier)."""
         now = time.perf_counter()
-        elapsed = now - (self._t_prev_record or now)
-        self._t_prev_record = now
+        at = max((r.get("received_at", now) for r in reports), default=now)
+        elapsed = at - (self._t_prev_record or at)
+        self._t_prev_record = max(at, self._t_prev_record or at)
         # In slice order when a lost worker's slices were cut among others (barrier
         # protocols: the same as worker order otherwise), so `batch` lists the splits.
         recovered = any(r.get("recovery") for r in reports)
@@ -142,7 +146,8 @@ class RunStats:
                 else float("nan"))
         self.last_loss = loss
         stale = [s for r in reports for s in r["staleness"]]
-        record = {"type": "iteration", "iteration": t, "time": time.time(), "elapsed": self.elapsed(),
+        record = {"type": "iteration", "iteration": t, "time": time.time() - (now - at),
+                  "elapsed": 0.0 if self.t_start is None else at - self.t_start,
                   "workers": [r["worker"] for r in reports],
                   "batch": [r["samples"] for r in reports], "loss": loss,
                   "samples_per_s": samples / elapsed if elapsed > 0 else None,
