@@ -11,7 +11,7 @@ from equipoise.policy.placement import Block
 from equipoise.protocol.blocks import model_blocks, read_values, write_values
 from equipoise.sparse.checks import tables_refusal
 from equipoise.sparse.remote import IdError, RemoteTables
-from equipoise.sparse.step import check_rows, sparse_sum
+from equipoise.sparse.step import check_rows, rows_within, sparse_sum, table_push_ok
 from equipoise.sparse.tables import (SHARDS_PER_SERVER, TableError, place_with_tables, row_order, sparse_tables, stored_positions,
                                      table_blocks)
 from equipoise.wire.names import pack_parts, unpack_parts
@@ -155,6 +155,51 @@ def test_rows_are_checked_and_summed_as_dense_gradients_are():
     assert torch.equal(g.to_dense(), torch.tensor([[0.25] * 4, [0.0] * 4, [1.75] * 4]))
 
 
+def test_a_pushs_table_blocks_checked_at_once_pass_and_fail_as_block_by_block():
+    """`rows_within` and `table_push_ok` check every table block of a request or a push
+    in a few operations; each bad case the block-by-block checks refuse is refused by
+    them too (and then named block by block), wherever among the blocks it is."""
+    blocks = [Block(0, "t", 0, 12, "rows", 4, 4), Block(1, "t", 12, 20, "rows", 4, 4)]  # 3 rows, 2 rows
+    rows, grads, dtypes = [torch.tensor([0, 2]), torch.tensor([1])], [torch.ones(8), torch.ones(4)], [torch.float32] * 2
+    assert rows_within(blocks, rows) and table_push_ok(blocks, rows, grads, dtypes)
+    assert rows_within([], []) and table_push_ok([], [], [], [])
+    assert rows_within(blocks, [torch.zeros(0, dtype=torch.int64)] * 2)
+    for i in (0, 1):
+        for bad in (torch.tensor([blocks[i].rows]), torch.tensor([-1]), torch.tensor([0.0]), torch.zeros(1, 1).long()):
+            r = list(rows)
+            r[i] = bad
+            assert not rows_within(blocks, r)
+            with pytest.raises(ValueError):
+                check_rows(blocks[i], bad, "test")
+        for bad_rows, bad_grad in ((None, grads[i]), (rows[i], torch.ones(3)), (rows[i], torch.ones(1, len(grads[i]))),
+                                   (rows[i], grads[i].double()), (rows[i], torch.full_like(grads[i], float("nan"))),
+                                   (rows[i], torch.full_like(grads[i], float("inf")))):
+            r, g = list(rows), list(grads)
+            r[i], g[i] = bad_rows, bad_grad
+            assert not table_push_ok(blocks, r, g, dtypes)
+
+
+def test_a_push_with_a_bad_table_block_is_refused_naming_it():
+    from equipoise.server.store import OptimizerSpec, ParameterStore, Push, PushError
+    from equipoise.policy.sync import make_sync_policy
+
+    blocks = [Block(0, "t", 0, 12, "rows", 4, 4), Block(1, "t", 12, 20, "rows", 4, 4)]
+    store = ParameterStore(blocks, {0: torch.zeros(12), 1: torch.zeros(8)},
+                           OptimizerSpec("sgd", 1.0, 0.0, 0.0, "constant", 100, 10, 0.1, 1),
+                           make_sync_policy("bsp"))
+    good = Push(0, 0, 4, {0: torch.ones(8), 1: torch.ones(4)}, rows={0: torch.tensor([0, 2]), 1: torch.tensor([1])})
+    store.check(good)
+    for grads, rows, match in (({1: torch.ones(4)}, {1: torch.tensor([2])}, "block 1 has rows \\[0, 2\\); asked for 2"),
+                               ({1: torch.ones(4)}, {1: torch.tensor([-1])}, "asked for -1"),
+                               ({1: torch.full((4,), float("nan"))}, {}, "block 1 holds a non-finite"),
+                               ({1: torch.ones(8)}, {}, "block 1 has \\(8,\\)"),
+                               ({}, {1: None}, "block 1 of table t comes without its rows")):
+        bad = Push(0, 0, 4, {**good.tensors, **grads}, rows={**good.rows, **rows})
+        bad.rows = {k: v for k, v in bad.rows.items() if v is not None}
+        with pytest.raises(PushError, match=match):
+            store.check(bad)
+
+
 def cfg(**kw):
     base = dict(dataset="digits", model="mlp", workers=2, servers=2, iterations=2, progress=False)
     return Config.from_dict({**base, **kw})
@@ -269,6 +314,9 @@ def test_a_server_refuses_a_rows_request_larger_than_the_block():
     assert sent[-1].type == "error" and "4 rows of block 0, which has 3" in sent[-1].fields["message"]
     server.handle(b"w", ask(torch.tensor([2, 0])))
     assert sent[-1].type == "rows" and unpack_parts(sent[-1].tensors, "R")[0].shape == (8,) and not server.done
+    for row, words in ((3, "block 0 has rows [0, 3); asked for 3"), (-1, "asked for -1")):  # outside the block
+        server.handle(b"w", ask(torch.tensor([0, row])))
+        assert sent[-1].type == "error" and words in sent[-1].fields["message"] and not server.done
     # a malformed index: refused in one line naming the tensor; the server goes on
     for bad, words in (({"I0": torch.tensor([2, 0])}, "without its index"),
                        ({"I0": torch.tensor([2, 0]), "I0#": torch.tensor([[0, 3]])}, "counts 3 elements of 2"),

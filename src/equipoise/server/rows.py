@@ -13,11 +13,9 @@ Adagrad; Adam as ``torch.optim.SparseAdam``).
 
 from __future__ import annotations
 
-import torch
-
 from ..wire import Message
 from ..wire.names import pack_parts, unpack_parts
-from ..sparse.step import check_rows
+from ..sparse.step import check_rows, rows_within
 from .parts import Core, Held, per_block
 
 __all__ = ["RowsPart"]
@@ -36,7 +34,7 @@ class RowsPart:
             return
         wanted = unpack_parts(msg.tensors, "I")
         who = f"server {core.rank}: rows for worker {msg.fields['worker']}"
-        moved = {}
+        moved, held = {}, []
         for key, rows in list(wanted.items()):
             block = core.store.blocks.get(key)
             if block is None and key in core.handover.moved:  # handed over without a barrier:
@@ -45,9 +43,12 @@ class RowsPart:
                 continue
             if block is None or block.kind != "rows":
                 raise ValueError(f"{who}: block {key} is not a table's block held here")
-            check_rows(block, rows, who)
             if rows.numel() > block.rows:  # a worker asks for distinct rows: a reply is at most the block
                 raise ValueError(f"{who}: {rows.numel()} rows of block {key}, which has {block.rows}")
+            held.append(block)
+        if not rows_within(held, [wanted[b.key] for b in held]):  # all at once; one is wrong: named
+            for block in held:
+                check_rows(block, wanted[block.key], who)
         core.hold(Held(peer, "rows", int(msg.fields["min_version"]), core.clock.now(), int(msg.fields["worker"]),
                        wanted=wanted, moved=moved))
 

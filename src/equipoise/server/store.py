@@ -28,7 +28,7 @@ from ..protocol.optimizer import OptimizerSpec, global_norm, user_schedule  # no
 from ..policy.staleness import Step, bsp_step, dc_compensate, mean_delay
 from ..policy.sync import SyncPolicy
 from .optimizers import SGD, make_optimizer as _make_optimizer, make_rows_optimizer
-from ..sparse.step import check_rows, sparse_sum
+from ..sparse.step import check_rows, sparse_sum, table_push_ok
 
 RETIRED_KEPT = 2  # replaced tensors kept per block for reuse (`_retire`)
 ROWS_LOAN_WAIT_S = 30.0  # a shard lent to a send is waited for this long before it is copied (`_copy_on_write`)
@@ -140,16 +140,18 @@ class ParameterStore:
             raise PushError(f"push from worker {push.worker} has samples = {push.samples}")
         if push.count is not None and not (math.isfinite(push.count) and push.count >= 0):
             raise PushError(f"push from worker {push.worker} has count = {push.count} (a finite number ≥ 0)")
+        table = [k for k in push.tensors if k not in checked and self.blocks[k].kind == "rows"]
+        if table and not table_push_ok([self.blocks[k] for k in table], [push.rows.get(k) for k in table],
+                                       [push.tensors[k] for k in table], [self.values[k].dtype for k in table]):
+            for key in table:  # one is wrong: found and named
+                self._check_rows(push, key, push.tensors[key])
         for key, t in push.tensors.items():
-            if key in checked:
+            if key in checked or self.blocks[key].kind == "rows":
                 continue
-            if self.blocks[key].kind == "rows":
-                self._check_rows(push, key, t)
-            elif t.shape != self.values[key].shape or t.dtype != self.values[key].dtype:
+            if t.shape != self.values[key].shape or t.dtype != self.values[key].dtype:
                 raise PushError(f"push from worker {push.worker}: block {key} has shape "
                                 f"{tuple(t.shape)} {t.dtype}, expected {tuple(self.values[key].shape)}")
-            # One reduction instead of an isfinite mask: NaN and inf propagate into the sum
-            # (a finite block whose sum overflows is refused too, and is no gradient to apply).
+            # one sum, not an isfinite mask: NaN and inf propagate (a block whose sum overflows is refused too)
             if not math.isfinite(float(t.sum())):
                 raise PushError(f"push from worker {push.worker}: block {key} holds a non-finite "
                                 "gradient (NaN or inf)")
