@@ -7,8 +7,8 @@ until the server is at the version asked, and answered with just those rows (``r
 ``R0``). A pull's reply leaves the tables' blocks out. A push carries, for a table's
 block, the gradient of the rows it names (``G0`` flat, ``I0``); the update sums the pushes'
 rows weighted as dense gradients are (sparse/step.py ``sparse_sum``) into a sparse gradient, which
-torch's own optimizers step (server/optimizers.py `make_rows_optimizer`): only the rows touched move (SGD,
-Adagrad; Adam as ``torch.optim.SparseAdam``).
+stepped as torch's own sparse optimizers do (server/optimizers.py `make_rows_optimizer`): only the rows touched
+move (SGD; Adagrad and Adam as ``torch.optim.Adagrad`` and ``torch.optim.SparseAdam``).
 """
 
 from __future__ import annotations

@@ -294,6 +294,34 @@ def test_the_servers_sparse_adam_is_torch_s_bit_for_bit():
     assert a.state[ours]["step"] == b.state[theirs]["step"] == 5
 
 
+def test_the_servers_sparse_adagrad_is_torch_s_bit_for_bit():
+    """server/optimizers.py SparseAdagrad against torch.optim.Adagrad on sparse
+    gradients: eight steps with repeated and untouched rows (an empty one too), the
+    learning rate changed between steps, two parameters one of which misses a step; the
+    same numbers exactly, the state ("step", "sum") too."""
+    from equipoise.server.optimizers import SparseAdagrad
+
+    g = torch.Generator().manual_seed(0)
+    ours, theirs = ([torch.nn.Parameter(torch.randn(40, 3, generator=torch.Generator().manual_seed(s)))
+                     for s in (1, 2)] for _ in range(2))
+    a, b = SparseAdagrad(ours, lr=0.05), torch.optim.Adagrad(theirs, lr=0.05)
+    for step, n in enumerate((5, 60, 0, 9, 4, 33, 7, 12)):
+        rows = torch.randint(0, 40, (n,), generator=g)
+        values = torch.randn(n, 3, generator=g) * 3
+        for p in (ours[0], theirs[0]):
+            p.grad = torch.sparse_coo_tensor(rows.unsqueeze(0), values, (40, 3))
+        for p in (ours[1], theirs[1]):
+            p.grad = None if step == 3 else torch.sparse_coo_tensor(rows.unsqueeze(0) % 40, -values, (40, 3))
+        for opt in (a, b):
+            opt.param_groups[0]["lr"] = 0.05 * (step + 1)
+            opt.step()
+        assert all(torch.equal(x, y) for x, y in zip(ours, theirs)), step
+    for x, y in zip(ours, theirs):
+        assert a.state[x].keys() == b.state[y].keys() == {"step", "sum"}
+        assert all(torch.equal(a.state[x][k], b.state[y][k]) and a.state[x][k].dtype == b.state[y][k].dtype
+                   for k in ("step", "sum"))
+
+
 def table_store():
     """A dense block and a table's shard of 3 rows × 4 (plain SGD)."""
     blocks = [Block(0, "w", 0, 3), Block(1, "t", 0, 12, "rows", 4, 4)]
