@@ -6,7 +6,7 @@ rows within each block, ``I0``/``I0#``: wire/names.py ``pack_parts``), held like
 until the server is at the version asked, and answered with just those rows (``rows``,
 ``R0``). A pull's reply leaves the tables' blocks out. A push carries, for a table's
 block, the gradient of the rows it names (``G0`` flat, ``I0``); the update sums the pushes'
-rows weighted as dense gradients are (sparse/step.py ``sparse_sum``) into a sparse gradient, which
+rows weighted as dense gradients are (sparse/step.py ``sparse_sum``) into a sparse gradient,
 stepped as torch's own sparse optimizers do (server/optimizers.py `make_rows_optimizer`): only the rows touched
 move (SGD; Adagrad and Adam as ``torch.optim.Adagrad`` and ``torch.optim.SparseAdam``).
 """
