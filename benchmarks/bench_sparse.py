@@ -198,14 +198,23 @@ class PeakRss:
             self._stop.wait(self.every)
 
     def cpu_between(self, t0: float, t1: float) -> dict[str, float]:
-        """CPU seconds each role used between times `t0` and `t1` (time.time()), from the
-        samples taken nearest outside that window (so at most `every` more at each end)."""
-        before = [c for t, c in self.cpu if t <= t0]
-        after = [c for t, c in self.cpu if t >= t1]
-        if not before or not after:
-            return {}
-        a, b = before[-1], after[0]
-        return {role: b[role] - a[role] for role in b if role in a}
+        """CPU seconds each role used between times `t0` and `t1` (time.time()): its CPU
+        seconds so far at each, interpolated between the samples around it that hold the
+        role (a role not sampled on both sides of both is left out)."""
+        def at(role: str, t: float) -> float | None:
+            seen = [(s, c[role]) for s, c in self.cpu if role in c]
+            for (sa, ca), (sb, cb) in zip(seen, seen[1:]):
+                if sa <= t <= sb:
+                    return ca + (cb - ca) * (t - sa) / (sb - sa) if sb > sa else ca
+            return None
+
+        roles = {role for _, c in self.cpu for role in c}
+        out = {}
+        for role in roles:
+            a, b = at(role, t0), at(role, t1)
+            if a is not None and b is not None:
+                out[role] = b - a
+        return out
 
     def of(self, role: str) -> list[float]:
         """Peak RSS in MB of every process whose role starts with `role`, by rank."""

@@ -328,6 +328,13 @@ def test_a_server_refuses_a_rows_request_larger_than_the_block():
         assert words in sent[-1].fields["message"] and not server.done
     server.handle(b"w", ask(torch.tensor([1])))
     assert sent[-1].type == "rows"
+    # a block not held here: refused, unless asked ahead (moved at a barrier since): then missing
+    other = pack_parts("I", {5: torch.tensor([0])})
+    server.handle(b"w", Message("rows_req", {"worker": 0, "min_version": 0}, other))
+    assert sent[-1].type == "error" and "block 5 is not a table's block held here" in sent[-1].fields["message"]
+    server.handle(b"w", Message("rows_req", {"worker": 0, "min_version": 0, "ahead": True},
+                                pack_parts("I", {5: torch.tensor([0]), 0: torch.tensor([1])})))
+    assert sent[-1].type == "rows" and sent[-1].fields["missing"] == [5] and not server.done
 
 
 def test_many_blocks_pack_into_one_tensor_per_dtype_and_back():

@@ -36,6 +36,7 @@ class Held:
     early: dict | None = field(default=None)  # eager_update: the blocks sent ahead of the reply (None: not asked)
     wanted: dict | None = field(default=None)  # "rows": the rows of each table block asked for
     moved: dict | None = field(default=None)  # "rows": blocks asked for that were handed over: key -> address
+    missing: list | None = field(default=None)  # "rows" asked ahead: blocks not held here (a list: asked ahead)
 
 
 class Core(Protocol):

@@ -34,11 +34,16 @@ class RowsPart:
             return
         wanted = unpack_parts(msg.tensors, "I")
         who = f"server {core.rank}: rows for worker {msg.fields['worker']}"
-        moved, held = {}, []
+        # asked ahead (worker/rows.py RowsAhead): a block moved at a barrier since is missing, not an error
+        moved, held, missing = {}, [], [] if msg.fields.get("ahead") is True else None
         for key, rows in list(wanted.items()):
             block = core.store.blocks.get(key)
             if block is None and key in core.handover.moved:  # handed over without a barrier:
                 moved[key] = core.handover.moved[key]  # the worker asks its new owner
+                del wanted[key]
+                continue
+            if block is None and missing is not None:
+                missing.append(key)
                 del wanted[key]
                 continue
             if block is None or block.kind != "rows":
@@ -50,16 +55,19 @@ class RowsPart:
             for block in held:
                 check_rows(block, wanted[block.key], who)
         core.hold(Held(peer, "rows", int(msg.fields["min_version"]), core.clock.now(), int(msg.fields["worker"]),
-                       wanted=wanted, moved=moved))
+                       wanted=wanted, moved=moved, missing=missing))
 
     def reply(self, h: Held) -> None:
         core = self.core
         t0, store = core.clock.now(), core.store
-        out, moved = {}, dict(h.moved or {})
+        out, moved, missing = {}, dict(h.moved or {}), None if h.missing is None else list(h.missing)
         for key, rows in (h.wanted or {}).items():
             block = store.blocks.get(key)
             if block is None and key in core.handover.moved:  # left while the request was held
                 moved[key] = core.handover.moved[key]
+                continue
+            if block is None and missing is not None:
+                missing.append(key)
                 continue
             if block is None:
                 core.listener.send(h.peer, Message("error", {"message": f"server {core.rank}: block {key} left"}))
@@ -70,5 +78,6 @@ class RowsPart:
         core.gather_s += core.clock.now() - t0
         core.charge(per_block(out), t0)
         core.listener.send(h.peer, Message("rows", {"version": core.sync.published(),
-                                                    **({"moved": sorted(moved.items())} if moved else {})},
+                                                    **({"moved": sorted(moved.items())} if moved else {}),
+                                                    **({"missing": sorted(missing)} if missing else {})},
                                            pack_parts("R", out)))

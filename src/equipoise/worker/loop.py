@@ -85,7 +85,7 @@ class Worker:
         except DeviceError as exc:
             raise WorkerError(str(exc)) from None
         data = load_workload(cfg, shared=self.data)
-        self.loader = None
+        self.loader = self.ahead = None
         welcome = self._request(Message("hello", {
             "role": "worker", "rank": self.rank, "address": "", "pid": os.getpid()}), "welcome")
         self.blocks = [Block.from_list(r) for r in welcome.fields["blocks"]]
@@ -496,5 +496,5 @@ class Worker:
         beside = self.client.wait_beside if self.client is not None else None
         msg = self.coord.recv(expect, self.epoch, beside)
         if msg.type == "plan" and not msg.fields.get("stop") and self.loader is not None:
-            self.loader.prefetch(int(msg.fields["start"]), int(msg.fields["size"]))
+            (self.ahead or self.loader).prefetch(int(msg.fields["start"]), int(msg.fields["size"]))
         return msg

@@ -17,7 +17,7 @@ import torch
 from ..wire import Message
 from ..wire.names import pack_parts, unpack_parts
 
-__all__ = ["fetch_rows", "ask_rows", "RowsAhead", "MAX_ROW_HOPS", "slice_seed"]
+__all__ = ["fetch_rows", "ask_rows", "RowsAhead", "AheadMissed", "MAX_ROW_HOPS", "slice_seed"]
 
 MAX_ROW_HOPS = 4  # a rows request follows a block handed over without a barrier this many times
 
@@ -27,13 +27,21 @@ def slice_seed(seed: int, start: int) -> int:
     return seed * 1_000_003 + start
 
 
-def ask_rows(client, version: int | None, wanted: dict[int, torch.Tensor], route: dict[int, int] | None = None):
+class AheadMissed(Exception):
+    """Rows asked for ahead from a server that no longer holds their block (moved at
+    the barrier since): the step asks again by its table."""
+
+
+def ask_rows(client, version: int | None, wanted: dict[int, torch.Tensor], route: dict[int, int] | None = None,
+             ahead: bool = False):
     """Send the requests for `wanted` (by key, rows within the block) to the servers
-    `route` (default: the client's table) names; the ticket `fetch_rows` collects."""
+    `route` (default: the client's table) names; the ticket `fetch_rows` collects.
+    `ahead`: a block no longer held there is answered as missing, not refused."""
     if route is None:
         route = {b.key: r for r, blocks in client.by_server.items() for b in blocks}
     return client._send("rows", lambda r, blocks: Message(
-        "rows_req", {"worker": client.worker, "min_version": int(version or 0), "epoch": client.epoch},
+        "rows_req", {"worker": client.worker, "min_version": int(version or 0), "epoch": client.epoch,
+                     **({"ahead": True} if ahead else {})},
         pack_parts("I", {k: ids for k, ids in wanted.items() if route.get(k) == r})),
         only=sorted({route[k] for k in wanted if k in route}))
 
@@ -41,7 +49,8 @@ def ask_rows(client, version: int | None, wanted: dict[int, torch.Tensor], route
 def fetch_rows(client, version: int | None, wanted: dict[int, torch.Tensor], error: type[Exception],
                ticket=None) -> dict[int, torch.Tensor]:
     """PSClient.rows: by key, rows × width; `error` (the client's) names what went wrong.
-    `ticket`: the requests for `wanted` were sent already (`ask_rows`)."""
+    `ticket`: the requests for `wanted` were sent already (`ask_rows`); AheadMissed if
+    they were asked ahead and a server no longer holds a block (all replies collected)."""
     owner = {b.key: r for r, blocks in client.by_server.items() for b in blocks}
     width = {b.key: b.width for blocks in client.by_server.values() for b in blocks}
     route, pending = dict(owner), dict(wanted)
@@ -50,7 +59,10 @@ def fetch_rows(client, version: int | None, wanted: dict[int, torch.Tensor], err
         if ticket is None:
             ticket = ask_rows(client, version, pending, route)
         moved: dict[int, str] = {}
-        for r, reply in client.wait(ticket).items():
+        replies = client.wait(ticket)
+        if any(reply.fields.get("missing") for reply in replies.values()):
+            raise AheadMissed(f"{client.who}: rows asked ahead of blocks moved since")
+        for r, reply in replies.items():
             got = reply.fields.get("version")
             if version is not None and got != version:  # e.g. a lost worker's share recomputed after the update
                 raise error(f"{client.who}: server {r} has table rows of version {got}, not {version}; "
@@ -99,12 +111,15 @@ class Ahead:
 
 class RowsAhead:
     """A worker's rows of sparse tables, asked for one step ahead under a barrier (see
-    the module docstring). `ask` reads
-    the slice expected next (seeded as its step seeds it: a dataset's own randomness is
-    the same), asks for its rows, and leaves the generator as it found it; the step then
-    takes the batch (`get`) and the rows (`take`) if its plan names that slice and its
-    weights are of that version, and otherwise `drop`s them (the replies are collected
-    and discarded) and reads and fetches as without."""
+    the module docstring). `ask` reads the slice expected next (seeded as its step seeds
+    it, the user's `sparse_ids` run on it: a dataset's own randomness is the same), asks
+    for its rows, and leaves the generator as it found it; the step then takes the batch
+    (`get`) and the rows (`rows`) if its plan names that slice and its weights are of
+    that version. Otherwise they are dropped: the step reads and fetches as without, and
+    the replies are collected once this worker's weights are of the version they wait
+    for (never before: the servers may reach it only through this worker's next push).
+    A lost worker's share (a `recover` plan) is fetched as without, the rows asked ahead
+    kept for the step after it."""
 
     def __init__(self, tables, client, error: type[Exception], data, loader, cfg, end: int, early: bool):
         """`early`: ask ahead (a barrier, no exchange in flight, weights not taken as
@@ -112,12 +127,14 @@ class RowsAhead:
         self.tables, self.client, self.error, self.data, self.loader = tables, client, error, data, loader
         self.global_batch, self.seed, self.end, self.early = int(cfg.global_batch), int(cfg.seed), int(end), early
         self.ahead: Ahead | None = None
+        self.dropped: list[Ahead] = []  # requests whose replies are still to collect
 
     def rows(self, batch, f: dict) -> None:
         """The rows of every table the step on plan `f` touches (the user's `sparse_ids`
         of its `batch`), in one request per server: those asked for ahead if they are of
         this slice and of the version of the weights pulled, else asked for now."""
-        if not self.take(int(f["start"]), int(f["size"]), self.tables.version):
+        self._collect(self.tables.version)
+        if f.get("recover") or not self.take(int(f["start"]), int(f["size"]), self.tables.version):
             self.tables.prefetch(self.data.sparse_ids(batch), self.client.rows)
 
     def ask_next(self, f: dict, version: int) -> None:
@@ -136,24 +153,28 @@ class RowsAhead:
         try:
             torch.default_generator.manual_seed(slice_seed(self.seed, start))
             batch = self.loader.get(start, size)
-            rng = torch.default_generator.get_state()
             asked, wanted = self.tables.wanted(self.data.sparse_ids(batch))
+            rng = torch.default_generator.get_state()  # as the step's forward would find it
         except Exception:  # noqa: BLE001 - read again by the step itself, which reports what failed
             return
         finally:
             torch.default_generator.set_state(before)
-        ticket = ask_rows(self.client, version, wanted) if wanted else None
+        ticket = ask_rows(self.client, version, wanted, ahead=True) if wanted else None
         self.ahead = Ahead(start, size, version, ticket, asked, wanted, batch, rng, self.client.epoch)
 
     def get(self, start: int, size: int):
         """The batch of [start, start+size): the one read ahead (the generator set as
         after its reading) if it is that slice, else the loader's."""
-        a = self.ahead
-        if a is None or (a.start, a.size, a.epoch) != (start, size, self.client.epoch):
+        if not self._holds(start, size):
             return self.loader.get(start, size)
-        torch.default_generator.set_state(a.rng)
+        torch.default_generator.set_state(self.ahead.rng)
         self.loader.data_s = 0.0  # read while the exchange was waited for
-        return a.batch
+        return self.ahead.batch
+
+    def prefetch(self, start: int, size: int) -> None:
+        """The loader's prefetch of a plan's slice, unless it was read ahead."""
+        if not self._holds(start, size):
+            self.loader.prefetch(start, size)
 
     def take(self, start: int, size: int, version: int | None) -> bool:
         """Install the rows asked for ahead if they are of this step's slice and
@@ -162,20 +183,40 @@ class RowsAhead:
         if a is None:
             return False
         if (a.start, a.size, a.version, a.epoch) != (start, size, version, self.client.epoch):
-            self._discard(a)
+            self._drop(a)
             return False
-        got = fetch_rows(self.client, a.version, a.wanted, self.error, a.ticket) if a.ticket is not None else {}
+        try:
+            got = fetch_rows(self.client, a.version, a.wanted, self.error, a.ticket) if a.ticket is not None else {}
+        except AheadMissed:  # a block moved at the barrier since: asked again by the new table
+            return False
         self.tables.put_ready(a.asked, got)
         return True
 
     def drop(self) -> None:
         a, self.ahead = self.ahead, None
         if a is not None:
-            self._discard(a)
+            self._drop(a)
 
-    def _discard(self, a: Ahead) -> None:
+    def _holds(self, start: int, size: int) -> bool:
+        a = self.ahead
+        return a is not None and (a.start, a.size, a.epoch) == (start, size, self.client.epoch)
+
+    def _drop(self, a: Ahead) -> None:
         if a.ticket is not None and a.epoch == self.client.epoch:  # else abandoned with the rest by a reset
+            self.dropped.append(a)
+
+    def _collect(self, version: int | None) -> None:
+        """The replies to dropped requests whose version this worker's weights are of (or
+        past): they are in or on their way. Requests a reset abandoned are forgotten."""
+        keep = []
+        for a in self.dropped:
+            if a.epoch != self.client.epoch:
+                continue
+            if version is None or a.version > version:
+                keep.append(a)
+                continue
             try:
                 self.client.wait(a.ticket)
             except self.error:  # a server that left or answered at another version: unused anyway
                 pass
+        self.dropped = keep
