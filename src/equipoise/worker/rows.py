@@ -96,7 +96,8 @@ def fetch_rows(client, version: int | None, wanted: dict[int, torch.Tensor], err
 class Ahead:
     """The next step's rows, asked for: the slice they are of, the version asked, the
     request, the ids by table and rows by block, the batch read for them and the CPU
-    generator's state after its reading (as the step would have left it)."""
+    generator's state after its reading and the user's `sparse_ids` (as the step's
+    forward would find it without asking ahead)."""
 
     start: int
     size: int
