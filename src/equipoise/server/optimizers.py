@@ -99,7 +99,9 @@ class SparseAdagrad:
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                state = self.state.setdefault(p, {"step": torch.tensor(0.0), "sum": torch.zeros_like(p)})
+                state = self.state.get(p)
+                if state is None:  # a parameter added after building (not built each step: a shard's size)
+                    state = self.state[p] = {"step": torch.tensor(0.0), "sum": torch.zeros_like(p)}
                 state["step"] += 1
                 grad = p.grad.coalesce()  # the update is not linear: each row once
                 rows, values = grad.indices()[0], grad.values()
