@@ -9,20 +9,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import warnings
 from pathlib import Path
 
+from . import interrupt
 from .config import ConfigError, parse_override
-
-
-class _Terminated(Exception):
-    """SIGTERM, turned into an exception so the launcher's clean-up runs."""
-
-
-def _terminated(signum, frame) -> None:
-    raise _Terminated()
 
 
 def _job_arguments(p: argparse.ArgumentParser, config_help: str, default_out: str) -> None:
@@ -103,7 +95,6 @@ def _report(args: argparse.Namespace) -> int:
 
 def _simulate(args: argparse.Namespace) -> int:
     from .data import DataError
-    from .workload import StepError
     from .models import ModelError
     from .sim import simulate
 
@@ -247,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     # Like `python -m`: modules in the current folder can be named as models, and the
     # server and worker processes (started with -m) see the same folder first.
     sys.path.insert(0, os.getcwd())
-    signal.signal(signal.SIGTERM, _terminated)
+    interrupt.install()  # Ctrl-C and SIGTERM raise where the coordinator waits
     warnings.showwarning = _show_warning
 
     try:
@@ -271,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("equipoise: interrupted; all processes stopped (the last checkpoint is kept)", file=sys.stderr)
         return 130
-    except _Terminated:
+    except interrupt.Terminated:
         print("equipoise: terminated; all processes stopped (the last checkpoint is kept)", file=sys.stderr)
         return 143
     if not args.quiet:
