@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
-from .. import interrupt
+from ..interrupt import check as interrupted
 from ..wire import Connection, Message, PeerTimeout
 from ..wire.auth import impersonated
 from ..wire.transport import QuietLog, kind_of
@@ -152,7 +152,7 @@ class Rpc:
     def tick(self, deadline: float | None, what: str) -> None:
         """Raise if a peer died or `deadline` passed while doing `what` (or Ctrl-C was
         pressed: `interrupt`)."""
-        interrupt.check()
+        interrupted()
         self.peers.check()
         if deadline is not None and time.monotonic() > deadline:
             raise JobError(f"timed out after {self.timeout:.0f} s {what}")
@@ -161,7 +161,7 @@ class Rpc:
         """The next message on `conn`, which must be a `kind`; JobError otherwise."""
         deadline = self.deadline()
         while True:
-            interrupt.check()
+            interrupted()
             self.peers.check()
             try:
                 reply = conn.recv(timeout=min(1.0, max(0.01, deadline - time.monotonic())))
