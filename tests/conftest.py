@@ -15,7 +15,10 @@ import pytest
 # to one folder, removed at the end: TMPDIR is read by the tests' processes, the jobs'
 # children, Ray (its temp folder) and the testbed's hosts alike. Set at import, before
 # anything asks tempfile for its folder.
-_SESSION_TMP = tempfile.mkdtemp(prefix="eqt-")  # short: Ray's socket paths are made in it
+# Under pytest-xdist each worker process has its own, beside the controller's (not inside
+# it: a nested folder made Ray's socket paths too long).
+_BASE_TMP = os.environ.setdefault("EQUIPOISE_TEST_BASE_TMP", tempfile.gettempdir())
+_SESSION_TMP = tempfile.mkdtemp(prefix="eqt-", dir=_BASE_TMP)  # short: Ray's socket paths are made in it
 os.environ["TMPDIR"] = _SESSION_TMP
 tempfile.tempdir = None
 os.environ["EQUIPOISE_CACHE"] = os.path.join(_SESSION_TMP, "cache")  # decompressed data sets (data/idx.py)
@@ -38,6 +41,18 @@ def _leftovers() -> dict[str, object]:
             "ray auth token": str(token) if token.exists() else None,
             "testbed namespaces": sorted(line.split()[0] for line in netns.splitlines()
                                          if line.startswith("eqtb"))}
+
+
+# The suite runs in two processes (pytest-xdist, `-n 2 --dist loadgroup`): a test file's
+# tests stay together in one (its module fixtures' jobs are shared), and the files that
+# start Ray clusters run one after another in one process.
+_ONE_AFTER_ANOTHER = {"test_ray.py": "ray", "test_testbed.py": "ray"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        name = item.path.name
+        item.add_marker(pytest.mark.xdist_group(_ONE_AFTER_ANOTHER.get(name, str(item.path))))
 
 
 def pytest_sessionstart(session):

@@ -255,7 +255,8 @@ def test_ipc_fits_the_longest_folder_a_socket_binds_in(tmp_path, monkeypatch):
 
     from equipoise.launch.warm import IPC_NAME_LEN, ipc_fits
 
-    longest = tmp_path / ("x" * (zmq.IPC_PATH_MAX_LEN - IPC_NAME_LEN - len(str(tmp_path)) - 1))
+    base = Path(tempfile.mkdtemp(prefix="t"))  # in TMPDIR: shorter than tmp_path (-n 2 lengthens it)
+    longest = base / ("x" * (zmq.IPC_PATH_MAX_LEN - IPC_NAME_LEN - len(str(base)) - 1))
     longest.mkdir()
     assert ipc_fits(str(longest)) and not ipc_fits(str(longest) + "y")
     monkeypatch.setattr(tempfile, "tempdir", str(longest))
