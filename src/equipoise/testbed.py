@@ -290,7 +290,8 @@ class Testbed:
         done = self.run(i, ["ray", "start", *node, "--node-ip-address", self.address(i), "--disable-usage-stats",
                             "--temp-dir", str(ray_dir(self.prefix)), *extra], timeout=timeout, env=env)
         if done.returncode != 0:
-            raise TestbedError(f"ray start on host {i} failed: {done.stderr.strip().splitlines()[-1:]}")
+            said = (done.stderr.strip() or done.stdout.strip()).splitlines()
+            raise TestbedError(f"ray start on host {i} failed (exit {done.returncode}): {said[-3:]}")
 
 
 
