@@ -49,10 +49,11 @@ def _leftovers() -> dict[str, object]:
 _ONE_AFTER_ANOTHER = {"test_ray.py": "ray", "test_testbed.py": "ray"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marker
 def pytest_collection_modifyitems(config, items):
     for item in items:
         name = item.path.name
-        item.add_marker(pytest.mark.xdist_group(_ONE_AFTER_ANOTHER.get(name, str(item.path))))
+        item.add_marker(pytest.mark.xdist_group(_ONE_AFTER_ANOTHER.get(name, str(item.path.relative_to(config.rootpath)))))
 
 
 def pytest_sessionstart(session):
