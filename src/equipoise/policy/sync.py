@@ -300,7 +300,9 @@ class ServerSync:
         pushes (0, 1, …): under SSP a step is counted on the clock once however many of
         its pushes arrive — a block's new owner gets one step's gradient twice over, the
         worker's own push for its other blocks and the old owner's forward of the block
-        (`counts`). Raises a SyncFault subclass if the protocol refuses it (then nothing
+        (`counts`). The forward of a later step can be counted before this step's own push
+        arrives: σ is then taken against this step's number, not the count (σ ≤ s holds
+        either way). Raises a SyncFault subclass if the protocol refuses it (then nothing
         changes)."""
         policy = self.policy
         if worker in self.lost:
@@ -324,6 +326,8 @@ class ServerSync:
             counted = self.counts(worker, step)
             if counted:
                 self.pushed[worker] += 1
+                if step is not None:  # a later step's forward may have been counted first
+                    clock = min(clock, int(step))
             else:  # σ against the clock its step was counted at
                 clock = max(0, min(int(step), clock - 1))
         elif worker in self.retired:  # a retired worker's last push no longer counts

@@ -155,6 +155,26 @@ def test_a_step_arriving_twice_counts_once_on_the_ssp_clock():
     assert sync.pushed[0] == sync.clocks[0] == 2
 
 
+def test_a_later_steps_forward_counted_first_does_not_raise_sigma_past_the_bound():
+    """Under SSP (s = 1) worker 0 reads version 1 for its step 2 (allowed: 2 - 1), and
+    the old owner's forward of its step 3 reaches the new owner before the step-2 push
+    does: σ is 2 - 1 = 1, measured against the step, not against the three steps now
+    counted (it was 2, over the bound, once in the suite)."""
+    sync = ServerSync(make_sync_policy("ssp", staleness_bound=1), 2)
+    for worker in (0, 1):
+        sync.accept(worker, 0, 4, step=0)
+        sync.on_applied(sync.next_update())
+    sync.accept(0, 1, 4, step=1)
+    sync.on_applied(sync.next_update())
+    assert sync.published() == 1 and sync.pushed[0] == 2
+    sync.forwarded(0, 3)
+    sync.accept(0, 1, 4, step=2)
+    update = sync.next_update()
+    assert update.sigmas == (1,) and update.pushes[0].counted
+    sync.on_applied(update)
+    assert sync.pushed[0] == sync.clocks[0] == 4 and sync.histogram == {0: 3, 1: 1}
+
+
 def test_a_refused_push_forwards_nothing_and_a_bad_forward_applies_nothing():
     pair = Pair("asp", [0, 1], [2])
     pair.ask_a(Message("migrate", {"keys": [1], "to": pair.b.listener.address}), b"coord")
