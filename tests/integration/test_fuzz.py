@@ -8,7 +8,8 @@ from multiprocessing import resource_tracker
 
 import pytest
 
-from benchmarks.bench_fuzz import IMPOSTOR_TYPES, Fuzz
+from benchmarks.bench_fuzz import Fuzz
+from benchmarks.fuzz_messages import IMPOSTOR_TYPES
 from equipoise.server.core import MAX_HELD
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
