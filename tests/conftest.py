@@ -29,9 +29,15 @@ os.environ["EQUIPOISE_CACHE"] = os.path.join(_SESSION_TMP, "cache")  # decompres
 # the testbed's network namespaces. Recorded at the start; anything new at the end fails
 # the session, named.
 _RAY_STATES = (Path("/tmp/ray/ray_current_cluster"), Path(_SESSION_TMP, "ray", "ray_current_cluster"))
+_XDIST_WORKER = bool(os.environ.get("PYTEST_XDIST_WORKER"))
 
 
 def _leftovers() -> dict[str, object]:
+    """Under xdist a worker checks its own Ray state file (in its TMPDIR); the controller
+    checks what the machine shares, once both workers are done."""
+    if _XDIST_WORKER:
+        own = _RAY_STATES[1]
+        return {"ray state file": [own.read_text()] if own.exists() else None}
     try:
         netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
@@ -56,17 +62,33 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(pytest.mark.xdist_group(_ONE_AFTER_ANOTHER.get(name, str(item.path.relative_to(config.rootpath)))))
 
 
+_FROM_WORKERS: list[dict] = []  # the controller's: what each xdist worker found left
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: none without it
+def pytest_testnodedown(node, error):
+    left = getattr(node, "workeroutput", {}).get("leftovers")
+    if left:
+        _FROM_WORKERS.append(left)
+
+
 def pytest_sessionstart(session):
     session.config._leftovers_before = _leftovers()
 
 
 def pytest_sessionfinish(session, exitstatus):
     before = getattr(session.config, "_leftovers_before", None)
-    after = _leftovers() if before is not None and not os.environ.get("PYTEST_XDIST_WORKER") else None
+    after = _leftovers() if before is not None else None
     shutil.rmtree(_SESSION_TMP, ignore_errors=True)
     if after is None:
         return
     changed = {k: v for k, v in after.items() if v != before[k] and v not in (None, [])}
+    if _XDIST_WORKER:  # its exit status does not reach the controller: its findings do
+        if changed:
+            session.config.workeroutput["leftovers"] = changed
+        return
+    for left in _FROM_WORKERS:
+        changed.update({f"{k} (an xdist worker's)": v for k, v in left.items()})
     if changed:
         print(f"\nthe suite left behind: {changed}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

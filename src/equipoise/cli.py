@@ -265,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     except interrupt.Terminated:
         print("equipoise: terminated; all processes stopped (the last checkpoint is kept)", file=sys.stderr)
         return 143
+    finally:
+        interrupt.uninstall()  # main() may be called again in this process (tests do)
     if not args.quiet:
         from .telemetry.progress import print_summary
         print_summary(summary)

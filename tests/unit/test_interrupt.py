@@ -2,6 +2,7 @@
 check (or at once on a second signal, or one the check did not take in time)."""
 
 import signal
+import threading
 import time
 
 import pytest
@@ -14,9 +15,8 @@ def installed():
     saved = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     interrupt.install()
     yield
-    interrupt._clear()
-    signal.signal(signal.SIGINT, saved[0])
-    signal.signal(signal.SIGTERM, saved[1])
+    interrupt.uninstall()
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == saved
 
 
 @pytest.mark.parametrize("signum, raised", [(signal.SIGINT, KeyboardInterrupt),
@@ -35,13 +35,22 @@ def test_a_second_signal_raises_at_once(installed):
     interrupt.check()  # the second took the first with it
 
 
-def test_a_signal_no_check_takes_is_delivered_again(installed, monkeypatch):
+@pytest.mark.timeout(30)  # a delivery that misses this thread leaves it waiting: the test fails
+def test_a_signal_no_check_takes_is_delivered_again_to_a_blocked_main_thread(installed, monkeypatch):
     monkeypatch.setattr(interrupt, "GRACE", 0.05)
     signal.raise_signal(signal.SIGTERM)
+    never = threading.Event()
     with pytest.raises(interrupt.Terminated):
-        deadline = time.monotonic() + 30  # the timer's second delivery ends this loop
-        while time.monotonic() < deadline:
-            time.sleep(0.01)
+        never.wait(300)  # blocked in C: the second delivery must reach this thread and end it
+    interrupt.check()
+
+
+def test_after_one_is_raised_further_signals_are_ignored(installed):
+    signal.raise_signal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        interrupt.check()
+    signal.raise_signal(signal.SIGINT)  # the launcher is cleaning up: not cut short
+    signal.raise_signal(signal.SIGTERM)
     interrupt.check()
 
 

@@ -38,6 +38,7 @@ import warnings
 from pathlib import Path
 
 from ..config import Config, ConfigError, EquipoiseWarning
+from ..interrupt import reinstall as reinstall_interrupts
 from ..data import DATASETS
 from ..wire import make_transport
 from ..protocol.checkpoint import Checkpoint
@@ -406,6 +407,7 @@ def _connect(cfg: Config) -> bool:
         # address="local": a new instance, whatever Ray's state file (ray_current_cluster, in
         # its temp folder) or RAY_ADDRESS names: a stale one would capture this job
         ray.init(address="local", num_cpus=max(os.cpu_count() or 1, int(demand + 0.999)), **kwargs)
+    reinstall_interrupts()  # ray.init's SIGTERM handler exits wherever the main thread is
     return True
 
 
