@@ -383,7 +383,14 @@ class RayPeers(LaunchedPeers):
             except Exception:
                 pass  # already gone
         self.standby.stop()
-        remove_placement_group(self.pg)
+        # Ray's call has no timeout, and waits forever once this machine's raylet is gone
+        # (a Ctrl-C or SIGTERM to the whole process group ends it with the job)
+        remover = threading.Thread(target=remove_placement_group, args=(self.pg,), name="ray-pg-remove", daemon=True)
+        remover.start()
+        remover.join(timeout=10)
+        if remover.is_alive():
+            log.warning("the job's placement group was not freed within 10 s (is a Ray node gone?): "
+                        "left to Ray")
 
 
 def _connect(cfg: Config) -> bool:
