@@ -88,9 +88,11 @@ class SparseAdagrad:
 
     def __init__(self, params: list[torch.nn.Parameter], lr: float = 1e-2, eps: float = 1e-10):
         self.param_groups = [{"params": list(params), "lr": lr, "eps": eps}]
-        self.state: dict[torch.nn.Parameter, dict] = {
-            p: {"step": torch.tensor(0.0), "sum": torch.zeros_like(p, memory_format=torch.preserve_format)}
-            for p in self.param_groups[0]["params"]}
+        self.state: dict[torch.nn.Parameter, dict] = {p: self._fresh(p) for p in self.param_groups[0]["params"]}
+
+    @staticmethod
+    def _fresh(p: torch.nn.Parameter) -> dict:
+        return {"step": torch.tensor(0.0), "sum": torch.zeros_like(p, memory_format=torch.preserve_format)}
 
     @torch.no_grad()
     def step(self) -> None:
@@ -101,7 +103,7 @@ class SparseAdagrad:
                     continue
                 state = self.state.get(p)
                 if state is None:  # a parameter added after building (not built each step: a shard's size)
-                    state = self.state[p] = {"step": torch.tensor(0.0), "sum": torch.zeros_like(p)}
+                    state = self.state[p] = self._fresh(p)
                 state["step"] += 1
                 grad = p.grad.coalesce()  # the update is not linear: each row once
                 rows, values = grad.indices()[0], grad.values()
