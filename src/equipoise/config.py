@@ -125,6 +125,7 @@ class Config:
     worker_restarts: int = 0  # replacement workers started for lost ones, in all (torchrun's max_restarts)
     replication: int = 0  # 1: every block also on a backup server, in lockstep; 0: roll back to a snapshot
     snapshot_every: int = 10  # iterations between in-memory snapshots for that rollback (0: none; a lost server fails the job)
+    snapshot_budget: float = 0.05  # the most of the training those snapshots may hold the workers for (0: no bound)
     host: str = "127.0.0.1"
     transport: str = "tcp"  # "tcp" on `host`, or "ipc": Unix sockets, this machine only
     auth: str = "plain"  # plain (authenticated, clear) | curve (encrypted too) | off; docs/configuration.md

@@ -218,6 +218,9 @@ def failure(cfg: Config) -> None:
     _at_least("stuck_s", cfg.stuck_s, 0.0)
     for key in ("worker_restarts", "snapshot_every"):
         _at_least(key, getattr(cfg, key), 0)
+    if not 0.0 <= cfg.snapshot_budget <= 1.0:
+        raise ConfigError(f"snapshot_budget = {cfg.snapshot_budget!r} must be a fraction of the training "
+                          "time in [0, 1] (0: snapshots every snapshot_every iterations, whatever they cost)")
     if cfg.replication not in (0, 1):
         raise ConfigError(f"replication = {cfg.replication!r} must be 0 (a lost server is recovered from "
                           "the in-memory snapshots of snapshot_every) or 1 (a backup on the next server)")

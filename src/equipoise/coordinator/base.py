@@ -442,17 +442,16 @@ class Coordinator:
         self.metrics.write(record)
 
     def _snapshot(self, t: int, version: int, cursor: int, *, force: bool = False) -> None:
-        """Take the snapshot of iteration t if one is due (`force`: the final one); under
-        a barrier keep one in memory every `snapshot_every` iterations for a rollback."""
+        """Take the snapshot of iteration t if one is due (`force`: the final one), and keep
+        one in memory for a rollback when recovery's `pace` says (recovery.py)."""
         want_eval, want_ckpt = (True, True) if force else self.snapshots.due(t)
-        every = self.cfg.snapshot_every if self.recovers_servers else 0
-        want_mem = bool(every and not self.cfg.replication and t % every == 0 and t < self.total
-                        and self.recovery.memory and t > self.recovery.memory.iteration)
+        want_mem = self.recovery.memory_due(t, self.total)
         if want_eval or want_ckpt or want_mem:
             self.servers.note_hold(t)  # PSLD's interval counts what holding the workers here cost them
+            started = self.recovery.pace.clock()
             state = self.snapshots.fetch(self.servers.broadcast, version)
             if want_mem:
-                self.recovery.memory = Memory(t, state, list(self.servers.table), cursor=cursor, plans=self.plans)
+                self.recovery.remember(Memory(t, state, list(self.servers.table), cursor, self.plans), started)
             self.snapshots.take(t, state, cursor=cursor, blocks=self.blocks, table=self.servers.table,
                                 elapsed=self.stats.elapsed(), want_eval=want_eval, want_ckpt=want_ckpt)
 
