@@ -58,6 +58,7 @@ not load beside torch 2.13, undefined symbols; the 1.8.0 pair does.)
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import tempfile
@@ -354,9 +355,13 @@ def bench_torchrec(python: str, reps: int = 3, iterations: int = 90, warmup: int
 
     def ours(tmp: Path, **shape: int) -> dict[str, Any]:
         r = run_dlrm(100_000, 8, 16, True, iterations, tmp, optimizer="adagrad", cpu_warmup=warmup, **shape)
-        w = steady_window(Path(r.pop("run_dir"), "metrics.jsonl"), warmup)
+        metrics = Path(r.pop("run_dir"), "metrics.jsonl")
+        w = steady_window(metrics, warmup)
+        # the rollback snapshots' spacing (snapshot_budget) and what their fetches cost
+        spacing = [{k: e[k] for k in ("iteration", "iterations", "cost_s", "iteration_s")}
+                   for e in map(json.loads, metrics.read_text().splitlines()) if e.get("event") == "snapshot_spacing"]
         return {**r, "steady_samples_per_s": w["samples_per_s"], "split": w["split"],
-                "final_train_loss": w["final_train_loss"]}
+                "final_train_loss": w["final_train_loss"], "snapshot_spacing": spacing}
 
     with tempfile.TemporaryDirectory(prefix="bench-sparse-") as name:
         tmp = Path(name)
