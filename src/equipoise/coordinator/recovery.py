@@ -131,7 +131,7 @@ class Recovery:
         self.memory = memory
         if self.pace.taken(memory.iteration, started):
             self._event("snapshot_spacing", memory.iteration, iterations=self.pace.spacing, budget=self.pace.budget,
-                        cost_s=self.pace.cost_s, iteration_s=self.pace.iteration_s)
+                        cost_s=round(self.pace.cost_s, 4), iteration_s=round(self.pace.iteration_s, 5))
 
     def handle(self, lost: list[Failure]) -> None:
         """Every loss seen (servers first, so that a worker lost with its server is
