@@ -445,7 +445,7 @@ class Coordinator:
         """Take the snapshot of iteration t if one is due (`force`: the final one), and keep
         one in memory for a rollback when recovery's `pace` says (recovery.py)."""
         want_eval, want_ckpt = (True, True) if force else self.snapshots.due(t)
-        want_mem = self.recovery.memory_due(t, self.total)
+        want_mem = self.recovery.memory_due(t, self.total, fetching=want_eval or want_ckpt)
         if want_eval or want_ckpt or want_mem:
             self.servers.note_hold(t)  # PSLD's interval counts what holding the workers here cost them
             started = self.recovery.pace.clock()

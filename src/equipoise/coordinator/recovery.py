@@ -120,11 +120,14 @@ class Recovery:
         self.pace = SnapshotPace(cfg.snapshot_every, cfg.snapshot_budget)  # when the next is due
         self.replacing: dict[int, str] = {}  # lost servers being replaced: rank -> address ("" until hello)
 
-    def memory_due(self, t: int, total: int) -> bool:
-        """An in-memory snapshot is wanted at iteration t of `total`: `pace` says so, and
-        a rollback would restore it (a server can be replaced; no backup replicas)."""
+    def memory_due(self, t: int, total: int, fetching: bool = False) -> bool:
+        """An in-memory snapshot is wanted at iteration t of `total`: a rollback would
+        restore it (a server can be replaced; no backup replicas), and `pace` says so or,
+        at a multiple of `snapshot_every`, the state is `fetching` anyway (an evaluation's,
+        a checkpoint's: then it costs nothing more)."""
+        every = self.pace.every
         return bool(self.recovers_servers and not self.cfg.replication and t < total and self.memory
-                    and t > self.memory.iteration and self.pace.due(t))
+                    and t > self.memory.iteration and (self.pace.due(t) or fetching and every and t % every == 0))
 
     def remember(self, memory: Memory, started: float) -> None:
         """Keep `memory`, a snapshot fetched from `started` (the clock of `pace`) until now."""

@@ -86,3 +86,22 @@ def test_a_budget_outside_zero_to_one_is_refused_by_name(budget):
     with pytest.raises(ConfigError, match="snapshot_budget") as info:
         Config.from_dict({"snapshot_budget": budget})
     assert "\n" not in str(info.value)
+
+
+def test_a_snapshot_is_kept_where_the_state_is_fetched_anyway_and_never_without_a_rollback():
+    from equipoise.coordinator.recovery import Memory, Recovery
+
+    def recovery(**cfg):
+        r = Recovery(Config(**cfg), None, None, None, recovers_servers=True, event=lambda *a, **k: None,
+                     elapsed=lambda: 0.0, note=lambda line: None)
+        r.memory = Memory(0, None, [])
+        r.pace.next = 100  # spaced out: not due before iteration 100
+        return r
+
+    r = recovery(snapshot_every=10)
+    assert not r.memory_due(20, 200)
+    assert r.memory_due(20, 200, fetching=True)  # an evaluation's fetch: free
+    assert not r.memory_due(25, 200, fetching=True)  # not at a multiple of snapshot_every
+    assert r.memory_due(100, 200) and not r.memory_due(200, 200, fetching=True)  # the final iteration: none
+    assert not recovery(snapshot_every=0).memory_due(20, 200, fetching=True)
+    assert not recovery(snapshot_every=10, replication=1).memory_due(100, 200)
