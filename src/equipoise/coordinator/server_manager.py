@@ -116,7 +116,8 @@ class ServerManager:
         if self.settings.placement == "psld":
             s = self.settings
             self.psld = Psld([b.nbytes for b in blocks], epsilon=s.psld_epsilon, max_servers=s.psld_max_servers,
-                             seed=s.seed, measured={b.key for b in blocks if b.kind == "rows"}, horizon=s.psld_horizon)
+                             seed=s.seed, measured={b.key for b in blocks if b.kind == "rows"}, horizon=s.psld_horizon,
+                             interval=s.psld_interval)
 
     def _init(self, rank: int, mine: list[Block], values, optim, version: int, samples: int,
               gradients: dict[int, int] | None = None) -> Message:

@@ -6,14 +6,12 @@ Clusters", ACM SoCC 2020.
 Every few iterations the runtime measures each live server -- bytes handled over busy
 seconds, its effective throughput r_j -- and the mean iteration time, and asks
 ``Psld.decide`` what to do. ``Psld`` either judges the trial it started last time (keep
-it if the measured iteration time improved by more than ``threshold`` after charging the
-migration's pause amortised over ``horizon`` iterations, else undo it), or starts a new
-trial. A trial is judged on the interval after the one its moves were made in, which
-measures neither placement: its mean holds the moves' pause (which the trial is charged
-for on its own, amortised over ``horizon`` iterations: counted in that mean as well, it
-would weigh ``horizon / interval`` times as much), and the servers' rates measured over
-it mix in the old placement's last exchanges (a worker reports an iteration's exchange
-times with its next plan request). New trials:
+it if the measured iteration time improved by more than ``threshold`` and the noise,
+else undo it: its migration's pause is spent either way, and undoing pays another), or
+starts a new trial. A trial is judged on the interval after the one its moves were made
+in, which measures neither placement: its mean holds the moves' pause, and the servers'
+rates measured over it mix in the old placement's last exchanges (a worker reports an
+iteration's exchange times with its next plan request). New trials:
 
 * exploit: the descending-best-fit moves (``exploit_moves``) that cut the predicted
   maximum server time max_j L_j / r_j, if the cut, as a part of the iteration (of the
@@ -37,17 +35,16 @@ times with its next plan request). New trials:
   interval by a random move (and its undo), only now and then.
 
 Trials that keep failing back off: after k trials in a row undone while relieving the
-same server, none is started for 2^k decisions (at most ``max_hold``). Where no
-placement beats the one in force (the workers' compute decides, or the host's noise
-hides the difference), each trial costs its moves' pauses and an interval at a worse
-placement; backing off bounds that cost to a shrinking share of the run. A kept trial,
-or another server becoming the slowest (a slowdown that moved), ends the back-off.
+same server, none is started for 2^k decisions (at most ``max_hold``; a kept trial, or
+another slowest server, a slowdown that moved, ends that), nor while the undone trials'
+moves, there and back, have cost over a tenth of the training so far (``FAILED_SHARE``):
+where no placement beats the one in force, each trial costs its pauses and an interval
+at a worse placement.
 
 The destinations of an undone trial are rated, for ``memory`` decisions, as they
-measured under the trial's load: a lightly loaded server's rate is an extrapolation (its
-time is mostly the exchanges' fixed cost), so without this an undone trial is retried as
-soon as its destination looks fast again when nearly empty. An undone plan is tabu in
-any order of its moves.
+measured under its load (a light server's rate is an extrapolation: without this the
+trial is retried once its destination looks fast again). An undone plan is tabu in any
+order of its moves.
 
 An unprobed light server (under half the slowest server's bytes) is rated no faster than
 the fastest other server measured under load: its few bytes pass in its link's burst.
@@ -66,9 +63,8 @@ misses noise that holds for seconds: under two busy workers consecutive means of
 placement differed by 10-20% while the iterations within each said 2-4%.
 
 Adding a server is not judged by itself: the new server holds nothing until a later
-exploit moves blocks onto it (a server never measured is assumed as fast as the best
-measured one), and that move is the trial. A server PSLD added that is empty again
-after its trial was undone is removed. Randomness comes from ``random.Random(seed)``.
+exploit moves blocks onto it (an unmeasured server counts as fast as the best), and that
+move is the trial; one empty again after its trial was undone is removed.
 
 The actions are typed in ``policy.actions`` (a user's request too: ``parse_control``).
 """
@@ -93,6 +89,7 @@ __all__ = ["MoveBlock", "AddServer", "RemoveServer", "ServerAction", "Psld", "bl
 # the measured pauses, ``Psld.pause_scale``).
 PAUSE_COPIES = 2
 PAUSE_SCALE_MAX = 4.0  # a measured pause corrects the prediction by at most this factor either way
+FAILED_SHARE = 0.1  # undone trials' moves, there and back, cost at most this share of the training
 
 # A measured gain (the difference of two interval means) is believed beyond this many of
 # its standard errors: one-sided, a trial without effect is kept 5 times in 100.
@@ -118,7 +115,7 @@ class Psld:
     def __init__(self, sizes: Sequence[int], epsilon: float = 0.1, max_servers: int = 0,
                  threshold: float = 0.03, horizon: int = 50, tabu_decisions: int = 6,
                  memory: int = 20, seed: int = 0, z: float = NOISE_Z, max_hold: int = 8,
-                 measured: Set[int] = frozenset()) -> None:
+                 measured: Set[int] = frozenset(), interval: int = 5) -> None:
         self.sizes = list(sizes)  # what each block weighs in a plan (``_weigh``)
         self.nbytes = list(sizes)
         self.measured = frozenset(k for k in measured if 0 <= k < len(self.sizes))  # weighed by traffic
@@ -132,9 +129,10 @@ class Psld:
         self.z = z
         # Back-off: after `failures` trials in a row undone while relieving the same
         # server (`held_for`), no new trial for `hold` more decisions (2, 4, 8, ... up to
-        # `max_hold`); a kept trial, or another server becoming the slowest, ends it.
-        self.max_hold = max_hold
-        self.failures, self.hold, self.held_for = 0, 0, None
+        # `max_hold`); a kept trial, or another slowest server, ends it. And none while undone
+        # trials' pauses (`wasted`) exceed FAILED_SHARE of the training (`trained`, seconds).
+        self.max_hold, self.interval = max_hold, interval  # iterations a decision's interval
+        self.failures, self.hold, self.held_for, self.wasted, self.trained = 0, 0, None, 0.0, 0.0
         self.rng = random.Random(seed)
         self.trial: _Trial | None = None  # started, not yet judged
         self.log: list[dict] = []         # one record per judged trial
@@ -179,8 +177,7 @@ class Psld:
         (a sparse table's shards) weigh what they carried (``_weigh``). ``left`` is the
         iterations the job has still to run (None: unknown, unbounded): a plan's pause
         is amortised over at most those (a move that cannot repay its pause before the
-        job ends is not made; a trial is still judged on the whole ``horizon``: its
-        pause is spent, and undoing it would cost another), and no random move is explored with fewer than ``horizon``
+        job ends is not made), and no random move is explored with fewer than ``horizon``
         left (what it would teach has no iterations left to be used in). ``probed`` is the
         rates a probe measured for the servers ``probe_targets`` named: a light server's
         probed rate stands in for its extrapolation while it stays light."""
@@ -188,6 +185,7 @@ class Psld:
         noise = noise if math.isfinite(noise) and noise > 0 else 0.0
         self._weigh(traffic or {})
         self._observe(table, iteration_s)
+        self.trained += iteration_s * self.interval if math.isfinite(iteration_s) and iteration_s > 0 else 0.0
         self._probe_age += 1
         if probed:
             self.probed = {int(r): float(v) for r, v in probed.items() if math.isfinite(v) and v > 0}
@@ -249,7 +247,7 @@ class Psld:
         trial, self.trial = self.trial, None
         keep = True
         if trial is not None:
-            gain = (trial.before_s - iteration_s - trial.pause_s / self.horizon) / trial.before_s
+            gain = (trial.before_s - iteration_s) / trial.before_s  # its pause is spent: an undo pays another
             keep = gain > max(self.threshold, self.z * math.hypot(trial.noise, noise), self.z * self.steady_noise())
         self._remember(table, live, throughput, set() if keep else {a.dst for a in trial.actions})
         if trial is not None:
@@ -260,8 +258,8 @@ class Psld:
                 self.pause_scale = min(PAUSE_SCALE_MAX, max(1 / PAUSE_SCALE_MAX, trial.pause_s / trial.raw_pause))
             if not keep and trial.relief:  # no back-off: one relief per episode
                 self.relieved = trial.relieve
-            elif not keep:
-                self.failures += 1
+            elif not keep:  # its moves' pause, and the undo's as much again
+                self.failures, self.wasted = self.failures + 1, self.wasted + 2 * trial.pause_s
                 self.hold, self.held_for = min(2 ** self.failures, self.max_hold), trial.relieve
             if not keep:
                 self.undone |= {a.dst for a in trial.actions}
@@ -312,8 +310,8 @@ class Psld:
             self.failures, self.hold, self.held_for = 0, 0, None
         if slowest != self.relieved:  # another server is the slowest: a new episode
             self.relieved = None
-        if self.hold > 0:  # trials relieving this server kept failing: wait
-            self.hold -= 1
+        if self.hold > 0 or self.wasted > FAILED_SHARE * self.trained:  # trials kept failing: wait
+            self.hold = max(0, self.hold - 1)
             return []
         if self.rng.random() < self.epsilon and self._horizon >= self.horizon:  # (drawn anyway: one sequence)
             return self._explore(table, live, rates, iteration_s, noise)
@@ -439,7 +437,7 @@ class Psld:
 
     def charge(self, pause_s: float) -> None:
         """Add ``pause_s``, the pause the current trial's migration cost, to the trial
-        (charged when it is judged)."""
+        (what later pauses are predicted by, and, undone, what failing trials spent)."""
         if self.trial is not None:
             self.trial.pause_s += pause_s
 
@@ -488,11 +486,10 @@ class Psld:
         server's last measured one (a server idle this interval keeps it); one never
         measured (new) is assumed as fast as the best.
 
-        A lightly loaded server's rate is an extrapolation: its time is mostly the
-        exchanges' fixed cost, and a small error in that cost makes it look several
-        times faster or slower than it is. A trial that moved load onto it and was
-        undone measured it under load: that stands in for the extrapolation, so the
-        trial is not retried because the server looks fast again when light. Only an
+        A lightly loaded server's rate is an extrapolation (its time is mostly the
+        exchanges' fixed cost). A trial that moved load onto it and was undone measured
+        it under load: that stands in for the extrapolation, so the trial is not
+        retried because the server looks fast again when light. Only an
         undone trial's destinations: a server loaded in the normal course (the slow
         one before PSLD emptied it) may have changed speed since (a slowdown that
         moved), and its light measurements are what shows it."""

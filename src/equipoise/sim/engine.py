@@ -113,7 +113,7 @@ class Simulation:
         ex_wait, ex_comm = np.zeros(len(ranks)), start.copy()
         added = self.scenario.added_servers()
         psld = (Psld(srv.sizes.astype(int).tolist(), cfg.psld_epsilon, cfg.psld_max_servers, seed=cfg.seed,
-                     horizon=cfg.psld_horizon)
+                     horizon=cfg.psld_horizon, interval=cfg.psld_interval)
                 if cfg.placement == "psld" else None)
         joining: dict[int, int] = dict(added)  # server rank -> iteration it joins
         psld_added: set[int] = set()

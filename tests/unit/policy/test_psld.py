@@ -51,16 +51,24 @@ def test_a_trial_that_does_not_help_is_undone():
     assert c.log[-1]["kept"] is False
 
 
-def test_the_migration_pause_is_charged_to_the_trial():
-    # 1.0 s -> 0.9 s is a 10% gain; a 3 s pause over the 50-iteration horizon costs 6%,
-    # leaving 4% > 3%: kept. A 4 s pause leaves 2% < 3%: undone.
-    for pause, kept in ((3.0, True), (4.0, False)):
+def test_the_migration_pause_is_spent_when_a_trial_is_judged():
+    # 1.0 s -> 0.9 s is a 10% gain, beyond the 3% threshold: kept after a 3 s pause and
+    # after a 40 s one alike (undoing the moves would pay the pause again). The pause
+    # is what started the trial (its prefix had to repay it over the horizon,
+    # ``_paying``) and, undone, what failing trials spent (the back-off).
+    for pause in (3.0, 40.0):
         c = Psld(SIZES, epsilon=0.0)
         c.decide(list(TABLE), LIVE, SLOW0, 1.0)
         c.charge(pause)
         moves_interval(c, TABLE)
         c.decide(list(TABLE), LIVE, SLOW0, 0.9)
-        assert c.log[-1]["kept"] is kept
+        assert c.log[-1]["kept"] is True and c.wasted == 0.0
+    # 1.0 s -> 0.98 s is within the threshold: undone, and its pause there and back wasted
+    c.decide(list(TABLE), LIVE, SLOW0, 1.0)
+    c.charge(3.0)
+    moves_interval(c, TABLE)
+    c.decide(list(TABLE), LIVE, SLOW0, 0.98)
+    assert c.log[-1]["kept"] is False and c.wasted == 6.0
 
 
 def test_an_idle_server_keeps_its_measured_rate():
@@ -330,6 +338,37 @@ def test_trials_that_keep_failing_back_off_until_another_server_is_slowest():
     # back-off ends at once
     slow3 = {0: 100.0, 1: 100.0, 2: 100.0, 3: 5.0}
     assert c.decide(list(TABLE), LIVE, slow3, 1.0) and c.failures == 0
+
+
+def test_a_costly_failed_trial_holds_until_the_training_has_run_ten_times_its_pauses():
+    # A trial whose moves paused the workers 5 s, undone (no gain at 1 s an iteration):
+    # its moves there and back cost 10 s, a tenth of 100 s of training, which 20
+    # decisions of 5 iterations of 1 s make: no trial before then, where the 2^k rule
+    # alone would hold for 2 decisions (test above).
+    c = Psld(SIZES, epsilon=0.0, tabu_decisions=1, interval=5)
+    assert c.decide(list(TABLE), LIVE, SLOW0, 1.0) and c.trial is not None
+    c.charge(5.0)
+    started = []
+    for d in range(1, 30):
+        out = c.decide(list(TABLE), LIVE, SLOW0, 1.0)
+        if c.trial is not None and out:
+            started.append(d)
+    # the moves' interval (1), the judgment undoes them (2); 100 s trained at decision 19
+    assert c.wasted == 10.0 and started[0] == 19
+    # the same trial with a pause of 10 ms: the 2^k rule decides (a hold of 2)
+    c = Psld(SIZES, epsilon=0.0, tabu_decisions=1, interval=5)
+    c.decide(list(TABLE), LIVE, SLOW0, 1.0)
+    c.charge(0.01)
+    assert [d for d in range(1, 8) if c.decide(list(TABLE), LIVE, SLOW0, 1.0) and c.trial is not None] == [5]
+    # the budget is the job's, not a server's: a slowdown moving to server 3 ends the
+    # 2^k hold at once, not a budget overspent
+    c = Psld(SIZES, epsilon=0.0, tabu_decisions=1, interval=5)
+    c.decide(list(TABLE), LIVE, SLOW0, 1.0)
+    c.charge(5.0)
+    c.decide(list(TABLE), LIVE, SLOW0, 1.0)
+    c.decide(list(TABLE), LIVE, SLOW0, 1.0)  # undone: 10 s wasted of 15 s trained
+    slow3 = {0: 100.0, 1: 100.0, 2: 100.0, 3: 5.0}
+    assert c.decide(list(TABLE), LIVE, slow3, 1.0) == []
 
 
 def test_only_the_slowest_servers_time_beyond_the_others_is_movable():
