@@ -65,16 +65,24 @@ class SnapshotPace:
 
     def taken(self, t: int, started: float) -> bool:
         """The snapshot of iteration t was fetched from `started` until now; True if the
-        spacing changed."""
-        now, before = self.clock(), self.spacing
+        spacing changed. The cost weighed is the lesser of this fetch's and the one
+        before (one slow fetch, a collection or a busy host, does not push the next
+        rollback point far out on its own)."""
+        now, before, previous = self.clock(), self.spacing, self.cost_s
         self.cost_s, self.iteration_s = now - started, math.nan
         if self.budget > 0 and self.last is not None and t > self.last[0]:
             self.iteration_s = (started - self.last[1]) / (t - self.last[0])
-            if self.iteration_s > 0:
-                need = self.cost_s / (self.budget * self.iteration_s)
+            need = min(self.cost_s, previous if math.isfinite(previous) else self.cost_s) / (
+                self.budget * self.iteration_s) if self.iteration_s > 0 else math.nan
+            if math.isfinite(need):
                 self.spacing = self.every * max(1, math.ceil(need / self.every))
         self.last, self.next = (t, now), t + self.spacing
         return self.spacing != before
+
+    def rolled_back(self) -> None:
+        """A rollback to the last snapshot: the time since it (the lost run, the
+        recovery) is no iteration's; the next snapshot weighs none."""
+        self.last = None
 
 
 @dataclass(frozen=True)
@@ -241,6 +249,7 @@ class Recovery:
                              mem.state.version, mem.state.samples, mem.state.gradients,
                              active=self.plan.active())  # whose clocks SSP keeps from the restart on
         self.plan.restart_from(mem, self.epoch)
+        self.pace.rolled_back()
 
 
 def plan_message(iteration: int, start: int, size: int, version: int, *, stop: bool, **extra) -> Message:

@@ -115,7 +115,7 @@ class Psld:
     def __init__(self, sizes: Sequence[int], epsilon: float = 0.1, max_servers: int = 0,
                  threshold: float = 0.03, horizon: int = 50, tabu_decisions: int = 6,
                  memory: int = 20, seed: int = 0, z: float = NOISE_Z, max_hold: int = 8,
-                 measured: Set[int] = frozenset(), interval: int = 5) -> None:
+                 measured: Set[int] = frozenset(), interval: int = 10) -> None:
         self.sizes = list(sizes)  # what each block weighs in a plan (``_weigh``)
         self.nbytes = list(sizes)
         self.measured = frozenset(k for k in measured if 0 <= k < len(self.sizes))  # weighed by traffic
@@ -130,7 +130,8 @@ class Psld:
         # Back-off: after `failures` trials in a row undone while relieving the same
         # server (`held_for`), no new trial for `hold` more decisions (2, 4, 8, ... up to
         # `max_hold`); a kept trial, or another slowest server, ends it. And none while undone
-        # trials' pauses (`wasted`) exceed FAILED_SHARE of the training (`trained`, seconds).
+        # trials' pauses (`wasted`) exceed FAILED_SHARE of the training (`trained`: the seconds
+        # of the intervals decided on, `interval` iterations of their mean each).
         self.max_hold, self.interval = max_hold, interval  # iterations a decision's interval
         self.failures, self.hold, self.held_for, self.wasted, self.trained = 0, 0, None, 0.0, 0.0
         self.rng = random.Random(seed)
@@ -256,10 +257,12 @@ class Psld:
             if trial.raw_pause > 0 and trial.pause_s > 0:  # what the prediction missed by, for the next
                 # (bounded: one trial's per-move round trips, which no byte causes, must not stop all others)
                 self.pause_scale = min(PAUSE_SCALE_MAX, max(1 / PAUSE_SCALE_MAX, trial.pause_s / trial.raw_pause))
+            if not keep:  # its moves' pause, and the undo's (taken as much again)
+                self.wasted += 2 * trial.pause_s
             if not keep and trial.relief:  # no back-off: one relief per episode
                 self.relieved = trial.relieve
-            elif not keep:  # its moves' pause, and the undo's as much again
-                self.failures, self.wasted = self.failures + 1, self.wasted + 2 * trial.pause_s
+            elif not keep:
+                self.failures += 1
                 self.hold, self.held_for = min(2 ** self.failures, self.max_hold), trial.relieve
             if not keep:
                 self.undone |= {a.dst for a in trial.actions}
@@ -371,8 +374,8 @@ class Psld:
         """The prefix of ``moves`` (descending best fit's order) that pays best, and its
         raw predicted pause. A prefix pays if its predicted gain — the cut of the predicted
         server time, as a part of the iteration (of ``reach``, at most ``share``), less ``bar`` — over
-        ``horizon`` iterations of ``iteration_s`` exceeds its predicted pause: what the
-        trial's judgment will ask of it. ([], 0) if none does.
+        ``horizon`` iterations of ``iteration_s`` exceeds its predicted pause (spent
+        whether the trial is kept or not). ([], 0) if none does.
 
         The pause is each block's bytes and its optimizer state (PAUSE_COPIES) through its
         server's rate and the fastest rate (the destination's link, which a light
@@ -438,7 +441,7 @@ class Psld:
     def charge(self, pause_s: float) -> None:
         """Add ``pause_s``, the pause the current trial's migration cost, to the trial
         (what later pauses are predicted by, and, undone, what failing trials spent)."""
-        if self.trial is not None:
+        if self.trial is not None and math.isfinite(pause_s) and pause_s > 0:
             self.trial.pause_s += pause_s
 
     def _explore(self, table: Sequence[int], live: Sequence[int], rates: dict[int, float],

@@ -71,14 +71,33 @@ def test_budget_zero_is_every_snapshot_every_iterations_and_zero_every_is_none()
     assert _run(SnapshotPace(0, 1 / 16, clock), clock, 40, 1 / 32, 0.0) == []
 
 
-def test_a_rollback_behind_the_last_snapshot_leaves_the_spacing():
+def test_after_a_rollback_the_next_snapshot_weighs_no_interval():
     clock = _Clock()
     pace = SnapshotPace(10, 1 / 16, clock)
     _run(pace, clock, 20, 1 / 32, 3 / 16)
     spacing = pace.spacing
-    clock.now += 1.0
-    assert not pace.taken(10, clock.now - 0.5)  # replayed after a rollback: no interval to weigh
-    assert pace.spacing == spacing
+    pace.rolled_back()  # the lost run and the recovery are no iteration's time
+    clock.now += 1000.0
+    started = clock.now
+    clock.now += 3 / 16
+    assert not pace.taken(120, started) and pace.spacing == spacing and pace.next == 120 + spacing
+
+
+def test_one_slow_fetch_does_not_push_the_next_far_out():
+    clock = _Clock()
+    pace = SnapshotPace(10, 1 / 16, clock)
+    _run(pace, clock, 20, 1 / 32, 1 / 64)  # cheap: (1/64) / ((1/16)(1/32)) = 8 iterations' worth
+    assert pace.spacing == 10
+    clock.now += 10 / 32
+    started = clock.now
+    clock.now += 4.0  # one fetch of 4 s: weighed at the lesser of it and the one before
+    pace.taken(30, started)
+    assert pace.spacing == 10
+    clock.now += 10 / 32
+    started = clock.now
+    clock.now += 4.0  # two in a row: believed, 2048 iterations' worth
+    pace.taken(40, started)
+    assert pace.spacing == 2050
 
 
 @pytest.mark.parametrize("budget", [-0.1, 1.5, float("nan")])
