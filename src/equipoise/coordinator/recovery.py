@@ -60,8 +60,10 @@ class SnapshotPace:
         self.cost_s, self.iteration_s = math.nan, math.nan  # the last one's fetch, and the iterations before it
         self.next = 0
 
-    def due(self, t: int) -> bool:
-        return bool(self.every) and t % self.every == 0 and t >= self.next
+    def due(self, t: int, fetching: bool = False) -> bool:
+        """A snapshot at iteration t: at a multiple of `every`, once the spacing has
+        passed or where the state is `fetching` anyway (then it costs nothing more)."""
+        return bool(self.every) and t % self.every == 0 and (fetching or t >= self.next)
 
     def taken(self, t: int, started: float) -> bool:
         """The snapshot of iteration t was fetched from `started` until now; True if the
@@ -72,8 +74,8 @@ class SnapshotPace:
         self.cost_s, self.iteration_s = now - started, math.nan
         if self.budget > 0 and self.last is not None and t > self.last[0]:
             self.iteration_s = (started - self.last[1]) / (t - self.last[0])
-            need = min(self.cost_s, previous if math.isfinite(previous) else self.cost_s) / (
-                self.budget * self.iteration_s) if self.iteration_s > 0 else math.nan
+            cost = min(self.cost_s, previous) if math.isfinite(previous) else self.cost_s
+            need = cost / (self.budget * self.iteration_s) if self.iteration_s > 0 else math.nan
             if math.isfinite(need):
                 self.spacing = self.every * max(1, math.ceil(need / self.every))
         self.last, self.next = (t, now), t + self.spacing
@@ -133,9 +135,8 @@ class Recovery:
         restore it (a server can be replaced; no backup replicas), and `pace` says so or,
         at a multiple of `snapshot_every`, the state is `fetching` anyway (an evaluation's,
         a checkpoint's: then it costs nothing more)."""
-        every = self.pace.every
         return bool(self.recovers_servers and not self.cfg.replication and t < total and self.memory
-                    and t > self.memory.iteration and (self.pace.due(t) or fetching and every and t % every == 0))
+                    and t > self.memory.iteration and self.pace.due(t, fetching))
 
     def remember(self, memory: Memory, started: float) -> None:
         """Keep `memory`, a snapshot fetched from `started` (the clock of `pace`) until now."""
