@@ -141,7 +141,7 @@ def psld_on_testbed(tb, spec: Spec, policy: str, slow: int, address: str, tmp: P
     last = [r["iteration_s"] for r in servers if r["iteration"] > spec.iterations - spec.settled]
     moves = [r for r in records if r.get("type") == "event" and r.get("event") == "block_moved"]
     return {"samples_per_s": got["samples_per_s"], "iteration_s": got["train_s"] / max(len(iters), 1),
-            "settled_iteration_s": sum(last) / len(last) if last else float("nan"), "moves": len(moves),
+            "settled_iteration_s": sum(last) / len(last) if last else float("nan"), "moves": sum(len(m["blocks"]) for m in moves),
             "hosts": {r: n["ip"] for r, n in sorted(got["nodes"].items())}}
 
 

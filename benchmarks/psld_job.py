@@ -163,7 +163,7 @@ def run_one(spec: Spec, label: str, slow: int, tmp: Path) -> dict[str, Any]:
     last = [r["iteration_s"] for r in servers if r["iteration"] > spec.iterations - spec.settled]
     run = {"iteration_s": result["train_s"] / max(len(iters), 1),
            "settled_iteration_s": sum(last) / len(last) if last else math.nan,
-           "samples_per_s": result["samples_per_s"], "moves": len(moves),
+           "samples_per_s": result["samples_per_s"], "moves": sum(len(m["blocks"]) for m in moves),
            "pause_s_max": max((m["pause_s"] for m in moves), default=0.0),
            "worker_pause_s_max": max(waits, default=0.0), "final_accuracy": result["final_accuracy"],
            "run_dir": str(out), "interval_iteration_s": [[r["iteration"], r["iteration_s"]] for r in servers]}

@@ -44,9 +44,10 @@ def test_migrations_and_elastic_servers_leave_the_parameters_unchanged(tmp_path,
         assert torch.equal(a[k], b[k]), k  # no update lost or applied twice, state moved too
     ev = [r for r in records(tmp_path / "moved", "event")
           if r["event"] in ("block_moved", "server_added", "server_removed")]
-    assert [r["event"] for r in ev] == ["block_moved", "server_added", "block_moved", "block_moved",
-                                        "server_removed", "block_moved"]
-    assert ev[1]["server"] == 2 and ev[4]["server"] == 0
+    # the two moves to server 2 at iteration 6 go as one migration (``ServerManager._grouped``)
+    assert [r["event"] for r in ev] == ["block_moved", "server_added", "block_moved", "server_removed",
+                                        "block_moved"]
+    assert ev[1]["server"] == 2 and ev[2]["blocks"] == [1, 3] and ev[2]["to"] == 2 and ev[3]["server"] == 0
     assert all(r["bytes"] > 0 for r in ev if r["event"] == "block_moved")  # values and state went over
     servers = records(tmp_path / "moved", "servers")
     assert servers[-1]["servers"] == [1, 2]  # server 0 is gone
@@ -124,5 +125,6 @@ def test_psld_probes_a_light_server_before_moving_the_slow_servers_only_block(tm
     first = records(tmp_path / "run", "servers")[0]  # the interval the probe followed
     assert float(probed[0]["mbps"]["1"]) > first["throughput_mbps"][0]  # faster than the slow server measured
     moved = [r for r in events if r["event"] == "block_moved"]
-    assert moved[0]["iteration"] == 5 and moved[0]["from"] == [0] and moved[0]["to"] == 1
+    # (with a small block of server 2's, to the same server: one migration)
+    assert moved[0]["iteration"] == 5 and 0 in moved[0]["from"] and moved[0]["to"] == 1
     assert records(tmp_path / "run", "servers")[-1]["load_bytes"][0] == 0

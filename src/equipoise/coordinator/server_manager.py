@@ -356,7 +356,7 @@ class ServerManager:
         they already pulled; each asks for the resulting table (`table_req`) before its
         first push, so a worker waits only if the moves outlast its compute."""
         pause = 0.0
-        for action in actions:
+        for action in self._grouped(actions):
             try:
                 pause += self._perform(t, action)
             except (ValueError, KeyError) as exc:  # a bad request is refused, training goes on
@@ -366,8 +366,34 @@ class ServerManager:
         if pause and self.psld is not None:
             self.psld.charge(pause)
 
-    def _perform(self, t: int, action: Action) -> float:
+    def _grouped(self, actions: list[Action]) -> list:
+        """`actions` with each run of moves to one server carried out as one migration
+        (a list of blocks; the source hands them over in one message): each migration
+        costs a round trip and a rebuild of both servers' stores whatever it carries, so
+        a plan of five 16 KB blocks took five pauses of 2-7 ms against iterations of
+        16 ms. A move the pool would refuse (no such block, its server not running) stays
+        on its own, refused alone; one of a block already in the run starts a new run."""
+        out: list = []
+        run: dict[int, list[int]] = {}
+        for action in actions:
+            ok = (isinstance(action, MoveBlock) and 0 <= action.block < len(self.pool.table)
+                  and action.dst in self.pool.serving())
+            if not ok or any(action.block in ks for ks in run.values()):
+                out += [(ks, dst) for dst, ks in run.items()]
+                run = {}
+            if ok:
+                run.setdefault(action.dst, []).append(action.block)
+            else:
+                out.append(action)
+        return out + [(ks, dst) for dst, ks in run.items()]
+
+    def _perform(self, t: int, action) -> float:
         pool = self.pool
+        if isinstance(action, tuple):  # blocks to one server (`_grouped`)
+            done = pool.move(*action)
+            if done["blocks"]:
+                self._event("block_moved", t, **done, table_version=pool.version)
+            return done["pause_s"]
         if isinstance(action, MoveBlock):
             done = pool.move([action.block], action.dst)
             if done["blocks"]:
@@ -434,10 +460,13 @@ class ServerManager:
 
 
 def _as_list(action: Action) -> list:
-    """An action as metrics.jsonl records it: ["move", block, src, dst], ["add"],
+    """An action as metrics.jsonl records it: ["move", block, src, dst] (a migration of
+    several: ["move", [blocks], None, dst]), ["add"],
     ["remove", server] or ["join", server, address]."""
     if isinstance(action, MoveBlock):
         return ["move", action.block, action.src, action.dst]
+    if isinstance(action, tuple):  # blocks to one server (`_grouped`)
+        return ["move", list(action[0]), None, action[1]]
     if isinstance(action, RemoveServer):
         return ["remove", action.server]
     if isinstance(action, JoinServer):

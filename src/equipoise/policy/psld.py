@@ -36,10 +36,10 @@ iteration's exchange times with its next plan request). New trials:
 
 Trials that keep failing back off: after k trials in a row undone while relieving the
 same server, none is started for 2^k decisions (at most ``max_hold``; a kept trial, or
-another slowest server, a slowdown that moved, ends that), nor while the undone trials'
-moves, there and back, have cost over a tenth of the training so far (``FAILED_SHARE``):
-where no placement beats the one in force, each trial costs its pauses and an interval
-at a worse placement.
+another slowest server, a slowdown that moved, ends that), nor while the undone trials (their moves
+there and back, their intervals beyond the time before) have cost over 3% of the
+training so far (``FAILED_SHARE``): where no placement beats the one in force, each
+trial costs its pauses and two intervals at a worse placement.
 
 The destinations of an undone trial are rated, for ``memory`` decisions, as they
 measured under its load (a light server's rate is an extrapolation: without this the
@@ -89,7 +89,9 @@ __all__ = ["MoveBlock", "AddServer", "RemoveServer", "ServerAction", "Psld", "bl
 # the measured pauses, ``Psld.pause_scale``).
 PAUSE_COPIES = 2
 PAUSE_SCALE_MAX = 4.0  # a measured pause corrects the prediction by at most this factor either way
-FAILED_SHARE = 0.1  # undone trials' moves, there and back, cost at most this share of the training
+# Undone trials cost at most this share of the training: the least gain a kept trial shows
+# (``threshold``'s default), so where no placement beats the one in force PSLD runs within it.
+FAILED_SHARE = 0.03
 
 # A measured gain (the difference of two interval means) is believed beyond this many of
 # its standard errors: one-sided, a trial without effect is kept 5 times in 100.
@@ -103,7 +105,7 @@ class _Trial:
     before_s: float
     noise: float = 0.0  # relative standard error of before_s
     relieve: int | None = None  # the server whose time it was to cut
-    pause_s: float = 0.0
+    pause_s: float = 0.0  # measured (``Psld.charge``)
     settle: int = 1  # intervals still to pass before it is judged (the moves' own: skipped)
     relief: bool = False  # a relief (``Psld._decide``): planned on the upper rates
     raw_pause: float = 0.0  # its pause as predicted before scaling (``Psld._paying``)
@@ -125,17 +127,13 @@ class Psld:
         self.horizon = horizon            # iterations a migration's pause is amortised over
         self._horizon = horizon           # this decision's: ``horizon``, capped by the iterations left
         self._reach = 1.0                 # this decision's ``reach``
-        self.tabu_decisions = tabu_decisions
-        self.z = z
-        # Back-off: after `failures` trials in a row undone while relieving the same
-        # server (`held_for`), no new trial for `hold` more decisions (2, 4, 8, ... up to
-        # `max_hold`); a kept trial, or another slowest server, ends it. And none while undone
-        # trials' pauses (`wasted`) exceed FAILED_SHARE of the training (`trained`: the seconds
-        # of the intervals decided on, `interval` iterations of their mean each).
+        self.tabu_decisions, self.z = tabu_decisions, z
+        # Back-off (module docstring): `failures` in a row relieving `held_for`, `hold`
+        # decisions left; `wasted` by undone trials against `trained`, the seconds of the
+        # intervals decided on (`interval` iterations of their mean each).
         self.max_hold, self.interval = max_hold, interval  # iterations a decision's interval
         self.failures, self.hold, self.held_for, self.wasted, self.trained = 0, 0, None, 0.0, 0.0
-        self.rng = random.Random(seed)
-        self.trial: _Trial | None = None  # started, not yet judged
+        self.rng, self.trial = random.Random(seed), None  # the trial started, not yet judged
         self.log: list[dict] = []         # one record per judged trial
         self.undone: set[int] = set()     # destinations of undone moves
         self.known: dict[int, float] = {}  # last measured bytes/s of each server
@@ -150,9 +148,8 @@ class Psld:
         self._quiet = 0  # decisions in a row with no moves made and no trial in flight
         self.relieved: int | None = None  # the slowest server when a relief trial was last undone
         self.pause_scale = 1.0  # a trial's measured pause over its predicted (``_paying``)
-        self.probed: dict[int, float] = {}  # light servers' probed rates, while the slowest is the one probed for
-        self._probed_for, self._probe_age = None, 0  # the slowest server then; decisions since
-        self._probe_basis: dict[int, float] = {}  # the slowest server's measured rate then
+        # light servers' probed rates, while the slowest server (its measured rate then) is the one probed for
+        self.probed, self._probe_basis, self._probed_for, self._probe_age = {}, {}, None, 0
 
     def decide(self, table: Sequence[int], live: Sequence[int],
                throughput: Mapping[int, float], iteration_s: float,
@@ -257,8 +254,8 @@ class Psld:
             if trial.raw_pause > 0 and trial.pause_s > 0:  # what the prediction missed by, for the next
                 # (bounded: one trial's per-move round trips, which no byte causes, must not stop all others)
                 self.pause_scale = min(PAUSE_SCALE_MAX, max(1 / PAUSE_SCALE_MAX, trial.pause_s / trial.raw_pause))
-            if not keep:  # its moves' pause, and the undo's (taken as much again)
-                self.wasted += 2 * trial.pause_s
+            if not keep:  # its moves' pause, the undo's (as much again), and its two intervals' excess
+                self.wasted += 2 * trial.pause_s + 2 * self.interval * max(0.0, iteration_s - trial.before_s)
             if not keep and trial.relief:  # no back-off: one relief per episode
                 self.relieved = trial.relieve
             elif not keep:

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from equipoise.policy.psld import AddServer, MoveBlock, Psld, RemoveServer, fixed_cost, parse_control, server_rates
+from equipoise.policy.psld import FAILED_SHARE, AddServer, MoveBlock, Psld, RemoveServer, fixed_cost, parse_control, server_rates
 
 @pytest.fixture(autouse=True)
 def _pause_free(request, monkeypatch):
@@ -71,6 +71,13 @@ def test_the_migration_pause_is_spent_when_a_trial_is_judged():
     moves_interval(c, TABLE)
     c.decide(list(TABLE), LIVE, SLOW0, 0.98)
     assert c.log[-1]["kept"] is False and c.wasted == 6.0
+    # a judged interval slower than the one before counts too, for the moves' interval
+    # as well (which measures no placement): 1.0 s -> 1.5 s, 0.5 s x 10 iterations x 2
+    c = Psld(SIZES, epsilon=0.0)
+    c.decide(list(TABLE), LIVE, SLOW0, 1.0)
+    moves_interval(c, TABLE)
+    c.decide(list(TABLE), LIVE, SLOW0, 1.5)
+    assert c.log[-1]["kept"] is False and c.wasted == 10.0
 
 
 def test_an_idle_server_keeps_its_measured_rate():
@@ -342,22 +349,23 @@ def test_trials_that_keep_failing_back_off_until_another_server_is_slowest():
     assert c.decide(list(TABLE), LIVE, slow3, 1.0) and c.failures == 0
 
 
-def test_a_costly_failed_trial_holds_until_the_training_has_run_ten_times_its_pauses():
-    # A trial whose moves paused the workers 4.9 s, undone (no gain at 1 s an
-    # iteration): its moves there and back cost 9.8 s, a tenth of 98 s of training;
-    # decisions of 5 iterations of 1 s pass 95 s at the 19th, 100 s at the 20th
+def test_a_costly_failed_trial_holds_until_its_cost_is_three_percent_of_the_training():
+    # A trial whose moves paused the workers 1.5 s, undone (no gain at 1 s an
+    # iteration): its moves there and back cost 3 s, 3% (FAILED_SHARE) of 100 s of
+    # training; decisions of 5 iterations of 1 s pass 95 s at the 19th, 100 s at the 20th
     # (decision 19): no trial before then, where the 2^k rule alone would hold for 2
     # decisions (test above).
+    assert FAILED_SHARE == 0.03
     c = Psld(SIZES, epsilon=0.0, tabu_decisions=1, interval=5)
     assert c.decide(list(TABLE), LIVE, SLOW0, 1.0) and c.trial is not None
-    c.charge(4.9)
+    c.charge(1.5)
     started = []
     for d in range(1, 30):
         out = c.decide(list(TABLE), LIVE, SLOW0, 1.0)
         if c.trial is not None and out:
             started.append(d)
     # the moves' interval (1), the judgment undoes them (2); 100 s trained at decision 19
-    assert c.wasted == pytest.approx(9.8) and started[0] == 19
+    assert c.wasted == 3.0 and started[0] == 19
     # the same trial with a pause of 10 ms: the 2^k rule decides (a hold of 2)
     c = Psld(SIZES, epsilon=0.0, tabu_decisions=1, interval=5)
     c.decide(list(TABLE), LIVE, SLOW0, 1.0)
