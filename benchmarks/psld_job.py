@@ -39,6 +39,7 @@ class Spec:
     seed: int = 0
     protocol: str = "bsp"  # "ssp": PSLD without a barrier (blocks handed over while workers run)
     staleness_bound: int = 2
+    sweep_cases: int = 20  # scenario "random": how many seeded cases (benchmarks/psld_sweep.py)
 
 
 MLP = dict(model="mlp-deep")
@@ -74,6 +75,8 @@ PRESETS = {
     "dynamic": Spec(**DYNAMIC),
     # seeded random cases (random_cases): 2 workers, 60 iterations each, settled = last 20
     "unseen": Spec(workers=2, iterations=60, settled=20, reps=1, scenario="random", seed=39),
+    # a draw of another seed, for a rule changed after the sweep above showed where it failed
+    "unseen-fresh": Spec(workers=2, iterations=60, settled=20, reps=1, scenario="random", seed=40, sweep_cases=12),
     # the cases below 1.0x greedy in a sweep, greedy run twice beside PSLD (run_unseen_aa)
     "unseen-aa": Spec(workers=2, iterations=60, settled=20, reps=5, scenario="random-aa", seed=39),
     # the same draw in the simulator, 200 cases (pre-screen: the real runs decide)

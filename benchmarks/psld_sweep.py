@@ -13,7 +13,6 @@ from typing import Any
 from benchmarks.psld_job import NAME, PRESETS, Spec, job, run_one, server_loads
 from benchmarks.common import fmt, fmt_range, interleave, load_average, markdown_table, summary, write_results
 
-UNSEEN_CASES = 20
 
 # Seeded random cases nobody tuned the rule on (preset "unseen"): block-size spreads
 # (the CNN's first layer whole: one dominant block; the CNN cut in 32k blocks: many equal
@@ -102,7 +101,7 @@ def run_unseen(preset: str, results_path: str | None = None, reps: int | None = 
     runs of one placement: the noise PSLD's ratio is judged against), and PSLD's
     whole-run and settled iteration time over the oracle's."""
     base = PRESETS[preset]
-    n = cases if cases is not None else UNSEEN_CASES
+    n = cases if cases is not None else base.sweep_cases
     reps = base.reps if reps is None else reps
     result: dict[str, Any] = {"preset": preset, "spec": asdict(replace(base, reps=reps)), "cases_drawn": n,
                               "loadavg_at_start": load_average(), "cases": []}

@@ -35,8 +35,8 @@ def unseen_rows(d: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
-def unseen() -> str:
-    d = load("bench_psld_unseen")
+def unseen(name: str = "bench_psld_unseen") -> str:
+    d = load(name)
     o = d["overall"]
     g, t = o["psld speed-up × greedy, per case"], o["psld × oracle (whole run), per case"]
     aa = AA in d["cases"][0]["ratios"]
@@ -48,7 +48,7 @@ def unseen() -> str:
         below = o["cases psld below the A/A floor"]
         floor = (f" Greedy run again against greedy (per-case medians): {rng(o[AA + ', per case'])}; PSLD below "
                  f"the lowest of them in {', '.join(f'case {c}' for c in below) if below else 'no case'}.")
-    return one_file("bench_psld_unseen", head, unseen_rows(d)) + (
+    return one_file(name, head, unseen_rows(d)) + (
         f"\n\nPSLD ≥ 1.0× greedy in **{o['cases psld ≥ 1.0× greedy']} of {g['n']}** cases; speed-up over greedy "
         f"{rng(g)}; whole run at {num(t['median'])}× the oracle's seconds per iteration (median; "
         f"{num(1 / t['median'])}× its speed); worst case {o['worst case']}.{floor}")

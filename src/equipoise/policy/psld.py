@@ -36,10 +36,10 @@ iteration's exchange times with its next plan request). New trials:
 
 Trials that keep failing back off: after k trials in a row undone while relieving the
 same server, none is started for 2^k decisions (at most ``max_hold``; a kept trial, or
-another slowest server, a slowdown that moved, ends that), nor while the undone trials (their moves
-there and back, their intervals beyond the time before) have cost over 3% of the
-training so far (``FAILED_SHARE``): where no placement beats the one in force, each
-trial costs its pauses and two intervals at a worse placement.
+another slowest server, a slowdown that moved, ends that), nor while the undone trials' moves, there
+and back, have cost over 3% of the training so far (``FAILED_SHARE``): where no
+placement beats the one in force, each trial costs its pauses and an interval at a
+worse placement.
 
 The destinations of an undone trial are rated, for ``memory`` decisions, as they
 measured under its load (a light server's rate is an extrapolation: without this the
@@ -254,8 +254,8 @@ class Psld:
             if trial.raw_pause > 0 and trial.pause_s > 0:  # what the prediction missed by, for the next
                 # (bounded: one trial's per-move round trips, which no byte causes, must not stop all others)
                 self.pause_scale = min(PAUSE_SCALE_MAX, max(1 / PAUSE_SCALE_MAX, trial.pause_s / trial.raw_pause))
-            if not keep:  # its moves' pause, the undo's (as much again), and its two intervals' excess
-                self.wasted += 2 * trial.pause_s + 2 * self.interval * max(0.0, iteration_s - trial.before_s)
+            if not keep:  # its moves' pause, and the undo's (taken as much again)
+                self.wasted += 2 * trial.pause_s
             if not keep and trial.relief:  # no back-off: one relief per episode
                 self.relieved = trial.relieve
             elif not keep:

@@ -233,8 +233,9 @@ class Simulation:
                 probed, self.probe_s = srv.probe(probe, thr) if probe else (None, 0.0)
                 actions = psld.decide(srv.owner.tolist(), sorted(srv.live), thr, iteration_s, psld_added,
                                       share=srv.share, reach=srv.reach, upper=srv.upper, left=self.iterations - t, probed=probed)
-        pause = 0.0
+        pause, paid = 0.0, set()  # (source, destination) of the migrations in this run of moves
         for action in actions:
+            paid = paid if isinstance(action, MoveBlock) else set()
             refused = self._refusal(action)
             if refused:
                 self._event(t, now, "server_action_refused", action=_as_list(action), reason=refused)
@@ -247,7 +248,8 @@ class Simulation:
                 src = int(srv.owner[action.block])
                 if src == action.dst:
                     continue
-                nbytes, took = srv.move(action.block, action.dst)
+                nbytes, took = srv.move(action.block, action.dst, round_trip=(src, action.dst) not in paid)
+                paid.add((src, action.dst))
                 srv.version += 1
                 pause += took
                 self._event(t, now, "block_moved", blocks=[action.block], **{"from": [src]}, to=action.dst,

@@ -137,12 +137,14 @@ class Servers:
             self.bytes[r] += b
             self.exchanges[r] += exchanges
 
-    def move(self, block: int, dst: int) -> tuple[int, float]:
-        """Move one block; (bytes moved with its optimizer state, seconds it took)."""
+    def move(self, block: int, dst: int, round_trip: bool = True) -> tuple[int, float]:
+        """Move one block; (bytes moved with its optimizer state, seconds it took). Without
+        ``round_trip`` it goes in a migration already paid for (the runtime's moves from
+        one server to another in a plan: one message, one reply)."""
         src = int(self.owner[block])
         nbytes = int(self.sizes[block]) * state_copies(self.cfg)
         self.owner[block] = dst
-        return nbytes, nbytes * (self.per_byte[src] + self.per_byte[dst]) + 2 * self.cost.latency
+        return nbytes, nbytes * (self.per_byte[src] + self.per_byte[dst]) + 2 * self.cost.latency * round_trip
 
     def probe(self, ranks: list[int], measured: dict[int, float]) -> tuple[dict[int, float], float]:
         """PSLD's probe of servers `ranks` (the runtime's ``ServerPool.probe``): a train of PROBE_TRAIN[0]
