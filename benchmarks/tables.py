@@ -72,11 +72,16 @@ def sim_validate(d):
 
 
 def unseen(d):
+    """A sweep's cases at or above 1.0× greedy; where some are below, whether any is below the
+    lowest of the cases' A/A medians (greedy run twice: what a three-round median resolves)."""
     o, g = d["overall"], d["overall"]["psld speed-up × greedy, per case"]
     speed = 1 / o["psld × oracle (whole run), per case"]["median"]
-    cases = o["cases psld ≥ 1.0× greedy"]
-    return (f"**{cases} of {g['n']}** cases ≥ 1.0× greedy (worst {num(g['min'])}×); median {num(speed)}× the "
-            "oracle's speed"), f"{met(cases == g['n'])}; {met(speed >= 0.9)}"
+    cases, below = o["cases psld ≥ 1.0× greedy"], o.get("cases psld below the A/A floor")
+    floor = "" if below is None else (f", {len(below) or 'none'} below the lowest A/A median "
+                                      f"({num(o['greedy again × greedy, per case']['min'])}×)")
+    every = met(True) if cases == g["n"] else ("the rest within the A/A noise" if below == [] else met(False))
+    return (f"**{cases} of {g['n']}** cases ≥ 1.0× greedy (worst {num(g['min'])}×{floor}); median {num(speed)}× the "
+            "oracle's speed"), f"{every}; {met(speed >= 0.9)}"
 
 
 def fuzz(d):
@@ -134,6 +139,8 @@ SUMMARY = [
     ("bench_psld_single-block-ssp", "the same case under SSP", "≥ 1.3×", R(*SYS, GREEDY, ge=1.3)),
     ("bench_psld_unseen", "PSLD on seeded random cases nobody tuned on", "≥ 1.0× greedy in every case; median ≥ "
      "0.9× the oracle", unseen),
+    ("bench_psld_unseen-fresh", "the same, 12 cases of another seed (drawn after a change made for case 13 above)",
+     "the same", unseen),
     ("bench_fuzz", "a live server under fuzzed messages (auth plain)", "no crash or hang, valid traffic exact, "
      "strangers unanswered", fuzz),
     ("bench_chaos", "BSP jobs with 1–3 workers/servers killed or frozen at random moments", "every job completes, "

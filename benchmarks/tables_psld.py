@@ -70,4 +70,5 @@ def psld_tables() -> dict[str, str]:
                                                                  "ssp")},
             "psld-single-block": preset("bench_psld_single-block"),
             "psld-single-block-ssp": preset("bench_psld_single-block-ssp"),
-            "psld-dynamic": preset("bench_psld_dynamic"), "psld-unseen": unseen(), "psld-unseen-aa": unseen_aa()}
+            "psld-dynamic": preset("bench_psld_dynamic"), "psld-unseen": unseen(), "psld-unseen-aa": unseen_aa(),
+            "psld-unseen-fresh": unseen("bench_psld_unseen-fresh")}
