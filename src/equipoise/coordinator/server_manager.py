@@ -389,13 +389,8 @@ class ServerManager:
 
     def _perform(self, t: int, action) -> float:
         pool = self.pool
-        if isinstance(action, tuple):  # blocks to one server (`_grouped`)
-            done = pool.move(*action)
-            if done["blocks"]:
-                self._event("block_moved", t, **done, table_version=pool.version)
-            return done["pause_s"]
-        if isinstance(action, MoveBlock):
-            done = pool.move([action.block], action.dst)
+        if isinstance(action, (tuple, MoveBlock)):  # blocks to one server (`_grouped`), or a move it left alone
+            done = pool.move(*(action if isinstance(action, tuple) else ([action.block], action.dst)))
             if done["blocks"]:
                 self._event("block_moved", t, **done, table_version=pool.version)
             return done["pause_s"]

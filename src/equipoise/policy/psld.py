@@ -36,10 +36,10 @@ iteration's exchange times with its next plan request). New trials:
 
 Trials that keep failing back off: after k trials in a row undone while relieving the
 same server, none is started for 2^k decisions (at most ``max_hold``; a kept trial, or
-another slowest server, a slowdown that moved, ends that), nor while the undone trials' moves, there
-and back, have cost over 3% of the training so far (``FAILED_SHARE``): where no
-placement beats the one in force, each trial costs its pauses and an interval at a
-worse placement.
+another slowest server, a slowdown that moved, ends that), nor while the undone trials'
+moves, there and back, have cost over 3% of the training so far (``FAILED_SHARE``):
+where no placement beats the one in force, each trial costs its pauses and an interval
+at a worse placement.
 
 The destinations of an undone trial are rated, for ``memory`` decisions, as they
 measured under its load (a light server's rate is an extrapolation: without this the
