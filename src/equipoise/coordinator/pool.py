@@ -124,13 +124,18 @@ class ServerPool:
         return out
 
     # -- changes (at a barrier only) ------------------------------------------------------
+    def refusal(self, keys: list[int], dst: int) -> str | None:
+        """Why `move(keys, dst)` would be refused (None: it would not)."""
+        if dst not in self.serving():
+            return f"server {dst} is not running (running: {self.serving()})"
+        bad = [k for k in keys if not 0 <= k < len(self.table)]
+        return f"blocks {bad} do not exist (0..{len(self.table) - 1})" if bad else None
+
     def move(self, keys: list[int], dst: int) -> dict:
         """Migrate blocks `keys` to server `dst`; returns bytes moved and seconds."""
-        if dst not in self.serving():
-            raise ValueError(f"server {dst} is not running (running: {self.serving()})")
-        bad = [k for k in keys if not 0 <= k < len(self.table)]
-        if bad:
-            raise ValueError(f"blocks {bad} do not exist (0..{len(self.table) - 1})")
+        refused = self.refusal(keys, dst)
+        if refused:
+            raise ValueError(refused)
         t0, nbytes = time.perf_counter(), 0
         by_src: dict[int, list[int]] = {}
         for k in keys:

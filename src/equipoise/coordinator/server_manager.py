@@ -376,8 +376,7 @@ class ServerManager:
         out: list = []
         run: dict[int, list[int]] = {}
         for action in actions:
-            ok = (isinstance(action, MoveBlock) and 0 <= action.block < len(self.pool.table)
-                  and action.dst in self.pool.serving())
+            ok = isinstance(action, MoveBlock) and self.pool.refusal([action.block], action.dst) is None
             if not ok or any(action.block in ks for ks in run.values()):
                 out += [(ks, dst) for dst, ks in run.items()]
                 run = {}

@@ -4,12 +4,14 @@ migration costs a round trip and both stores' rebuild whatever it carries."""
 from types import SimpleNamespace
 
 from equipoise.coordinator.arrivals import JoinServer
+from equipoise.coordinator.pool import ServerPool
 from equipoise.coordinator.server_manager import ServerManager, _as_list
 from equipoise.policy.psld import AddServer, MoveBlock, RemoveServer
 
 
 def grouped(actions, blocks=8, serving=(0, 1, 2)):
-    pool = SimpleNamespace(table=[0] * blocks, serving=lambda: list(serving))
+    pool = ServerPool.__new__(ServerPool)  # no transport: only the table and who serves
+    pool.table, pool.serving = [0] * blocks, lambda: list(serving)
     return ServerManager._grouped(SimpleNamespace(pool=pool), actions)
 
 
