@@ -29,7 +29,12 @@ pytestmark = pytest.mark.slow  # every test here runs real jobs
 NODES = 3
 BASE = {"dataset": "digits", "model": "mlp", "protocol": "bsp", "servers": 2, "workers": 3, "global_batch": 48,
         "iterations": 12, "lr": 0.1, "eval_every": 0, "checkpoint_every": 0, "progress": False,
-        "timeout": 60.0, "heartbeat_s": 0.5}
+        "timeout": 60.0, "heartbeat_s": 2.0}
+# heartbeat_s: a process is lost after three missed beats. With Ray, five roles, standbys
+# importing torch and another test beside them on two cores, a live server's beats were
+# seen 2.5 s apart, and 0.5 s beats (1.5 s) declared it lost. 2 s beats (6 s, the default)
+# leave more than twice that; the losses these tests cause are killed processes, which
+# Ray reports as dead actors at once, or a node whose processes stop, found in 6 s.
 
 
 @pytest.fixture(scope="module")

@@ -123,8 +123,10 @@ def test_a_partition_cuts_a_host_off_until_its_link_is_back_and_a_frozen_host_is
 
 RAY_JOB = dict(dataset="digits", model="mlp", protocol="bsp", servers=2, workers=3, global_batch=48,
                iterations=12, lr=0.1, eval_every=0, checkpoint_every=0, progress=False, timeout=60.0,
-               heartbeat_s=0.5, seed=3, launcher="ray", auth="curve",
+               heartbeat_s=2.0, seed=3, launcher="ray", auth="curve",
                server_resources={"CPU": 0.1, "srv": 1}, worker_resources={"CPU": 0.1, "wrk": 1})
+# heartbeat_s 2 (lost after 6 s of silence), as test_ray.py's BASE argues: a live server's
+# beats were seen 2.5 s apart under load, which 0.5 s beats took for a loss.
 # The Ray cluster these tests share, as the cluster_utils one of test_ray.py (whose tests
 # these are, on hosts with their own addresses): host 0 holds the head and the drivers,
 # hosts 1 and 2 a server each (srv), hosts 2 and 3 the workers (wrk). Each host also
