@@ -20,7 +20,10 @@ Preset ``memory`` (bench_sparse_memory.json): the DLRM-style example
 against the same job with a table of 1,000 rows, interleaved: each process's peak
 resident memory, sampled every 0.2 s. Preset ``dlrm`` (bench_sparse_dlrm.json):
 samples/s of the same model with 4 tables of 10⁵, 10⁶ and 10⁷ rows, and with 10⁵-row
-tables as dense parameters.
+tables as dense parameters. Preset ``memory-jobs`` (bench_sparse_memory-jobs.json): two
+jobs with a table of 3·10⁶ rows × 32 one after the other in one fresh process, the
+coordinator's peak in each, under glibc's allocator as it comes and with its mmap
+threshold fixed, interleaved.
 
 Preset ``psld`` (bench_sparse_psld.json; with ``--iterations N --psld-horizon H``,
 bench_sparse_psld-N-hH.json): the DLRM-style job (8 tables of 10⁵ rows × 32,
@@ -210,6 +213,41 @@ def bench_memory(reps: int = 3) -> dict[str, Any]:
             "table_bytes": runs["table"][0]["table_bytes"]}
 
 
+JOBS_CHILD = """
+import json, sys, tempfile
+from pathlib import Path
+from benchmarks.bench_sparse import run_dlrm
+rows, jobs = int(sys.argv[1]), int(sys.argv[2])
+with tempfile.TemporaryDirectory(prefix="bench-sparse-") as tmp:
+    peaks = [max(run_dlrm(rows, 1, 32, True, 20, Path(tmp))["rss_mb"]["coordinator"]) for _ in range(jobs)]
+print(json.dumps(peaks))
+"""
+
+
+def bench_memory_jobs(reps: int = 3, rows: int = 3_000_000, jobs: int = 2) -> dict[str, Any]:
+    """`jobs` jobs with one table of `rows` rows × 32, one after another in one fresh
+    process: the coordinator's (that process's) peak resident memory in each, under
+    glibc's allocator as it comes and with its mmap threshold fixed at its default
+    (MALLOC_MMAP_THRESHOLD_=131072, which turns off its dynamic raising), interleaved."""
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+
+    def child(env: dict[str, str]) -> list[float]:
+        done = subprocess.run([sys.executable, "-c", JOBS_CHILD, str(rows), str(jobs)], cwd=root, env=env,
+                              capture_output=True, text=True, timeout=1800, check=True)
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    base["PYTHONPATH"] = os.pathsep.join([str(root / "src"), str(root), base.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    runs = interleave({"glibc default": lambda: child(base),
+                       "threshold fixed": lambda: child({**base, "MALLOC_MMAP_THRESHOLD_": "131072"})}, reps)
+    return {"settings": {**DLRM_SETTINGS, "tables": 1, "dim": 32, "rows": rows, "iterations": 20, "jobs": jobs},
+            "loadavg_at_start": load_average(), "coordinator_peak_mb": runs,
+            "by_job": {k: [summary([r[j] for r in v]) for j in range(jobs)] for k, v in runs.items()}}
+
+
 def bench_dlrm(reps: int = 3) -> dict[str, Any]:
     """DLRM-style, 4 workers and 4 servers, 4 tables of dim 16: samples/s with tables of
     10⁵, 10⁶ and 10⁷ rows on the sparse path, and with 10⁵ rows as dense parameters
@@ -384,7 +422,7 @@ def bench_torchrec(python: str, reps: int = 3, iterations: int = 90, warmup: int
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("preset", choices=["movielens", "memory", "dlrm", "psld", "lbbsp", "torchrec"])
+    parser.add_argument("preset", choices=["movielens", "memory", "memory-jobs", "dlrm", "psld", "lbbsp", "torchrec"])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--torchrec-python", help="preset torchrec: the Python of TorchRec's venv")
     parser.add_argument("--iterations", type=int, default=90, help="preset psld: the job's iterations")
@@ -402,6 +440,10 @@ def main() -> None:
         print(f"worker peak RSS (MB): with the table {fmt_range(result['worker_peak_rss_mb']['table'])}, without "
               f"{fmt_range(result['worker_peak_rss_mb']['without'])}; difference "
               f"{fmt_range(result['worker_rss_difference_mb'])}")
+    elif args.preset == "memory-jobs":
+        result = bench_memory_jobs(args.reps)
+        for k, v in result["by_job"].items():
+            print(f"coordinator peak RSS (MB), {k}: " + ", ".join(f"job {j + 1} {fmt_range(s)}" for j, s in enumerate(v)))
     elif args.preset == "lbbsp":
         result = bench_lbbsp(args.reps)
         print(f"samples/s: bsp {fmt_range(result['samples_per_s']['bsp'])}, lbbsp "
