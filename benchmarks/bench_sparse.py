@@ -21,7 +21,7 @@ against the same job with a table of 1,000 rows, interleaved: each process's pea
 resident memory, sampled every 0.2 s. Preset ``dlrm`` (bench_sparse_dlrm.json):
 samples/s of the same model with 4 tables of 10⁵, 10⁶ and 10⁷ rows, and with 10⁵-row
 tables as dense parameters. Preset ``memory-jobs`` (bench_sparse_memory-jobs.json): two
-jobs with a table of 3·10⁶ rows × 32 one after the other in one fresh process, the
+jobs with a table of 10⁷ rows × 32 one after the other in one fresh process, the
 coordinator's peak in each, under glibc's allocator as it comes and with its mmap
 threshold fixed, interleaved.
 
@@ -224,7 +224,7 @@ print(json.dumps(peaks))
 """
 
 
-def bench_memory_jobs(reps: int = 3, rows: int = 3_000_000, jobs: int = 2) -> dict[str, Any]:
+def bench_memory_jobs(reps: int = 3, rows: int = 10_000_000, jobs: int = 2) -> dict[str, Any]:
     """`jobs` jobs with one table of `rows` rows × 32, one after another in one fresh
     process: the coordinator's (that process's) peak resident memory in each, under
     glibc's allocator as it comes and with its mmap threshold fixed at its default
