@@ -34,7 +34,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 BASE = dict(dataset="digits", model="mlp", global_batch=64, workers=4, servers=2, iterations=60,
             eval_every=0, checkpoint_every=0, lr=0.05, optimizer="sgd", momentum=0.9, progress=False,
-            timeout=60.0, heartbeat_s=1.0, slowdown=[20.0, 20.0, 20.0, 20.0], seed=5)
+            timeout=60.0, heartbeat_s=2.0, slowdown=[20.0, 20.0, 20.0, 20.0], seed=5)
+# heartbeat_s 2: lost after 6 s of silence. A live process's beats were seen 2.5 s apart on
+# two loaded cores (test_ray.py's BASE), which 1 s beats (3 s) leave little room for; a
+# killed process is found by its exit at once, a frozen one in 6 s.
 
 
 def _run_with(cfg: dict, run, action, at: int) -> dict:
@@ -211,7 +214,7 @@ def test_a_killed_server_holding_table_shards_changes_nothing_but_the_time(tmp_p
     from ..unit.test_sparse_jobs import assert_near_oracle, dlrm_job
 
     cfg = dlrm_job(workers=2, servers=3, iterations=40, slowdown=[8.0, 8.0], snapshot_every=10,
-                   replication=replication, heartbeat_s=1.0, timeout=60.0)
+                   replication=replication, heartbeat_s=2.0, timeout=60.0)
     at = random.Random(f"sparse-server-{replication}").randrange(12, 30)
     run = tmp_path / "run"
     summary = _run_killing(cfg, run, "server 1", at)
