@@ -99,7 +99,7 @@ def _numbers(summary: dict, run_dir: Path) -> dict[str, Any]:
             "staleness_histogram": {str(k): v / max(1, sum(hist.values())) for k, v in sorted(hist.items())},
             "samples_per_s": summary["samples_per_s"], "barrier_wait_fraction": summary["barrier_wait_fraction"],
             "settled_iteration_s": statistics.fmean(r["iteration_s"] for r in tail) if tail else None,
-            "block_moves": sum(1 for r in records if r.get("event") == "block_moved"),
+            "block_moves": sum(len(r.get("blocks") or ()) for r in records if r.get("event") == "block_moved"),
             "workers": _per_worker_steps(records)}
 
 

@@ -312,3 +312,17 @@ def test_noise_splits_into_a_shared_and_an_own_part():
     assert own == pytest.approx(own_var ** 0.5, rel=1e-9)
     assert shared == pytest.approx((0.04 - own_var / 4) ** 0.5, rel=1e-9)
     assert corr == 0.0  # the shared part alternates sign: correlation −1, clipped to 0
+
+
+def test_a_run_of_moves_to_one_server_is_one_block_moved_event_as_in_a_real_job():
+    """The coordinator carries out a run of moves as one migration per destination, with
+    one block_moved event listing its blocks (coordinator/server_manager.py `_grouped`);
+    the simulator's events are the same: a block named again starts a new run."""
+    keys = dict(protocol="bsp", workers=2, servers=3, iterations=8, block_size=2000)
+    cfg = Config.from_dict({**BASE, **keys})
+    owner = Simulation(cfg, model_tensors_of(cfg), cfg.iterations, emit=lambda r: None).servers.owner.tolist()
+    a, b = [k for k, s in enumerate(owner) if s != 2][:2]
+    _, _, records = run(**keys, server_events=[{"iteration": 4, "move": a, "to": 2}, {"iteration": 4, "move": b, "to": 2},
+                                               {"iteration": 4, "move": a, "to": owner[a]}])
+    moved = [(r["blocks"], r["from"], r["to"]) for r in records if r.get("event") == "block_moved"]
+    assert moved == [(sorted([a, b]), sorted({owner[a], owner[b]}), 2), ([a], [2], owner[a])]

@@ -234,9 +234,20 @@ class Simulation:
                 actions = psld.decide(srv.owner.tolist(), sorted(srv.live), thr, iteration_s, psld_added,
                                       share=srv.share, reach=srv.reach, upper=srv.upper, left=self.iterations - t, probed=probed)
         pause, paid = 0.0, set()  # (source, destination) of the migrations in this run of moves
+        run: dict[int, dict] = {}  # this run's moves by destination: one block_moved each, as the runtime's
+
+        def flush() -> None:
+            for dst, m in run.items():
+                self._event(t, now, "block_moved", blocks=sorted(m["blocks"]), **{"from": sorted(m["from"])}, to=dst,
+                            bytes=m["bytes"], pause_s=m["pause_s"], table_version=m["version"])
+            run.clear()
+
         for action in actions:
-            paid = paid if isinstance(action, MoveBlock) else set()
             refused = self._refusal(action)
+            if (not isinstance(action, MoveBlock) or refused
+                    or any(action.block in m["blocks"] for m in run.values())):
+                flush()  # a run of moves ends, as coordinator/server_manager.py `_grouped` ends one
+            paid = paid if isinstance(action, MoveBlock) else set()
             if refused:
                 self._event(t, now, "server_action_refused", action=_as_list(action), reason=refused)
             elif isinstance(action, AddServer):
@@ -252,8 +263,10 @@ class Simulation:
                 paid.add((src, action.dst))
                 srv.version += 1
                 pause += took
-                self._event(t, now, "block_moved", blocks=[action.block], **{"from": [src]}, to=action.dst,
-                            bytes=nbytes, pause_s=took, table_version=srv.version)
+                m = run.setdefault(action.dst, {"blocks": [], "from": set(), "bytes": 0, "pause_s": 0.0})
+                m["blocks"].append(action.block)
+                m["from"].add(src)
+                m.update(bytes=m["bytes"] + nbytes, pause_s=m["pause_s"] + took, version=srv.version)
             else:  # RemoveServer
                 plan = rehome(srv.sizes.astype(int).tolist(), srv.owner.tolist(), action.server, srv.live,
                               {r: 1.0 / max(p, 1e-300) for r, p in srv.per_byte.items()})
@@ -266,6 +279,7 @@ class Simulation:
                 pause += took
                 self._event(t, now, "server_removed", server=action.server, bytes=moved, pause_s=took,
                             table_version=srv.version)
+        flush()
         if pause and psld is not None:
             psld.charge(pause)
         if actions:
