@@ -63,7 +63,14 @@ def test_only_the_jobs_processes_get_in(tmp_path, monkeypatch, transport, mode):
                 conns = [outsider.connect(a) for a in (server0, coordinator)]
                 for conn in conns:
                     for msg in ATTACKS:
-                        conn.send(msg)
+                        try:
+                            conn.send(msg)
+                        except PeerTimeout:
+                            # Not even queued within the outsider's second: nothing of it got
+                            # in. Once in the suite, under load, the first send to the
+                            # coordinator was (the listener had refused the handshake first,
+                            # the likely cause: ZeroMQ may then drop the connection's pipe).
+                            break
                 for conn in conns:
                     with pytest.raises(PeerTimeout):
                         conn.recv(0.5)
