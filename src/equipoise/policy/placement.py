@@ -328,8 +328,7 @@ def exploit_moves(sizes: Sequence[int], owner: Sequence[int], throughput: Sequen
     ties); over its blocks, largest first, find the destination minimising the new
     predicted time (then the destination's own new time, then its index) and make the
     first move that strictly lowers the predicted time.  Stop when no block of the
-    slowest server helps or after ``max_moves`` moves.  A server the moves emptied takes no block back
-    (PSLD's scale-in): one light server's extrapolated rate once sent a 1 KB block onto an emptied one.
+    slowest server helps or after ``max_moves`` moves.
 
     Returns the moves in order and the new owner list; the input is not changed."""
     _check_rates(throughput)
@@ -339,7 +338,6 @@ def exploit_moves(sizes: Sequence[int], owner: Sequence[int], throughput: Sequen
     new_owner = list(owner)
     loads = server_loads(sizes, new_owner, servers)
     moves: list[Move] = []
-    emptied: set[int] = set()
     while max_moves is None or len(moves) < max_moves:
         times = [loads[j] / throughput[j] for j in range(servers)]
         top = sorted(range(servers), key=lambda j: (-times[j], j))[:3]
@@ -354,7 +352,7 @@ def exploit_moves(sizes: Sequence[int], owner: Sequence[int], throughput: Sequen
             left = (loads[src] - s) / throughput[src]
             best = (current, math.inf)
             for dst in range(servers):
-                if dst == src or dst in emptied:
+                if dst == src:
                     continue
                 others = next((times[k] for k in top if k != src and k != dst), 0.0)
                 arrive = (loads[dst] + s) / throughput[dst]
@@ -369,8 +367,6 @@ def exploit_moves(sizes: Sequence[int], owner: Sequence[int], throughput: Sequen
         loads[move.dst] += sizes[move.block]
         new_owner[move.block] = move.dst
         moves.append(move)
-        if loads[move.src] == 0:
-            emptied.add(move.src)
     return moves, new_owner
 
 
