@@ -247,7 +247,7 @@ class Simulation:
             if (not isinstance(action, MoveBlock) or refused
                     or any(action.block in m["blocks"] for m in run.values())):
                 flush()  # a run of moves ends, as coordinator/server_manager.py `_grouped` ends one
-            paid = paid if isinstance(action, MoveBlock) else set()
+                paid = set()  # the next run's migrations pay their round trips anew
             if refused:
                 self._event(t, now, "server_action_refused", action=_as_list(action), reason=refused)
             elif isinstance(action, AddServer):
