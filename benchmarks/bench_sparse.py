@@ -229,8 +229,9 @@ def bench_memory_jobs(reps: int = 3, rows: int = 10_000_000, jobs: int = 2) -> d
     process: the coordinator's (that process's) peak resident memory in each, under
     glibc's allocator as it comes and with its mmap threshold fixed at its default
     (MALLOC_MMAP_THRESHOLD_=131072, which turns off its dynamic raising), interleaved."""
-    import os
     import subprocess
+
+    from benchmarks.compare_commits import bench_env
 
     root = Path(__file__).resolve().parent.parent
 
@@ -239,8 +240,7 @@ def bench_memory_jobs(reps: int = 3, rows: int = 10_000_000, jobs: int = 2) -> d
                               capture_output=True, text=True, timeout=1800, check=True)
         return json.loads(done.stdout.strip().splitlines()[-1])
 
-    base = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    base["PYTHONPATH"] = os.pathsep.join([str(root / "src"), str(root), base.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    base = {k: v for k, v in bench_env(root).items() if not k.startswith("MALLOC_")}  # this checkout's code
     runs = interleave({"glibc default": lambda: child(base),
                        "threshold fixed": lambda: child({**base, "MALLOC_MMAP_THRESHOLD_": "131072"})}, reps)
     return {"settings": {**DLRM_SETTINGS, "tables": 1, "dim": 32, "rows": rows, "iterations": 20, "jobs": jobs},
